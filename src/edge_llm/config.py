@@ -50,9 +50,7 @@ class BackpressureConfig(_Section):
 
 class StreamConfig(_Section):
     chunk_size_tokens: int = Field(1, ge=1, le=1024, description="Tokens per emitted chunk")
-    flush_interval_ms: int = Field(
-        20, ge=0, description="Max time a partial chunk is held (ms)"
-    )
+    flush_interval_ms: int = Field(20, ge=0, description="Max time a partial chunk is held (ms)")
     heartbeat_interval_ms: int = Field(
         1000, ge=10, description="Heartbeat period while no token flows (ms)"
     )
@@ -68,9 +66,7 @@ class SchedulerConfig(_Section):
     max_queue: int = Field(
         16, ge=0, description="Requests allowed to wait for a slot; beyond: 503 queue_full"
     )
-    default_max_tokens: int = Field(
-        512, ge=1, description="max_tokens when the request gives none"
-    )
+    default_max_tokens: int = Field(512, ge=1, description="max_tokens when the request gives none")
     max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens a request may ask")
 
 
@@ -123,11 +119,11 @@ class ServerConfig(_Section):
 class EngineConfig(_Section):
     """The ``[engine]`` table and its sub-tables, plus ``[server]``."""
 
-    model: ModelConfig = ModelConfig()
-    backpressure: BackpressureConfig = BackpressureConfig()
-    stream: StreamConfig = StreamConfig()
-    scheduler: SchedulerConfig = SchedulerConfig()
-    server: ServerConfig = ServerConfig()
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    backpressure: BackpressureConfig = Field(default_factory=BackpressureConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
 
 
 _SECTIONS: dict[str, type[_Section]] = {
@@ -190,7 +186,9 @@ def _merge_table(
 
 def _build(tree: Mapping[str, Mapping[str, Any]]) -> EngineConfig:
     try:
-        return EngineConfig(**{name: _SECTIONS[name](**values) for name, values in tree.items()})
+        return EngineConfig.model_validate(
+            {name: _SECTIONS[name](**values) for name, values in tree.items()}
+        )
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
 
@@ -266,7 +264,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         flag = "--" + key.replace("_", "-")
         help_text = f"{field.description} [{ENV_PREFIX}{key.upper()}]"
         if field.annotation is bool:
-            parser.add_argument(flag, dest=key, action=argparse.BooleanOptionalAction, help=help_text)
+            parser.add_argument(
+                flag, dest=key, action=argparse.BooleanOptionalAction, help=help_text
+            )
         elif get_origin(field.annotation) is list:
             parser.add_argument(flag, dest=key, action="append", help=help_text)
         else:

@@ -1,21 +1,21 @@
 """Errors the engine reports to clients, each mapped to an HTTP status and code.
 
-    EdgeLLMError                      500 internal_error
-    ├── InvalidRequest                400 invalid_request (param names the field)
-    │   ├── PromptTooLong             400 prompt_too_long
-    │   └── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
-    ├── AuthenticationFailed          401 invalid_api_key
-    ├── NotFound                      404 not_found
-    │   └── ModelNotFound             404 model_not_found
-    ├── BodyTooLarge                  413 request_too_large
-    ├── TtftTimeout                   504 ttft_timeout
-    ├── Overloaded                    503 (with Retry-After)
-    │   ├── QueueFull                 503 queue_full
-    │   ├── KvBudgetExceeded          503 kv_budget_exceeded
-    │   └── EngineUnavailable         503 engine_unavailable
-    └── StreamEnded                   (final events of a stream, never an HTTP status)
-        ├── Cancelled                 cancelled (reason: client, disconnect, superseded, ...)
-        └── BackendFailure            backend_error
+EdgeLLMError                      500 internal_error
+├── InvalidRequest                400 invalid_request (param names the field)
+│   ├── PromptTooLong             400 prompt_too_long
+│   └── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
+├── AuthenticationFailed          401 invalid_api_key
+├── NotFound                      404 not_found
+│   └── ModelNotFound             404 model_not_found
+├── BodyTooLarge                  413 request_too_large
+├── TtftTimeout                   504 ttft_timeout
+├── Overloaded                    503 (with Retry-After)
+│   ├── QueueFull                 503 queue_full
+│   ├── KvBudgetExceeded          503 kv_budget_exceeded
+│   └── EngineUnavailable         503 engine_unavailable
+└── StreamEnded                   final events of a stream (status if nothing was sent yet)
+    ├── Cancelled                 409 cancelled; 503 on shutdown (reason field says why)
+    └── BackendFailure            500 backend_error
 """
 
 from __future__ import annotations
@@ -124,13 +124,17 @@ class StreamEnded(EdgeLLMError):
 
 
 class Cancelled(StreamEnded):
-    status = 499
+    """409 when nothing was sent yet (e.g. superseded); 503 when the server shuts down."""
+
+    status = 409
     code = "cancelled"
     type = "cancelled"
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"stream cancelled: {reason}", reason=reason)
         self.reason = reason
+        if reason == "shutdown":
+            self.status = 503
 
 
 class BackendFailure(StreamEnded):

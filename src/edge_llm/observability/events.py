@@ -82,12 +82,12 @@ def read_events(path: str | Path) -> list[dict[str, Any]]:
     """Parse a JSONL event log, skipping blank or broken lines."""
     events: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
+        for raw in fh:
+            text = raw.strip()
+            if not text:
                 continue
             try:
-                record = json.loads(line)
+                record = json.loads(text)
             except json.JSONDecodeError:
                 continue
             if isinstance(record, dict) and "event" in record:

@@ -1,0 +1,40 @@
+"""The ``edge-llm`` command: one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from edge_llm import __version__
+
+# Each module exposes register(subparsers), which sets ``func`` to its run(args) -> int.
+SUBCOMMANDS = ("serve", "chat", "bench", "doctor", "blame", "top", "config")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edge-llm",
+        description="On-device LLM streaming engine with a token backpressure contract.",
+    )
+    parser.add_argument("--version", action="version", version=f"edge-llm {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in SUBCOMMANDS:
+        module_name = "config_cmd" if name == "config" else name
+        module = importlib.import_module(f"edge_llm.cli.{module_name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

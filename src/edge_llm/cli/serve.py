@@ -1,0 +1,62 @@
+"""``edge-llm serve``: run the engine daemon until SIGTERM or Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
+from edge_llm.engine.backend import BackendError
+from edge_llm.server.runtime import start_server
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the engine (OpenAI-compatible HTTP + WebSocket)",
+        description="Run the engine. Every key of the TOML config is also a flag and an "
+        "EDGE_LLM_<KEY> environment variable; flags win over the environment, which wins "
+        "over the file.",
+    )
+    parser.add_argument("--config", help="engine TOML file (the seed's format)")
+    add_config_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config, overrides=flag_overrides(args))
+    except ConfigError as exc:
+        print(f"edge-llm serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(config))
+    except BackendError as exc:
+        print(f"edge-llm serve: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(config: EngineConfig) -> None:
+    server = await start_server(config)
+    info = server.ctx.service.backend.info
+    print(
+        f"edge-llm: serving {info.model_id} on {server.url} "
+        f"(KV budget {config.backpressure.max_kv_cache_mb} MiB = "
+        f"{server.ctx.engine.kv.capacity_tokens} tokens)",
+        flush=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    print("edge-llm: draining", flush=True)
+    await server.shutdown(config.server.drain_grace_ms / 1000.0)
+    print("edge-llm: stopped", flush=True)

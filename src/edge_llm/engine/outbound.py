@@ -1,0 +1,71 @@
+"""The bounded outbound buffer between the engine thread and one connection.
+
+A ring of generated tokens with a write cursor (engine side) and a read cursor
+(connection side), both counted in tokens since the stream started. The
+connection reads without consuming, writes to its socket, and commits only what
+the socket accepted, so a stalled socket leaves the ring full: the engine sees
+that and pauses the sequence instead of buffering without bound.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+
+class RingOverflow(RuntimeError):
+    """The engine wrote into a full ring: a scheduling bug, never a client error."""
+
+
+class TokenRing:
+    """Thread-safe single-producer, single-consumer token ring."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("ring capacity must be at least 1")
+        self.capacity = capacity
+        self._pieces: deque[str] = deque()
+        self._write = 0
+        self._read = 0
+        self._lock = threading.Lock()
+
+    @property
+    def write_cursor(self) -> int:
+        return self._write
+
+    @property
+    def read_cursor(self) -> int:
+        return self._read
+
+    def __len__(self) -> int:
+        return self._write - self._read
+
+    def fill(self) -> float:
+        return (self._write - self._read) / self.capacity
+
+    def is_full(self) -> bool:
+        return self._write - self._read >= self.capacity
+
+    def push(self, text: str) -> None:
+        """Engine side: append one token's text."""
+        with self._lock:
+            if self._write - self._read >= self.capacity:
+                raise RingOverflow(f"ring of {self.capacity} tokens is full")
+            self._pieces.append(text)
+            self._write += 1
+
+    def peek(self, max_tokens: int) -> list[str]:
+        """Connection side: up to ``max_tokens`` unread pieces, not consumed."""
+        with self._lock:
+            n = min(max_tokens, len(self._pieces))
+            return [self._pieces[i] for i in range(n)]
+
+    def commit(self, n_tokens: int) -> float:
+        """Connection side: mark ``n_tokens`` as sent; returns the new fill."""
+        with self._lock:
+            if n_tokens > len(self._pieces):
+                raise ValueError("cannot commit more tokens than were peeked")
+            for _ in range(n_tokens):
+                self._pieces.popleft()
+            self._read += n_tokens
+            return (self._write - self._read) / self.capacity

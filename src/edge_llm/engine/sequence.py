@@ -1,0 +1,132 @@
+"""A Sequence: one request's generation, its state and its counters."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from edge_llm.engine.backend import SamplingParams
+
+
+class SequenceState(enum.Enum):
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODING = "decoding"
+    DONE = "done"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (SequenceState.DONE, SequenceState.CANCELLED)
+
+
+class PauseCause(enum.Enum):
+    CLIENT = "client"
+    SOCKET_FULL = "socket_full"
+
+
+@dataclass
+class GenerationRequest:
+    """What the protocol layer asks the engine for, already tokenized."""
+
+    prompt_tokens: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    session: str | None = None
+    request_id: str = ""
+
+
+@dataclass
+class Sequence:
+    request: GenerationRequest
+    id: str
+    created_at: float
+    state: SequenceState = SequenceState.QUEUED
+    slot: int | None = None
+    kv_reserved_tokens: int = 0
+    n_prefilled: int = 0
+    n_generated: int = 0
+    last_token: int | None = None
+    pause_causes: dict[PauseCause, float] = field(default_factory=dict)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    finish_reason: str | None = None
+    cancel_reason: str | None = None
+    pauses: int = 0
+    paused_since: float | None = None
+    paused_seconds: dict[PauseCause, float] = field(default_factory=dict)
+    paused_total: float = 0.0
+    backpressure: int = 0
+    backpressure_peak: int = 0
+    tokens_while_paused: int = 0
+
+    @property
+    def session(self) -> str | None:
+        return self.request.session
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.request.prompt_tokens)
+
+    @property
+    def prefill_remaining(self) -> int:
+        return self.n_prompt - self.n_prefilled
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV cursor: cells this sequence occupies (prompt fed + tokens fed back)."""
+        fed_back = max(0, self.n_generated - 1)
+        return self.n_prefilled + fed_back
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.pause_causes)
+
+    @property
+    def pause_cause(self) -> PauseCause | None:
+        if PauseCause.CLIENT in self.pause_causes:
+            return PauseCause.CLIENT
+        return next(iter(self.pause_causes), None)
+
+    @property
+    def runnable(self) -> bool:
+        return self.state in (SequenceState.PREFILL, SequenceState.DECODING) and not self.paused
+
+    def public_state(self) -> str:
+        """State as /debug/streams reports it: paused wins over prefill/decoding."""
+        if self.paused and not self.state.finished:
+            return "paused"
+        return self.state.value
+
+    def add_pause(self, cause: PauseCause, now: float) -> bool:
+        """Returns True when the cause is new (the seed's counter goes +1)."""
+        if cause in self.pause_causes:
+            return False
+        if not self.pause_causes:
+            self.paused_since = now
+        self.pause_causes[cause] = now
+        self.pauses += 1
+        self.backpressure += 1
+        self.backpressure_peak = max(self.backpressure_peak, self.backpressure)
+        return True
+
+    def remove_pause(self, cause: PauseCause, now: float) -> float | None:
+        """Returns the seconds paused for this cause, or None if it was not paused by it."""
+        since = self.pause_causes.pop(cause, None)
+        if since is None:
+            return None
+        self.backpressure -= 1
+        elapsed = now - since
+        self.paused_seconds[cause] = self.paused_seconds.get(cause, 0.0) + elapsed
+        if not self.pause_causes and self.paused_since is not None:
+            self.paused_total += now - self.paused_since
+            self.paused_since = None
+        return elapsed
+
+    def paused_ms(self, now: float) -> float:
+        """Wall time spent paused for any cause."""
+        total = self.paused_total
+        if self.paused_since is not None:
+            total += now - self.paused_since
+        return total * 1000.0

@@ -1,0 +1,90 @@
+"""StreamHandle: what a connection holds for one generation."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from edge_llm.engine.outbound import TokenRing
+from edge_llm.engine.sequence import Sequence
+from edge_llm.engine.text import IncrementalDetokenizer, StopMatcher
+from edge_llm.errors import EdgeLLMError
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a stream ended. ``tail`` is text released only at the end (held bytes
+    of an unfinished character or a partial stop string)."""
+
+    finish_reason: str | None
+    error: EdgeLLMError | None = None
+    tail: str = ""
+
+
+class StreamHandle:
+    """Shared by the engine thread (writes) and the event loop (reads).
+
+    The engine pushes token text into ``ring`` and sets ``outcome`` last; after
+    each step it wakes the loop, which sets the handle's event. The connection
+    waits with :meth:`wait_changed`, reads with ``ring.peek``, and reports what
+    its socket accepted through ``Engine.consumed``.
+    """
+
+    def __init__(self, seq: Sequence, ring: TokenRing, stops: tuple[str, ...]) -> None:
+        self.seq = seq
+        self.ring = ring
+        self.outcome: Outcome | None = None
+        self.detokenizer = IncrementalDetokenizer()
+        self.stop_matcher = StopMatcher(stops)
+        self.last_token_at: float | None = None
+        self._changed = asyncio.Event()
+        self._done = asyncio.Event()
+
+    @property
+    def id(self) -> str:
+        return self.seq.id
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def signal(self) -> None:
+        """Event-loop thread only: something changed (tokens, state, outcome)."""
+        self._changed.set()
+        if self.outcome is not None:
+            self._done.set()
+
+    async def wait_done(self) -> None:
+        await self._done.wait()
+
+    async def wait_changed(self, timeout: float | None) -> bool:
+        """Wait until the engine signals; returns False on timeout."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            return False
+        self._changed.clear()
+        return True
+
+    def usage(self) -> dict[str, int]:
+        prompt = self.seq.n_prompt
+        completion = self.seq.n_generated
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def stats(self, now: float) -> dict[str, Any]:
+        seq = self.seq
+        ttft = None
+        if seq.first_token_at is not None:
+            ttft = round((seq.first_token_at - seq.created_at) * 1000.0, 3)
+        return {
+            "ttft_ms": ttft,
+            "pauses": seq.pauses,
+            "paused_ms": round(seq.paused_ms(now), 3),
+            "backpressure_peak": seq.backpressure_peak,
+            "tokens_while_paused": seq.tokens_while_paused,
+        }

@@ -1,0 +1,97 @@
+"""Prometheus metrics (SPEC section 7), in a registry owned by one engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+PREFIX = "edge_llm_"
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds",
+            "Request arrival to first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds",
+            "Time between consecutive tokens of one sequence",
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.queue_time = Histogram(
+            PREFIX + "request_queue_time_seconds",
+            "Arrival to admission into a decode slot",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests_running = Gauge(
+            PREFIX + "requests_running", "Sequences holding a slot", registry=r
+        )
+        self.requests_waiting = Gauge(
+            PREFIX + "requests_waiting", "Sequences waiting for a slot", registry=r
+        )
+        self.streams_paused = Gauge(PREFIX + "streams_paused", "Paused streams", registry=r)
+        self.kv_cache_used_bytes = Gauge(
+            PREFIX + "kv_cache_used_bytes", "KV cells in use, in bytes", registry=r
+        )
+        self.backpressure_peak = Gauge(
+            PREFIX + "backpressure_peak",
+            "Peak of the seed's counter (PAUSE +1, RESUME -1) since start",
+            registry=r,
+        )
+        self.pauses = Counter(
+            PREFIX + "backpressure_pauses", "Pauses by cause", ["cause"], registry=r
+        )
+        self.paused_seconds = Counter(
+            PREFIX + "stream_paused_seconds", "Seconds streams spent paused", ["cause"], registry=r
+        )
+        self.cancellations = Counter(
+            PREFIX + "cancellations", "Cancelled streams by reason", ["reason"], registry=r
+        )
+        self.rejections = Counter(
+            PREFIX + "admission_rejections", "Rejected requests by reason", ["reason"], registry=r
+        )
+        self.generated_tokens = Counter(PREFIX + "generated_tokens", "Tokens generated", registry=r)
+        self.prompt_tokens = Counter(
+            PREFIX + "prompt_tokens", "Prompt tokens prefilled", registry=r
+        )
+        self._init_labels()
+
+    def _init_labels(self) -> None:
+        """Expose every documented label value at zero from the start."""
+        for cause in ("client", "socket_full"):
+            self.pauses.labels(cause)
+            self.paused_seconds.labels(cause)
+        for reason in ("client", "disconnect", "ttft_timeout", "superseded", "shutdown"):
+            self.cancellations.labels(reason)
+        for reason in ("queue_full", "kv_budget_exceeded", "prompt_too_long", "shutting_down"):
+            self.rejections.labels(reason)
+
+    def bind_gauges(
+        self,
+        running: Callable[[], float],
+        waiting: Callable[[], float],
+        paused: Callable[[], float],
+        kv_used: Callable[[], float],
+        backpressure_peak: Callable[[], float],
+    ) -> None:
+        """Gauges read the engine's state when scraped."""
+        self.requests_running.set_function(running)
+        self.requests_waiting.set_function(waiting)
+        self.streams_paused.set_function(paused)
+        self.kv_cache_used_bytes.set_function(kv_used)
+        self.backpressure_peak.set_function(backpressure_peak)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

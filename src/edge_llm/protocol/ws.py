@@ -1,0 +1,185 @@
+"""The WebSocket stream protocol (SPEC section 6) as a sans-I/O state machine.
+
+Text frames in, commands and frames out; no socket, loop or clock. The adapter
+feeds each received text frame to :meth:`StreamProtocol.receive`, carries out the
+returned commands (start, pause, resume, cancel a stream), reports what the
+engine did through the ``on_*`` methods, and sends whatever
+:meth:`StreamProtocol.frames_to_send` returns. A malformed or out-of-order frame
+produces an ``error`` frame and leaves the protocol usable.
+
+    IDLE --start--> STREAMING --done/error--> IDLE   (one stream at a time)
+    STREAMING: pause/resume toggle ``client_paused``; cancel ends the stream.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    STREAMING = "streaming"
+
+
+@dataclass(frozen=True)
+class StartStream:
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PauseStream:
+    pass
+
+
+@dataclass(frozen=True)
+class ResumeStream:
+    pass
+
+
+@dataclass(frozen=True)
+class CancelStream:
+    pass
+
+
+Command = StartStream | PauseStream | ResumeStream | CancelStream
+
+
+class StreamProtocol:
+    def __init__(self) -> None:
+        self.state = State.IDLE
+        self.client_paused = False
+        self.stream_id: str | None = None
+        self._out: list[dict[str, Any]] = []
+
+    def frames_to_send(self) -> list[dict[str, Any]]:
+        """Frames produced since the last call, in order; the caller sends them."""
+        frames, self._out = self._out, []
+        return frames
+
+    # -- client frames ---------------------------------------------------------------
+
+    def receive(self, text: str) -> list[Command]:
+        """One client text frame in; the commands the adapter must carry out."""
+        frame = self._decode(text)
+        if frame is None:
+            return []
+        kind = frame.get("type")
+        if kind == "start":
+            return self._start(frame)
+        if kind == "pause":
+            return self._pause()
+        if kind == "resume":
+            return self._resume()
+        if kind == "cancel":
+            return self._cancel()
+        self._error("unknown_frame_type", f"unknown frame type {kind!r}")
+        return []
+
+    def _decode(self, text: str) -> dict[str, Any] | None:
+        try:
+            frame = json.loads(text)
+        except ValueError:
+            self._error("invalid_frame", "frame is not valid JSON")
+            return None
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            self._error("invalid_frame", 'frame must be a JSON object with a string "type"')
+            return None
+        return frame
+
+    def _start(self, frame: dict[str, Any]) -> list[Command]:
+        if self.state is State.STREAMING:
+            self._error("stream_active", "a stream is already running on this socket")
+            return []
+        request = frame.get("request")
+        if not isinstance(request, dict):
+            self._error("invalid_frame", 'start needs "request": a chat completion body')
+            return []
+        self.state = State.STREAMING
+        self.client_paused = False
+        return [StartStream(request)]
+
+    def _pause(self) -> list[Command]:
+        if self.state is not State.STREAMING:
+            self._error("no_active_stream", "pause without a running stream")
+            return []
+        if self.client_paused:
+            self._error("already_paused", "the stream is already paused")
+            return []
+        self.client_paused = True
+        return [PauseStream()]
+
+    def _resume(self) -> list[Command]:
+        if self.state is not State.STREAMING:
+            self._error("no_active_stream", "resume without a running stream")
+            return []
+        if not self.client_paused:
+            self._error("not_paused", "resume without a preceding pause")
+            return []
+        self.client_paused = False
+        return [ResumeStream()]
+
+    def _cancel(self) -> list[Command]:
+        if self.state is not State.STREAMING:
+            self._error("no_active_stream", "cancel without a running stream")
+            return []
+        return [CancelStream()]
+
+    # -- what the engine did ------------------------------------------------------------------
+
+    def on_started(self, stream_id: str) -> None:
+        self.stream_id = stream_id
+        self._out.append({"type": "started", "id": stream_id})
+
+    def on_rejected(self, code: str, message: str, **extra: Any) -> None:
+        """The start request was refused before a stream existed."""
+        self.state = State.IDLE
+        self._error(code, message, **extra)
+
+    def on_delta(self, text: str, n_tokens: int, seq: int) -> None:
+        self._out.append(
+            {"type": "delta", "id": self.stream_id, "seq": seq, "text": text, "n_tokens": n_tokens}
+        )
+
+    def on_heartbeat(self, state: str, prefill_done: int, prefill_total: int) -> None:
+        self._out.append(
+            {
+                "type": "heartbeat",
+                "state": state,
+                "prefill_done": prefill_done,
+                "prefill_total": prefill_total,
+            }
+        )
+
+    def on_paused(self, cause: str) -> None:
+        self._out.append({"type": "paused", "cause": cause})
+
+    def on_resumed(self) -> None:
+        self._out.append({"type": "resumed"})
+
+    def on_done(self, finish_reason: str, usage: dict[str, int], stats: dict[str, Any]) -> None:
+        self._out.append(
+            {
+                "type": "done",
+                "id": self.stream_id,
+                "finish_reason": finish_reason,
+                "usage": usage,
+                "stats": stats,
+            }
+        )
+        self._end()
+
+    def on_failed(self, code: str, message: str, **extra: Any) -> None:
+        """The stream ended with an error (cancelled, timed out, backend failure)."""
+        self._error(code, message, id=self.stream_id, **extra)
+        self._end()
+
+    def _end(self) -> None:
+        self.state = State.IDLE
+        self.client_paused = False
+        self.stream_id = None
+
+    def _error(self, code: str, message: str, **extra: Any) -> None:
+        self._out.append({"type": "error", "code": code, "message": message, **extra})

@@ -1,0 +1,124 @@
+"""The aiohttp application: routes, middlewares, and nothing else."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from edge_llm.errors import (
+    AuthenticationFailed,
+    BodyTooLarge,
+    EdgeLLMError,
+    InvalidRequest,
+    NotFound,
+)
+from edge_llm.server import debug_routes, openai_routes, ws_route
+from edge_llm.server.context import CONTEXT, ServerContext, context_of
+from edge_llm.server.http import error_response
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN_PATHS = frozenset({"/health"})
+_DEBUG_PATHS = frozenset({"/metrics", "/debug/streams"})
+_log = logging.getLogger("edge_llm.server")
+
+
+def create_app(ctx: ServerContext) -> web.Application:
+    app = web.Application(
+        client_max_size=ctx.config.server.max_body_bytes,
+        middlewares=[_errors, _cors, _auth],
+    )
+    app[CONTEXT] = ctx
+    app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
+    app.router.add_post("/v1/completions", openai_routes.completions)
+    app.router.add_get("/v1/models", openai_routes.models)
+    app.router.add_get("/v1/stream", ws_route.stream_socket)
+    app.router.add_get("/health", debug_routes.health)
+    app.router.add_get("/metrics", debug_routes.metrics)
+    app.router.add_get("/debug/streams", debug_routes.streams)
+    return app
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves in OpenAI's shape with its status; bad input is never a 500."""
+    try:
+        return await handler(request)
+    except EdgeLLMError as exc:
+        return error_response(exc)
+    except web.HTTPRequestEntityTooLarge:
+        return error_response(BodyTooLarge("request body too large"))
+    except web.HTTPNotFound:
+        return error_response(NotFound(f"no route for {request.method} {request.path}"))
+    except web.HTTPMethodNotAllowed as exc:
+        error = InvalidRequest(f"{request.method} is not allowed on {request.path}")
+        error.status = exc.status
+        return error_response(error)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        error = InvalidRequest(exc.reason)
+        error.status = exc.status
+        return error_response(error)
+    except (ConnectionResetError, ConnectionAbortedError):
+        raise
+    except Exception as exc:
+        _log.exception("unexpected error in %s %s", request.method, request.path)
+        return error_response(EdgeLLMError(f"internal error: {type(exc).__name__}"))
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    keys = context_of(request).config.server.api_key
+    if not keys or not _needs_key(request):
+        return await handler(request)
+    presented = _presented_key(request)
+    if presented is None or not _matches_any(presented, keys):
+        raise AuthenticationFailed(
+            "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+        )
+    return await handler(request)
+
+
+def _needs_key(request: web.Request) -> bool:
+    if request.path in _OPEN_PATHS or request.method == "OPTIONS":
+        return False
+    if request.path in _DEBUG_PATHS:
+        return context_of(request).config.server.protect_debug
+    return True
+
+
+def _presented_key(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token:
+        return token.strip()
+    return request.headers.get("x-api-key")
+
+
+def _matches_any(presented: str, keys: list[str]) -> bool:
+    """Constant-time comparison against every key (no early exit on a match)."""
+    given = presented.encode()
+    matches = [hmac.compare_digest(given, key.encode()) for key in keys]
+    return any(matches)
+
+
+@web.middleware
+async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    allowed = context_of(request).config.server.cors_allow_origin
+    origin = request.headers.get("Origin")
+    if not allowed or origin is None or (origin not in allowed and "*" not in allowed):
+        return await handler(request)
+    if request.method == "OPTIONS":
+        response: web.StreamResponse = web.Response(status=204)
+    else:
+        response = await handler(request)
+    if not response.prepared:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Allow-Headers"] = (
+            "Authorization, Content-Type, X-Session-Id, x-api-key"
+        )
+        response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+    return response

@@ -1,0 +1,45 @@
+"""What every route needs, stored on the aiohttp application."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from edge_llm.config import EngineConfig
+from edge_llm.engine.engine import Engine
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.server.http import ConnectionSettings
+from edge_llm.server.pump import PumpSettings
+from edge_llm.server.service import GenerationService
+
+
+@dataclass
+class ServerContext:
+    engine: Engine
+    service: GenerationService
+    config: EngineConfig
+    pump_settings: PumpSettings
+    connection: ConnectionSettings
+    started_at: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+
+    @contextmanager
+    def guard(self, handle: StreamHandle) -> Iterator[None]:
+        """Whatever ends the handler early (the client went away, a write
+        failed), the stream is cancelled and its KV freed."""
+        try:
+            yield
+        finally:
+            if not handle.finished:
+                self.engine.cancel(handle, "disconnect")
+
+
+CONTEXT = web.AppKey("edge_llm_context", ServerContext)
+
+
+def context_of(request: web.Request) -> ServerContext:
+    return request.app[CONTEXT]

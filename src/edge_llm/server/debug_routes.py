@@ -1,0 +1,35 @@
+"""Health, Prometheus metrics and /debug/streams."""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from edge_llm.server.context import context_of
+
+
+async def health(request: web.Request) -> web.Response:
+    ctx = context_of(request)
+    engine = ctx.engine
+    if not engine.alive:
+        crash = repr(engine.crash) if engine.crash else "engine thread is not running"
+        return web.json_response({"status": "dead", "error": crash}, status=503)
+    status = "draining" if ctx.draining else "ok"
+    return web.json_response(
+        {
+            "status": status,
+            "model": ctx.service.model_id,
+            "requests_running": engine.scheduler.num_running,
+            "requests_waiting": engine.scheduler.num_waiting,
+        },
+        status=503 if ctx.draining else 200,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = context_of(request).engine.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def streams(request: web.Request) -> web.Response:
+    return web.json_response(context_of(request).engine.snapshot())

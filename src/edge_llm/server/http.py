@@ -1,0 +1,62 @@
+"""Helpers shared by the routes: JSON bodies, error responses, socket tuning."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from edge_llm.errors import BodyTooLarge, EdgeLLMError, InvalidRequest, Overloaded
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    socket_send_buffer_bytes: int
+    write_buffer_bytes: int
+    body_timeout_s: float
+
+
+def error_response(error: EdgeLLMError) -> web.Response:
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(error.retry_after_s)
+    return web.json_response(error.to_dict(), status=error.status, headers=headers)
+
+
+async def read_json(request: web.Request, settings: ConnectionSettings) -> Any:
+    """The request body as JSON, within the body size and time limits."""
+    try:
+        raw = await asyncio.wait_for(request.read(), settings.body_timeout_s)
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise BodyTooLarge(f"request body larger than {request.client_max_size} bytes") from exc
+    except TimeoutError as exc:
+        raise InvalidRequest("request body not received in time") from exc
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"body is not valid UTF-8 (byte {exc.start})") from exc
+    except ValueError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
+
+
+def tune_connection(request: web.Request, settings: ConnectionSettings) -> None:
+    """Keep what a stalled client can make us buffer small, so a full socket is
+    seen within a few dozen tokens (see the README's backpressure section)."""
+    transport = request.transport
+    if transport is None:
+        return
+    if settings.write_buffer_bytes:
+        transport.set_write_buffer_limits(high=settings.write_buffer_bytes)
+    sock = transport.get_extra_info("socket")
+    if settings.socket_send_buffer_bytes and sock is not None:
+        with contextlib.suppress(OSError):  # not a TCP socket: keep the kernel default
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, settings.socket_send_buffer_bytes)
+
+
+def session_of(request: web.Request, user: str | None) -> str | None:
+    return request.headers.get("X-Session-Id") or user

@@ -1,0 +1,102 @@
+"""Turns a stream's ring into outbound events for one connection.
+
+The pump is an async generator: the adapter writes each event to its socket and
+only then asks for the next one. Tokens of a delta are committed to the ring
+(``Engine.consumed``) after that write returned, so a socket that stops draining
+stops the pump, the ring fills, and the engine pauses that sequence alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from edge_llm.engine.engine import Engine
+from edge_llm.engine.stream import Outcome, StreamHandle
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    n_tokens: int
+    seq: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    state: str
+    prefill_done: int
+    prefill_total: int
+
+
+@dataclass(frozen=True)
+class PauseChanged:
+    cause: str | None  # None: resumed
+
+
+@dataclass(frozen=True)
+class Finished:
+    outcome: Outcome
+
+
+StreamEvent = Delta | Heartbeat | PauseChanged | Finished
+
+
+@dataclass(frozen=True)
+class PumpSettings:
+    chunk_tokens: int = 1
+    flush_interval_s: float = 0.02
+    heartbeat_interval_s: float = 1.0
+
+
+async def pump(
+    engine: Engine, handle: StreamHandle, settings: PumpSettings
+) -> AsyncIterator[StreamEvent]:
+    """Yield the stream's events until (and including) :class:`Finished`."""
+    reported_cause: str | None = None
+    last_sent = time.monotonic()
+    held_since: float | None = None
+    carried_tokens = 0
+    n_deltas = 0
+    while True:
+        cause = None if handle.finished else _cause(handle)
+        if cause != reported_cause:
+            reported_cause = cause
+            yield PauseChanged(cause)
+        pieces = handle.ring.peek(settings.chunk_tokens)
+        if pieces:
+            now = time.monotonic()
+            held_since = held_since or now
+            partial = len(pieces) < settings.chunk_tokens and not handle.finished
+            if partial and now - held_since < settings.flush_interval_s:
+                await handle.wait_changed(held_since + settings.flush_interval_s - now)
+                continue
+            held_since = None
+            text = "".join(pieces)
+            if text:
+                yield Delta(text, carried_tokens + len(pieces), n_deltas)
+                n_deltas += 1
+                carried_tokens = 0
+                last_sent = time.monotonic()
+            else:
+                carried_tokens += len(pieces)  # a character still incomplete: send with the next
+            engine.consumed(handle, len(pieces))
+            continue
+        if handle.outcome is not None:
+            if handle.outcome.tail:
+                yield Delta(handle.outcome.tail, carried_tokens, n_deltas)
+            yield Finished(handle.outcome)
+            return
+        idle = time.monotonic() - last_sent
+        if idle >= settings.heartbeat_interval_s:
+            seq = handle.seq
+            yield Heartbeat(seq.public_state(), seq.n_prefilled, seq.n_prompt)
+            last_sent = time.monotonic()
+            continue
+        await handle.wait_changed(settings.heartbeat_interval_s - idle)
+
+
+def _cause(handle: StreamHandle) -> str | None:
+    cause = handle.seq.pause_cause
+    return cause.value if cause else None

@@ -1,0 +1,160 @@
+"""Assembling and running the daemon: backend, engine, HTTP server, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from edge_llm.config import EngineConfig
+from edge_llm.engine.backend import Backend
+from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.observability.events import EventLog, EventSink, null_sink
+from edge_llm.observability.metrics import EngineMetrics
+from edge_llm.server.app import create_app
+from edge_llm.server.context import ServerContext
+from edge_llm.server.http import ConnectionSettings
+from edge_llm.server.pump import PumpSettings
+from edge_llm.server.service import GenerationService, Limits
+
+_log = logging.getLogger("edge_llm.server")
+
+
+def engine_settings(config: EngineConfig) -> EngineSettings:
+    bp, sched = config.backpressure, config.scheduler
+    return EngineSettings(
+        max_sequences=sched.max_sequences,
+        max_queue=sched.max_queue,
+        prefill_chunk_tokens=sched.prefill_chunk_tokens,
+        max_prompt_tokens=bp.max_prompt_tokens,
+        outbound_buffer_tokens=bp.outbound_buffer_tokens,
+        pause_on_socket_full=bp.pause_on_socket_full,
+        resume_threshold=bp.resume_threshold,
+        cancel_release_kv=bp.cancel_release_kv,
+        ttft_timeout_s=bp.ttft_timeout_ms / 1000.0 if bp.ttft_timeout_ms else None,
+    )
+
+
+def load_backend(config: EngineConfig) -> Backend:
+    from edge_llm.engine.llama_backend import LlamaBackend  # noqa: PLC0415 (loads llama.cpp)
+
+    sched = config.scheduler
+    return LlamaBackend(
+        config.model.model,
+        kv_budget_bytes=config.backpressure.max_kv_cache_mb * 1024 * 1024,
+        max_sequences=sched.max_sequences,
+        max_batch_tokens=sched.max_sequences + sched.prefill_chunk_tokens,
+        n_threads=config.model.n_threads,
+        model_id=config.model.model_id,
+        verbose=config.model.verbose,
+    )
+
+
+@dataclass
+class RunningServer:
+    ctx: ServerContext
+    runner: web.AppRunner
+    event_log: EventLog | None
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop admitting, let running streams finish for ``grace_s``, cancel the
+        rest (their clients get a final ``cancelled``/``shutdown`` event), stop."""
+        engine = self.ctx.engine
+        self.ctx.draining = True
+        engine.begin_drain()
+        running = [handle.wait_done() for handle in engine.live_handles()]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*running), grace_s)
+        engine.cancel_all("shutdown")
+        await self.runner.cleanup()
+        await asyncio.to_thread(engine.stop)
+        if self.event_log is not None:
+            self.event_log.close()
+
+
+async def start_server(config: EngineConfig, backend: Backend | None = None) -> RunningServer:
+    """Load the model (unless given a backend), start the engine and listen."""
+    server = config.server
+    event_log = EventLog(server.event_log, source="engine") if server.event_log else None
+    events: EventSink = event_log.emit if event_log else null_sink
+    if backend is None:
+        backend = await asyncio.to_thread(load_backend, config)
+    engine = Engine(backend, engine_settings(config), metrics=EngineMetrics(), events=events)
+    engine.start(asyncio.get_running_loop())
+    ctx = _context(config, engine, backend, events)
+    runner = web.AppRunner(create_app(ctx), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    sock = _listening_socket(server.host, server.port, server.socket_send_buffer_bytes)
+    await web.SockSite(runner, sock).start()
+    host, port = sock.getsockname()[:2]
+    _warn_if_exposed(config)
+    return RunningServer(ctx, runner, event_log, host, port)
+
+
+def _context(
+    config: EngineConfig, engine: Engine, backend: Backend, events: EventSink
+) -> ServerContext:
+    bp, sched, stream, server = config.backpressure, config.scheduler, config.stream, config.server
+    limits = Limits(
+        max_prompt_tokens=bp.max_prompt_tokens,
+        default_max_tokens=sched.default_max_tokens,
+        max_tokens_cap=sched.max_tokens_cap,
+        max_messages=server.max_messages,
+    )
+    service = GenerationService(
+        engine, backend, limits, events=events, log_prompts=server.log_prompts
+    )
+    return ServerContext(
+        engine=engine,
+        service=service,
+        config=config,
+        pump_settings=PumpSettings(
+            chunk_tokens=stream.chunk_size_tokens,
+            flush_interval_s=stream.flush_interval_ms / 1000.0,
+            heartbeat_interval_s=stream.heartbeat_interval_ms / 1000.0,
+        ),
+        connection=ConnectionSettings(
+            socket_send_buffer_bytes=server.socket_send_buffer_bytes,
+            write_buffer_bytes=server.write_buffer_bytes,
+            body_timeout_s=server.body_timeout_ms / 1000.0,
+        ),
+    )
+
+
+def _listening_socket(host: str, port: int, send_buffer: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if send_buffer:
+        # Inherited by accepted sockets: the kernel buffers little for a stalled reader.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _warn_if_exposed(config: EngineConfig) -> None:
+    host = config.server.host
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback and not config.server.api_key:
+        _log.warning(
+            "listening on %s without an API key: any device on the network can use "
+            "this engine; set --api-key",
+            host,
+        )

@@ -1,0 +1,112 @@
+"""From a validated API request to an admitted stream (shared by every route)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from edge_llm.engine.backend import Backend, SamplingParams
+from edge_llm.engine.engine import Engine
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
+from edge_llm.observability.events import EventSink
+
+# Tokenizing a long text takes a few ms; beyond this size it leaves the event loop.
+_TOKENIZE_INLINE_CHARS = 8192
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_tokens: int
+    default_max_tokens: int
+    max_tokens_cap: int
+    max_messages: int
+
+
+class GenerationService:
+    def __init__(
+        self,
+        engine: Engine,
+        backend: Backend,
+        limits: Limits,
+        *,
+        events: EventSink,
+        log_prompts: bool = False,
+    ) -> None:
+        self.engine = engine
+        self.backend = backend
+        self.limits = limits
+        self.events = events
+        self.log_prompts = log_prompts
+
+    @property
+    def model_id(self) -> str:
+        return self.backend.info.model_id
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_id:
+            raise ModelNotFound(
+                f"model {model!r} is not served here; available: {self.model_id}",
+                param="model",
+                available=[self.model_id],
+            )
+
+    async def start_chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int | None,
+        sampling: SamplingParams,
+        session: str | None,
+    ) -> StreamHandle:
+        if len(messages) > self.limits.max_messages:
+            raise InvalidRequest(
+                f"{len(messages)} messages, at most {self.limits.max_messages}", param="messages"
+            )
+        prompt = self.backend.render_chat(messages)
+        return await self.start_text(
+            prompt, max_tokens=max_tokens, sampling=sampling, session=session
+        )
+
+    async def start_text(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int | None,
+        sampling: SamplingParams,
+        session: str | None,
+    ) -> StreamHandle:
+        """Tokenize, enforce the prompt and max_tokens limits, and submit."""
+        tokens = await self._tokenize(prompt)
+        if len(tokens) > self.limits.max_prompt_tokens:
+            self.engine.metrics.rejections.labels("prompt_too_long").inc()
+            raise PromptTooLong(len(tokens), self.limits.max_prompt_tokens)
+        request = GenerationRequest(
+            prompt_tokens=tokens,
+            max_tokens=self._max_tokens(max_tokens, len(tokens)),
+            sampling=sampling,
+            session=session,
+            request_id=self.engine.new_request_id(),
+        )
+        handle = self.engine.submit(request)
+        if self.log_prompts:
+            self.events("prompt", handle.id, prompt=prompt)
+        return handle
+
+    async def _tokenize(self, text: str) -> list[int]:
+        if len(text) <= _TOKENIZE_INLINE_CHARS:
+            return self.backend.tokenize(text, add_special=True)
+        return await asyncio.to_thread(self.backend.tokenize, text, add_special=True)
+
+    def _max_tokens(self, requested: int | None, n_prompt: int) -> int:
+        if requested is not None and requested > self.limits.max_tokens_cap:
+            raise InvalidRequest(
+                f"max_tokens {requested} is above the cap {self.limits.max_tokens_cap}",
+                param="max_tokens",
+            )
+        room = self.backend.info.n_ctx_train - n_prompt
+        if room < 1:
+            raise PromptTooLong(n_prompt, self.backend.info.n_ctx_train - 1)
+        wanted = requested if requested is not None else self.limits.default_max_tokens
+        return min(wanted, room)

@@ -1,0 +1,148 @@
+"""``GET /v1/stream``: the WebSocket adapter around :class:`StreamProtocol`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from edge_llm.engine.sequence import PauseCause
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.errors import EdgeLLMError
+from edge_llm.protocol import openai
+from edge_llm.protocol.ws import (
+    CancelStream,
+    Command,
+    PauseStream,
+    ResumeStream,
+    StartStream,
+    StreamProtocol,
+)
+from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.http import tune_connection
+from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
+
+
+class _Connection:
+    """One WebSocket: reads frames while at most one stream pumps its events."""
+
+    def __init__(self, ctx: ServerContext, request: web.Request) -> None:
+        self.ctx = ctx
+        self.request = request
+        server = ctx.config.server
+        self.ws = web.WebSocketResponse(
+            max_msg_size=server.max_ws_frame_bytes,
+            writer_limit=max(1024, server.write_buffer_bytes),
+        )
+        self.protocol = StreamProtocol()
+        self.handle: StreamHandle | None = None
+        self.pump_task: asyncio.Task[None] | None = None
+
+    async def serve(self) -> web.WebSocketResponse:
+        await self.ws.prepare(self.request)
+        tune_connection(self.request, self.ctx.connection)
+        try:
+            async for message in self.ws:
+                if message.type is WSMsgType.TEXT:
+                    await self._on_text(message.data)
+                elif message.type is WSMsgType.BINARY:
+                    self.protocol.on_rejected("invalid_frame", "binary frames are not supported")
+                    await self._flush()
+        finally:
+            self._abandon()
+        return self.ws
+
+    async def _on_text(self, text: str) -> None:
+        for command in self.protocol.receive(text):
+            await self._execute(command)
+        await self._flush()
+
+    async def _execute(self, command: Command) -> None:
+        engine = self.ctx.engine
+        if isinstance(command, StartStream):
+            await self._start(command.request)
+        elif self.handle is None:
+            return
+        elif isinstance(command, PauseStream):
+            engine.pause(self.handle, PauseCause.CLIENT)
+        elif isinstance(command, ResumeStream):
+            engine.resume(self.handle, PauseCause.CLIENT)
+        elif isinstance(command, CancelStream):
+            engine.cancel(self.handle, "client")
+
+    async def _start(self, body: dict[str, Any]) -> None:
+        service = self.ctx.service
+        try:
+            req = openai.parse_request(openai.ChatCompletionRequest, body)
+            service.check_model(req.model)
+            session = self.request.headers.get("X-Session-Id") or req.user
+            handle = await service.start_chat(
+                req.chat_messages(),
+                max_tokens=req.requested_max_tokens,
+                sampling=req.sampling(),
+                session=session,
+            )
+        except EdgeLLMError as exc:
+            self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
+            return
+        self.handle = handle
+        self.protocol.on_started(handle.id)
+        self.pump_task = asyncio.create_task(self._pump(handle))
+
+    async def _pump(self, handle: StreamHandle) -> None:
+        with self.ctx.guard(handle):
+            async for event in pump(self.ctx.engine, handle, self.ctx.pump_settings):
+                self._report(handle, event)
+                await self._flush()
+
+    def _report(
+        self, handle: StreamHandle, event: Delta | Heartbeat | PauseChanged | Finished
+    ) -> None:
+        protocol = self.protocol
+        if isinstance(event, Delta):
+            protocol.on_delta(event.text, event.n_tokens, event.seq)
+        elif isinstance(event, Heartbeat):
+            protocol.on_heartbeat(event.state, event.prefill_done, event.prefill_total)
+        elif isinstance(event, PauseChanged):
+            if event.cause is None:
+                protocol.on_resumed()
+            else:
+                protocol.on_paused(event.cause)
+        else:
+            self.handle = None
+            error = event.outcome.error
+            now = self.ctx.engine.clock()
+            if error is None:
+                finish_reason = event.outcome.finish_reason or "stop"
+                protocol.on_done(finish_reason, handle.usage(), handle.stats(now))
+            else:
+                protocol.on_failed(error.code, error.message, **_details(error))
+
+    async def _flush(self) -> None:
+        for frame in self.protocol.frames_to_send():
+            if self.ws.closed:
+                return
+            await self.ws.send_json(frame)
+
+    def _abandon(self) -> None:
+        """The socket closed: cancel the stream (reason: disconnect)."""
+        if self.handle is not None and not self.handle.finished:
+            self.ctx.engine.cancel(self.handle, "disconnect")
+        if self.pump_task is not None:
+            self.pump_task.cancel()
+
+
+def _details(error: EdgeLLMError) -> dict[str, Any]:
+    details = {k: v for k, v in error.extra.items() if k not in ("code", "message", "type")}
+    if error.param:
+        details["param"] = error.param
+    return details
+
+
+async def stream_socket(request: web.Request) -> web.WebSocketResponse:
+    connection = _Connection(context_of(request), request)
+    with contextlib.suppress(ConnectionResetError):
+        return await connection.serve()
+    return connection.ws
