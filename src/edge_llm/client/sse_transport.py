@@ -1,0 +1,140 @@
+"""Streaming over SSE: ``POST {base}/chat/completions`` with ``stream: true``.
+
+Works against this engine and any OpenAI-compatible server. Flow control is TCP
+backpressure: when the render queue crosses its high watermark the transport
+stops reading the socket (``read_paused``) until the queue drains to its low
+watermark (``read_resumed``); with the small socket buffers from
+:mod:`edge_llm.client.connection` the server's writes then block. Cancelling
+means closing the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+
+from edge_llm.client.attempt import Attempt
+from edge_llm.client.connection import read_bounded, status_error, transport_error
+from edge_llm.client.errors import NotStreamingError, ReadError, TtftTimeoutError
+from edge_llm.client.render_queue import RenderQueue
+from edge_llm.client.result import Heartbeat
+from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk
+
+EVENT_STREAM = "text/event-stream"
+NOT_STREAMING_PREVIEW_BYTES = 4096
+
+
+class ReadPause:
+    """SSE flow control: :meth:`pause` blocks the reader until :meth:`resume`."""
+
+    def __init__(self, attempt: Attempt, queue: RenderQueue[str]) -> None:
+        self._attempt = attempt
+        self._queue = queue
+        self._resumed = asyncio.Event()
+        self._paused = False
+
+    async def pause(self) -> None:
+        self._resumed.clear()
+        self._paused = True
+        self._attempt.log.emit("read_paused", queue_fill=round(self._queue.fill, 3))
+        await self._resumed.wait()
+        self._attempt.log.emit("read_resumed", queue_fill=round(self._queue.fill, 3))
+
+    async def resume(self) -> None:
+        if self._paused:
+            self._paused = False
+            self._resumed.set()
+
+
+class SSETransport:
+    """Runs attempts over SSE; one instance per stream."""
+
+    name = "sse"
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        *,
+        url: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+        queue: RenderQueue[str],
+    ) -> None:
+        self._session = session
+        self._url = url
+        self._body = body
+        self._headers = headers
+        self._queue = queue
+
+    async def run(self, attempt: Attempt) -> None:
+        """Make one request and stream it to completion ([DONE] or a finish_reason
+        and end of body). Raises a :class:`~edge_llm.client.errors.ClientError`."""
+        attempt.log.emit("request_sent", transport=self.name, attempt=attempt.number, url=self._url)
+        response = None
+        try:
+            response = await attempt.read(self._post)
+            await self._check(response, attempt)
+            attempt.flow = ReadPause(attempt, self._queue)
+            await self._read_events(response, attempt)
+        except TtftTimeoutError:
+            attempt.cancelled("ttft_timeout", method="close")
+            raise
+        except asyncio.CancelledError:
+            attempt.cancelled("client", method="close")
+            raise
+        except (aiohttp.ClientError, OSError) as exc:
+            raise transport_error(exc, url=self._url) from exc
+        finally:
+            attempt.flow = None
+            if response is not None:
+                response.close()
+
+    async def _post(self) -> aiohttp.ClientResponse:
+        return await self._session.post(self._url, json=self._body, headers=self._headers)
+
+    async def _check(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
+        attempt.set_request_id(response.headers.get("X-Request-Id"))
+        if response.status != 200:
+            body = await attempt.read(lambda: read_bounded(response.content))
+            raise status_error(response.status, response.headers, body, url=self._url)
+        content_type = response.headers.get("Content-Type", "")
+        if not content_type.lower().startswith(EVENT_STREAM):
+            preview = await attempt.read(
+                lambda: read_bounded(response.content, NOT_STREAMING_PREVIEW_BYTES)
+            )
+            raise NotStreamingError(
+                f"the server did not stream: Content-Type is {content_type or 'missing'!r}, "
+                f"expected {EVENT_STREAM} (body starts {preview[:120]!r})"
+            )
+
+    async def _read_events(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
+        parser = SSEParser()
+        while True:
+            data = await attempt.read(response.content.readany)
+            if data:
+                attempt.on_bytes()
+            comments = parser.comments
+            events = parser.feed(data) if data else parser.close()
+            if parser.comments > comments:
+                attempt.on_heartbeat(Heartbeat())
+            for event in events:
+                if await self._on_event(event, attempt):
+                    return
+            if not data:
+                if attempt.finish_reason is None:
+                    raise ReadError(f"the stream from {self._url} ended before [DONE]")
+                return
+
+    async def _on_event(self, event: SSEEvent, attempt: Attempt) -> bool:
+        """Handle one event; True when the stream is complete ([DONE])."""
+        attempt.on_data()
+        chunk = parse_chunk(event)
+        if chunk is None:
+            return True
+        attempt.set_request_id(chunk.id)
+        attempt.on_usage(chunk.usage)
+        attempt.on_finish(chunk.finish_reason)
+        await attempt.on_content(chunk.content)
+        return False
