@@ -1,0 +1,321 @@
+"""Anthropic Messages API: request validation and response objects (no I/O).
+
+What ``POST /v1/messages`` accepts, beyond what the engine does with it:
+
+- ``model`` is required (as in Anthropic's API) but any id is accepted: tools
+  such as Claude Code send their own model ids (``claude-...``) unless
+  ``ANTHROPIC_MODEL`` is set, so rejecting them would make those tools unusable.
+  Every response names the model actually served.
+- ``max_tokens`` is required; above the engine's ``max_tokens_cap`` it is lowered
+  to the cap (clients send 32000 as a matter of course); hitting it gives
+  ``stop_reason: "max_tokens"``.
+- Content is text only (a string or ``text`` blocks); other block types
+  (image, document, tool_use, tool_result, ...) get a 400 naming the block.
+- A trailing ``assistant`` message is a prefill: the answer continues it.
+- ``tools``, ``thinking``, ``service_tier`` and ``cache_control`` on blocks are
+  accepted and have no effect (the engine has no tools, no extended thinking, no
+  prompt cache); the response header ``X-Edge-LLM-Ignored`` lists those given.
+  ``tool_choice`` that forces a tool (``any``/``tool``) cannot be honoured: 400.
+- Unknown fields, wrong types and out-of-range numbers: 400 naming the field.
+
+Errors have Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
+plus the engine's ``code`` (and details such as ``n_prompt_tokens``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from edge_llm.engine.backend import SamplingParams
+from edge_llm.errors import (
+    AuthenticationFailed,
+    BodyTooLarge,
+    EdgeLLMError,
+    InvalidRequest,
+    NotFound,
+    Overloaded,
+    TtftTimeout,
+)
+from edge_llm.protocol.openai import parse_request as _parse
+
+MAX_STOP_SEQUENCES = 4
+MAX_STOP_SEQUENCE_CHARS = 256
+IGNORED_FIELDS = ("tools", "thinking", "service_tier")
+_HONOURED_TOOL_CHOICES = frozenset({"auto", "none"})
+_ERROR_TYPES: tuple[tuple[type[EdgeLLMError], str], ...] = (
+    (AuthenticationFailed, "authentication_error"),
+    (NotFound, "not_found_error"),
+    (BodyTooLarge, "request_too_large"),
+    (TtftTimeout, "timeout_error"),
+    (Overloaded, "overloaded_error"),
+    (InvalidRequest, "invalid_request_error"),
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: dict[str, Any] | None = None  # a prompt-cache hint: no effect here
+
+
+def _text_only(value: object) -> object:
+    """Name the unsupported block instead of pydantic's "input should be 'text'"."""
+    if isinstance(value, list):
+        for block in value:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind is not None and kind != "text":
+                raise ValueError(f"content block type {kind!r} is not supported (text only)")
+    return value
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[TextBlock]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _blocks(cls, value: object) -> object:
+        return _text_only(value)
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(block.text for block in self.content)
+
+
+class Metadata(_Strict):
+    user_id: Annotated[str, Field(max_length=256)] | None = None
+
+
+class MessagesRequest(_Strict):
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    max_tokens: Annotated[int, Field(ge=1)]
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=100000)] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: Metadata | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    service_tier: str | None = None
+
+    @field_validator("system", mode="before")
+    @classmethod
+    def _system_blocks(cls, value: object) -> object:
+        return _text_only(value)
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _bounded_stops(cls, value: list[str] | None) -> list[str] | None:
+        stops = value or []
+        if len(stops) > MAX_STOP_SEQUENCES or any(len(s) > MAX_STOP_SEQUENCE_CHARS for s in stops):
+            raise ValueError(
+                f"at most {MAX_STOP_SEQUENCES} stop sequences of "
+                f"{MAX_STOP_SEQUENCE_CHARS} characters"
+            )
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_forced_tool(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") not in _HONOURED_TOOL_CHOICES:
+            raise ValueError("this engine has no tool use; only 'auto' or 'none' are accepted")
+        return value
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return tuple(self.stop_sequences or ())
+
+    @property
+    def session(self) -> str | None:
+        return self.metadata.user_id if self.metadata else None
+
+    @property
+    def prefill(self) -> str | None:
+        """Text of a trailing assistant message, which the answer continues."""
+        last = self.messages[-1]
+        return last.text() if last.role == "assistant" else None
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """The conversation for the chat template, without a trailing prefill."""
+        turns = self.messages[:-1] if self.prefill is not None else self.messages
+        system = self._system_text()
+        head = [{"role": "system", "content": system}] if system else []
+        return head + [{"role": m.role, "content": m.text()} for m in turns]
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature if self.temperature is not None else 1.0,
+            top_p=self.top_p if self.top_p is not None else 1.0,
+            top_k=self.top_k or 0,
+            stop=self.stops,
+        )
+
+    def ignored(self) -> list[str]:
+        """Fields given that have no effect on this engine."""
+        names = [name for name in IGNORED_FIELDS if getattr(self, name) is not None]
+        if self._has_cache_control():
+            names.append("cache_control")
+        return names
+
+    def _system_text(self) -> str:
+        if self.system is None or isinstance(self.system, str):
+            return self.system or ""
+        return "".join(block.text for block in self.system)
+
+    def _has_cache_control(self) -> bool:
+        blocks = [] if not isinstance(self.system, list) else list(self.system)
+        for message in self.messages:
+            if isinstance(message.content, list):
+                blocks += message.content
+        return any(block.cache_control is not None for block in blocks)
+
+
+def parse_request(body: object) -> MessagesRequest:
+    """Validate a decoded JSON body, or raise InvalidRequest naming the field."""
+    return _parse(MessagesRequest, body)
+
+
+# -- how a generation ended ------------------------------------------------------------
+
+
+def stop_reason(
+    finish_reason: str | None, *, end_of_generation: bool, stops: tuple[str, ...], last_text: str
+) -> tuple[str, str | None]:
+    """Anthropic's ``(stop_reason, stop_sequence)`` for the engine's finish reason.
+
+    The engine says ``stop`` both for the model's end-of-generation token and for
+    a stop string; ``end_of_generation`` (the last token was that token) tells
+    them apart. ``last_text`` is the text of the last token, with which the stop
+    string that matched ended.
+    """
+    if finish_reason == "length":
+        return "max_tokens", None
+    if finish_reason != "stop" or end_of_generation or not stops:
+        return "end_turn", None
+    return "stop_sequence", matched_stop(stops, last_text)
+
+
+def matched_stop(stops: tuple[str, ...], last_text: str) -> str | None:
+    """Which stop string ended the text, given the last token's text.
+
+    The match completed inside the last token, after text held back because it
+    could begin a stop string (a proper prefix of one). Returns ``None`` when no
+    stop string fits, e.g. when the token's text is unknown.
+    """
+    if len(stops) == 1:
+        return stops[0]
+    heads = {stop[:size] for stop in stops for size in range(len(stop))}
+    for stop in stops:
+        if any(_ends_in_tail(head + last_text, stop, len(head)) for head in heads):
+            return stop
+    return None
+
+
+def _ends_in_tail(text: str, stop: str, tail_start: int) -> bool:
+    position = text.find(stop)
+    return position >= 0 and position + len(stop) > tail_start
+
+
+# -- responses -------------------------------------------------------------------------
+
+
+def message_id(request_id: str) -> str:
+    return "msg_" + request_id.rsplit("-", 1)[-1]
+
+
+def usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": prompt_tokens,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def message(
+    msg_id: str,
+    model: str,
+    text: str,
+    stop: tuple[str | None, str | None],
+    usage_: dict[str, int],
+) -> dict[str, Any]:
+    """A whole message: the non-streaming response, or (empty) inside message_start."""
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}] if text else [],
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
+        "usage": usage_,
+    }
+
+
+def message_start(msg_id: str, model: str, input_tokens: int) -> dict[str, Any]:
+    empty = message(msg_id, model, "", (None, None), usage(input_tokens, 0))
+    return {"type": "message_start", "message": empty}
+
+
+def content_block_start() -> dict[str, Any]:
+    return {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+
+
+def text_delta(text: str) -> dict[str, Any]:
+    return {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": text},
+    }
+
+
+def content_block_stop() -> dict[str, Any]:
+    return {"type": "content_block_stop", "index": 0}
+
+
+def message_delta(stop: tuple[str, str | None], usage_: dict[str, int]) -> dict[str, Any]:
+    return {
+        "type": "message_delta",
+        "delta": {"stop_reason": stop[0], "stop_sequence": stop[1]},
+        "usage": {"input_tokens": usage_["input_tokens"], "output_tokens": usage_["output_tokens"]},
+    }
+
+
+def message_stop() -> dict[str, Any]:
+    return {"type": "message_stop"}
+
+
+def ping() -> dict[str, Any]:
+    return {"type": "ping"}
+
+
+def error_type(error: EdgeLLMError) -> str:
+    """Anthropic's error type for an engine error (most specific class first)."""
+    for cls, name in _ERROR_TYPES:
+        if isinstance(error, cls):
+            return name
+    return "invalid_request_error" if error.status < 500 else "api_error"
+
+
+def error_body(error: EdgeLLMError) -> dict[str, Any]:
+    detail: dict[str, Any] = {"type": error_type(error), "message": error.message}
+    detail["code"] = error.code
+    if error.param is not None:
+        detail["param"] = error.param
+    detail.update(error.extra)
+    return {"type": "error", "error": detail}
