@@ -1,0 +1,182 @@
+"""Anthropic-compatible ``POST /v1/messages``, streaming and not.
+
+It shares the engine, the admission limits and the backpressure contract with
+the OpenAI routes: the same :func:`pump`, the same socket tuning and the same
+drain after every write (``_SseWriter``), so a stalled reader pauses its own
+sequence here too. What the request may hold is described in
+:mod:`edge_llm.protocol.anthropic`; authentication (``x-api-key`` or Bearer) is
+the application's middleware.
+
+Stream: ``message_start``, ``content_block_start``, ``ping`` (sent with the first
+token or the first heartbeat, so that an error before then is still a plain HTTP
+error), ``content_block_delta``..., ``ping`` while no token flows,
+``content_block_stop``, ``message_delta``, ``message_stop``. An error after the
+stream started is an ``error`` event, then the stream ends.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.errors import EdgeLLMError, InvalidRequest, Overloaded
+from edge_llm.protocol import anthropic
+from edge_llm.protocol.sse import encode_event
+from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.http import read_json, session_of
+from edge_llm.server.openai_routes import _collect, _SseWriter
+from edge_llm.server.pump import Delta, Finished, Heartbeat, pump
+
+_PING = encode_event("ping", anthropic.ping())
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    ctx = context_of(request)
+    try:
+        return await _messages(request, ctx)
+    except EdgeLLMError as exc:
+        return error_response(exc)
+
+
+def error_response(error: EdgeLLMError) -> web.Response:
+    headers = {}
+    if isinstance(error, Overloaded):
+        headers["Retry-After"] = str(error.retry_after_s)
+    return web.json_response(anthropic.error_body(error), status=error.status, headers=headers)
+
+
+async def _messages(request: web.Request, ctx: ServerContext) -> web.StreamResponse:
+    body = await read_json(request, ctx.connection)
+    req = anthropic.parse_request(body)
+    handle = await _start(ctx, req, session_of(request, req.session))
+    headers = _headers(handle, req)
+    with ctx.guard(handle):
+        if req.stream:
+            return await _stream(request, ctx, handle, req, headers)
+        return await _reply(ctx, handle, req, headers)
+
+
+async def _start(
+    ctx: ServerContext, req: anthropic.MessagesRequest, session: str | None
+) -> StreamHandle:
+    service = ctx.service
+    max_tokens = min(req.max_tokens, service.limits.max_tokens_cap)
+    if req.prefill is None:
+        return await service.start_chat(
+            req.chat_messages(), max_tokens=max_tokens, sampling=req.sampling(), session=session
+        )
+    turns = req.chat_messages()
+    if len(turns) + 1 > service.limits.max_messages:
+        raise InvalidRequest(
+            f"{len(turns) + 1} messages, at most {service.limits.max_messages}", param="messages"
+        )
+    prompt = service.backend.render_chat(turns) + req.prefill
+    return await service.start_text(
+        prompt, max_tokens=max_tokens, sampling=req.sampling(), session=session
+    )
+
+
+def _headers(handle: StreamHandle, req: anthropic.MessagesRequest) -> dict[str, str]:
+    headers = {"X-Request-Id": handle.id}
+    ignored = req.ignored()
+    if ignored:
+        headers["X-Edge-LLM-Ignored"] = ",".join(ignored)
+    return headers
+
+
+async def _reply(
+    ctx: ServerContext,
+    handle: StreamHandle,
+    req: anthropic.MessagesRequest,
+    headers: dict[str, str],
+) -> web.Response:
+    text, finish_reason = await _collect(ctx, handle)
+    body = anthropic.message(
+        anthropic.message_id(handle.id),
+        ctx.service.model_id,
+        text,
+        _stop(ctx, handle, finish_reason, req),
+        _usage(handle),
+    )
+    return web.json_response(body, headers=headers)
+
+
+async def _stream(
+    request: web.Request,
+    ctx: ServerContext,
+    handle: StreamHandle,
+    req: anthropic.MessagesRequest,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    writer = _SseWriter(request, ctx, handle.id)
+    writer.response.headers.update(headers)
+    opening = _opening(ctx, handle)
+    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+        if isinstance(event, Delta):
+            delta = encode_event("content_block_delta", anthropic.text_delta(event.text))
+            await writer.send(opening + delta)
+            opening = b""
+        elif isinstance(event, Heartbeat):
+            await writer.send(opening or _PING)
+            opening = b""
+        elif isinstance(event, Finished):
+            outcome = event.outcome
+            if outcome.error is not None:
+                return await _fail(writer, outcome.error)
+            stop = _stop(ctx, handle, outcome.finish_reason, req)
+            await writer.send(opening + _closing(stop, _usage(handle)))
+    await writer.response.write_eof()
+    return writer.response
+
+
+def _opening(ctx: ServerContext, handle: StreamHandle) -> bytes:
+    start = anthropic.message_start(
+        anthropic.message_id(handle.id), ctx.service.model_id, handle.seq.n_prompt
+    )
+    return b"".join(
+        [
+            encode_event("message_start", start),
+            encode_event("content_block_start", anthropic.content_block_start()),
+            _PING,
+        ]
+    )
+
+
+def _closing(stop: tuple[str, str | None], usage: dict[str, int]) -> bytes:
+    return b"".join(
+        [
+            encode_event("content_block_stop", anthropic.content_block_stop()),
+            encode_event("message_delta", anthropic.message_delta(stop, usage)),
+            encode_event("message_stop", anthropic.message_stop()),
+        ]
+    )
+
+
+async def _fail(writer: _SseWriter, error: EdgeLLMError) -> web.StreamResponse:
+    if not writer.started:
+        return error_response(error)
+    await writer.send(encode_event("error", anthropic.error_body(error)))
+    await writer.response.write_eof()
+    return writer.response
+
+
+def _stop(
+    ctx: ServerContext,
+    handle: StreamHandle,
+    finish_reason: str | None,
+    req: anthropic.MessagesRequest,
+) -> tuple[str, str | None]:
+    backend = ctx.service.backend
+    last = handle.seq.last_token
+    last_text = "" if last is None else backend.token_bytes(last).decode("utf-8", "replace")
+    return anthropic.stop_reason(
+        finish_reason,
+        end_of_generation=last is not None and backend.is_end_of_generation(last),
+        stops=req.stops,
+        last_text=last_text,
+    )
+
+
+def _usage(handle: StreamHandle) -> dict[str, int]:
+    counts = handle.usage()
+    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"])
