@@ -13,14 +13,15 @@ from edge_llm import __version__
 SUBCOMMANDS = ("serve", "chat", "bench", "doctor", "blame", "top", "config")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """All subcommands, or just ``only``: ``serve`` need not import the bench or TUI code."""
     parser = argparse.ArgumentParser(
         prog="edge-llm",
         description="On-device LLM streaming engine with a token backpressure contract.",
     )
     parser.add_argument("--version", action="version", version=f"edge-llm {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in SUBCOMMANDS:
+    for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
         module_name = "config_cmd" if name == "config" else name
         module = importlib.import_module(f"edge_llm.cli.{module_name}")
         module.register(subparsers)
@@ -28,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    first = arguments[0] if arguments else None
+    args = build_parser(only=first).parse_args(arguments)
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:

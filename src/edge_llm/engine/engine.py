@@ -328,6 +328,8 @@ class Engine:
         results = self._decode(plan)
         with self._lock:
             self._record(plan, results)
+            released = self.scheduler.take_released()
+        self._release(released)  # sequences that just finished free their cells now
         self.steps += 1
         self._signal_touched()
 

@@ -1,0 +1,137 @@
+"""Shared fixtures: real engine processes on 127.0.0.1, stopped by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_START_TIMEOUT_S = 120.0
+
+
+@dataclass
+class EngineProcess:
+    """A real ``edge-llm serve`` child process with the embedded model."""
+
+    url: str
+    proc: subprocess.Popen[str]
+    event_log: Path
+    reader: threading.Thread
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def get_json(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=30) as response:
+            return json.loads(response.read())
+
+    def debug_streams(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.get_json("/debug/streams")
+        return result
+
+    def stream(self, stream_id: str) -> dict[str, Any]:
+        for stream in self.debug_streams()["streams"]:
+            if stream["id"] == stream_id:
+                return dict(stream)
+        raise KeyError(stream_id)
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
+            return str(response.read().decode())
+
+    def events(self) -> list[dict[str, Any]]:
+        if not self.event_log.exists():
+            return []
+        lines = self.event_log.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return self.proc.returncode
+
+
+def _read_lines(proc: subprocess.Popen[str], sink: queue.Queue[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sink.put(line)
+
+
+def start_engine(tmp_path: Path, *flags: str, env: dict[str, str] | None = None) -> EngineProcess:
+    """Start ``edge-llm serve --port 0`` and wait for its "serving ... on URL" line."""
+    event_log = tmp_path / f"engine-{len(list(tmp_path.glob('engine-*.jsonl')))}.jsonl"
+    event_log.touch()
+    cmd = [
+        sys.executable, "-m", "edge_llm", "serve",
+        "--host", "127.0.0.1", "--port", "0", "--event-log", str(event_log), *flags,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_read_lines, args=(proc, lines), daemon=True)
+    reader.start()
+    output: list[str] = []
+    while True:
+        try:
+            line = lines.get(timeout=_START_TIMEOUT_S)
+        except queue.Empty:
+            proc.kill()
+            raise RuntimeError("engine did not start:\n" + "".join(output)) from None
+        output.append(line)
+        if " on http://" in line:
+            url = line.split(" on ", 1)[1].split()[0]
+            return EngineProcess(url, proc, event_log, reader, output)
+        if proc.poll() is not None and lines.empty():
+            raise RuntimeError("engine exited:\n" + "".join(output))
+
+
+EngineFactory = Callable[..., EngineProcess]
+
+
+@pytest.fixture(scope="session")
+def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """One engine with the seed's configuration, shared by the session."""
+    engine = start_engine(tmp_path_factory.mktemp("engine"))
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture
+def engine_factory(tmp_path: Path) -> Iterator[EngineFactory]:
+    """Start engines with custom flags; each is stopped after the test."""
+    started: list[EngineProcess] = []
+
+    def factory(*flags: str, env: dict[str, str] | None = None) -> EngineProcess:
+        engine = start_engine(tmp_path, *flags, env=env)
+        started.append(engine)
+        return engine
+
+    yield factory
+    for engine in started:
+        engine.stop()

@@ -1,0 +1,85 @@
+"""Helpers for end-to-end tests against a real engine process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+POLL_S = 0.02
+
+
+async def wait_until(
+    predicate: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition"
+) -> Any:
+    """Poll an observable condition (a debug endpoint) until it holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(predicate)
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(POLL_S)
+
+
+def chat_body(content: str, *, max_tokens: int = 32, stream: bool = True, **extra: Any) -> dict[str, Any]:
+    return {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": stream,
+        **extra,
+    }
+
+
+class RawSseClient:
+    """An SSE request over a plain socket with a small receive buffer, so that
+    not reading really fills the TCP buffers (see NOTES.md)."""
+
+    def __init__(self, url: str, body: dict[str, Any], *, rcvbuf: int = 4096) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.connect((host, int(port)))
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        )
+        self.sock.sendall(head.encode() + payload)
+        self.received = b""
+
+    def read_until(self, marker: bytes, timeout: float = 120.0) -> bytes:
+        self.sock.settimeout(timeout)
+        while marker not in self.received:
+            data = self.sock.recv(65536)
+            if not data:
+                break
+            self.received += data
+        return self.received
+
+    def request_id(self) -> str:
+        head = self.read_until(b"\r\n\r\n").split(b"\r\n\r\n")[0].decode()
+        for line in head.split("\r\n"):
+            if line.lower().startswith("x-request-id:"):
+                return line.split(":", 1)[1].strip()
+        raise AssertionError("no X-Request-Id header")
+
+    def contents(self) -> list[str]:
+        """Content deltas of the body (chunked encoding markers skipped)."""
+        out = []
+        for line in self.received.split(b"\n"):
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                for choice in chunk.get("choices", []):
+                    text = choice.get("delta", {}).get("content")
+                    if text:
+                        out.append(text)
+        return out
+
+    def close(self) -> None:
+        self.sock.close()

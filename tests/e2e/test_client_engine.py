@@ -1,0 +1,156 @@
+"""The client SDK and ``edge-llm chat`` against the real engine (SSE and WebSocket)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import wait_until
+
+from edge_llm.client import ClientConfig, StreamClient, TtftTimeoutError
+from edge_llm.observability.events import read_events
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake."}]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+
+    def __call__(self, event: str, request_id: str | None = None, **fields: Any) -> None:
+        self.lines.append({"event": event, "request_id": request_id, **fields})
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines if line["event"] == event]
+
+
+def config(engine: Any, **fields: Any) -> ClientConfig:
+    model_id = engine.get_json("/v1/models")["data"][0]["id"]
+    return ClientConfig(base_url=engine.base_url, api_key="", model_id=model_id, **fields)
+
+
+def engine_events(engine: Any, request_id: str) -> list[str]:
+    return [e["event"] for e in engine.events() if e.get("request_id") == request_id]
+
+
+async def test_sse_and_ws_give_the_same_answer_with_server_ids(engine_server: Any) -> None:
+    events = Recorder()
+    async with StreamClient(config(engine_server), event_log=events) as client:
+        sse = await client.complete(QUESTION, max_tokens=24, temperature=0)
+        ws = await client.complete(QUESTION, max_tokens=24, temperature=0, transport="ws")
+    assert "Paris" in sse.text
+    assert ws.text == sse.text  # greedy: the same answer either way
+    for result in (sse, ws):
+        assert result.finish_reason in ("stop", "length")
+        assert result.n_tokens > 0
+        assert result.ttft_ms is not None
+        assert result.ttfr_ms is not None
+        assert result.request_id
+    assert ws.request_id != sse.request_id
+    assert sse.usage is not None and sse.usage["completion_tokens"] == sse.n_tokens
+    assert ws.server_stats is not None and "ttft_ms" in ws.server_stats
+    ends = events.of("end")
+    assert [e["request_id"] for e in ends] == [sse.request_id, ws.request_id]
+    # The ids the client logs are the engine's: `edge-llm blame` can join the two logs.
+    for result in (sse, ws):
+        assert result.request_id is not None
+        rid = result.request_id
+        await wait_until(lambda rid=rid: "end" in engine_events(engine_server, rid), what="end")
+
+
+async def test_ttft_timeout_cancels_on_the_engine(engine_server: Any) -> None:
+    long_prompt = [{"role": "user", "content": "Summarise this. " + "The sea is wide. " * 90}]
+    events = Recorder()
+    cfg = config(
+        engine_server,
+        ttft_warn_ms=0,
+        ttft_hard_timeout_ms=150,
+        retry={"max_attempts": 2, "backoff_ms": 50, "retry_on": ["ttft_timeout"]},
+    )
+    async with StreamClient(cfg, event_log=events) as client:
+        with pytest.raises(TtftTimeoutError):
+            await client.complete(long_prompt, max_tokens=8, transport="ws")
+    cancels = events.of("cancel_sent")
+    assert [c["reason"] for c in cancels] == ["ttft_timeout", "ttft_timeout"]
+    ids = [c["request_id"] for c in cancels]
+    assert all(ids) and ids[0] != ids[1]
+    for rid in ids:
+        await wait_until(
+            lambda rid=rid: "cancel" in engine_events(engine_server, rid), what="engine cancel"
+        )
+
+
+async def test_sse_slow_renderer_stops_reading(engine_server: Any) -> None:
+    events = Recorder()
+    cfg = config(engine_server, render_queue_capacity=8)
+    async with (
+        StreamClient(cfg, event_log=events) as client,
+        client.stream(STORY, max_tokens=48, temperature=0) as stream,
+    ):
+        await wait_until(lambda: events.of("read_paused"), what="read_paused")
+        texts = [text async for text in stream]
+    assert "".join(texts) == stream.result.text
+    assert stream.result.n_tokens > 8
+    assert events.of("read_resumed")
+
+
+def run_cli(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edge_llm", "chat", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_path: Path) -> None:
+    log = tmp_path / "client.jsonl"
+    model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    proc = run_cli(
+        "--base-url", engine_server.base_url, "--model", model_id, "--ws",
+        "--render-delay-ms", "200", "--max-tokens", "40", "--event-log", str(log),
+        STORY[0]["content"],
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    events = read_events(log)
+    names = [e["event"] for e in events]
+    for name in ("watermark_high", "pause_sent", "watermark_low", "resume_sent", "end"):
+        assert name in names, names
+    assert names.index("pause_sent") < names.index("resume_sent")
+    rid = next(e["request_id"] for e in events if e["event"] == "pause_sent")
+    assert rid
+    engine_names = engine_events(engine_server, rid)
+    assert "pause_received" in engine_names
+    assert "resume_received" in engine_names
+
+
+def test_chat_sse_one_shot_and_failure_exit_code(engine_server: Any, tmp_path: Path) -> None:
+    model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    ok = run_cli("--base-url", engine_server.base_url + "/", "--model", model_id,
+                 "--max-tokens", "16", "What is the capital of France?")  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "Paris" in ok.stdout
+    bad = run_cli("--base-url", engine_server.base_url, "--model", "no-such-model", "hi")
+    assert bad.returncode == 1
+    assert "model_not_found" in bad.stderr
+    assert len([ln for ln in bad.stderr.splitlines() if ln.startswith("edge-llm chat:")]) == 1
+
+
+def test_chat_reads_the_seed_config_shape(engine_server: Any, tmp_path: Path) -> None:
+    model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    path = tmp_path / "client.json"
+    section = {"base_url": engine_server.url, "api_key": " sk-local ", "model_id": model_id}
+    path.write_text(json.dumps({"edge_llm_client": section}))
+    proc = run_cli("--config", str(path), "--max-tokens", "8", "Say hi.")
+    assert proc.returncode == 0, proc.stderr
+    assert "api_key had leading/trailing whitespace" in proc.stderr
+    assert "no path; using /v1" in proc.stderr

@@ -1,0 +1,157 @@
+"""The OpenAI-compatible API with the real model (issue: engine foundation)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+from support import chat_body, wait_until
+
+pytestmark = pytest.mark.e2e
+
+QUESTION = "What is the capital of France?"
+
+
+def test_openai_sdk_streaming_and_not(engine_server) -> None:
+    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
+    model = client.models.list().data[0].id
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=24
+    )
+    assert "Paris" in reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": QUESTION}],
+        temperature=0,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert "Paris" in text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert text == reply.choices[0].message.content  # same greedy answer either way
+
+
+def test_completions_endpoint(engine_server) -> None:
+    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
+    reply = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert reply.choices[0].text.strip()
+    assert reply.usage.prompt_tokens > 0
+
+
+async def test_sse_lines_end_with_done(engine_server) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            engine_server.base_url + "/chat/completions", json=chat_body(QUESTION)
+        ) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            body = (await response.read()).decode()
+    events = [block for block in body.split("\n\n") if block]
+    assert all(e.startswith("data: ") or e.startswith(": ping") for e in events)
+    assert events[-1] == "data: [DONE]"
+    first = json.loads(next(e for e in events if e.startswith("data: "))[6:])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+
+
+async def test_four_streams_share_decode_steps(engine_server) -> None:
+    """Batched: four 48-token streams take far fewer engine steps than 4 x 48."""
+    before = engine_server.debug_streams()["steps"]
+    async with aiohttp.ClientSession() as session:
+
+        async def one(i: int) -> str:
+            body = chat_body(f"Write a long story about a dragon number {i}.", max_tokens=48)
+            body["stream"] = False
+            async with session.post(engine_server.base_url + "/chat/completions", json=body) as r:
+                data = await r.json()
+                assert data["usage"]["completion_tokens"] == 48
+                return str(data["choices"][0]["message"]["content"])
+
+        texts = await asyncio.gather(*(one(i) for i in range(4)))
+    steps = engine_server.debug_streams()["steps"] - before
+    assert all(len(t.split()) > 10 for t in texts)
+    assert steps < 2 * 48 + 8, f"{steps} steps for 4 x 48 tokens: not batched"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        ({"messages": "hi"}, 400, "invalid_request", "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "invalid_request", "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "colour": "red"}, 400, "invalid_request", "colour"),
+        ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model_not_found", "model"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12}, 400, "invalid_request", "max_tokens"),
+    ],
+)
+async def test_bad_requests_get_openai_errors(engine_server, body, status, code, param) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine_server.base_url + "/chat/completions", json=body) as r:
+            assert r.status == status
+            error = (await r.json())["error"]
+    assert error["code"] == code
+    assert error["param"] == param
+    assert error["message"]
+
+
+async def test_non_json_and_non_utf8_bodies_are_400(engine_server) -> None:
+    async with aiohttp.ClientSession() as session:
+        for raw in (b"{not json", b'{"messages": "\xff\xfe"}', b"NaN"):
+            async with session.post(engine_server.base_url + "/chat/completions", data=raw) as r:
+                assert r.status == 400
+                assert (await r.json())["error"]["code"] == "invalid_request"
+
+
+async def test_prompt_too_long_reports_both_counts(engine_server) -> None:
+    body = chat_body("word " * 700, stream=False)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine_server.base_url + "/chat/completions", json=body) as r:
+            assert r.status == 400
+            error = (await r.json())["error"]
+    assert error["code"] == "prompt_too_long"
+    assert error["max_prompt_tokens"] == 512
+    assert error["n_prompt_tokens"] > 512
+
+
+async def test_unknown_path_is_404_in_openai_shape(engine_server) -> None:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(engine_server.url + "/v2/nothing") as r:
+            assert r.status == 404
+            assert (await r.json())["error"]["code"] == "not_found"
+
+
+async def test_short_request_gets_first_token_during_a_long_prefill(engine_factory) -> None:
+    engine = engine_factory("--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "64")
+    long_body = chat_body("The history of the river and its towns. " * 110, max_tokens=4)
+    short_body = chat_body("Hi!", max_tokens=4)
+    async with aiohttp.ClientSession() as session:
+
+        async def send(body: dict) -> str:
+            async with session.post(engine.base_url + "/chat/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+                return r.headers["X-Request-Id"]
+
+        long_task = asyncio.create_task(send(long_body))
+        while not any(e["event"] == "prefill_progress" for e in engine.events()):
+            await asyncio.sleep(0.02)
+        short_id = await send(short_body)
+        long_id = await long_task
+
+    def ended() -> list[dict]:
+        events = engine.events()
+        ids = {e["request_id"] for e in events if e["event"] == "end"}
+        return events if {short_id, long_id} <= ids else []
+
+    events = await wait_until(ended, what="both end events in the engine log")
+    short_first = next(e["mono"] for e in events if e["event"] == "first_token" and e["request_id"] == short_id)
+    long_done = [e for e in events if e["event"] == "prefill_progress" and e["request_id"] == long_id]
+    assert long_done[-1]["prefill_done"] == long_done[-1]["prefill_total"] >= 1000
+    assert short_first < long_done[-1]["mono"], "the short request waited for the whole long prefill"

@@ -1,0 +1,93 @@
+"""A deterministic stand-in for the llama.cpp backend, for fast unit tests only."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+from edge_llm.engine.backend import BackendError, BatchItem, ModelInfo, SamplingParams
+
+EOG = 0
+# Tokens 1 and 2 together spell one CJK character split across two tokens.
+SPLIT_CHAR = {1: "中".encode()[:2], 2: "中".encode()[2:]}
+
+
+class FakeBackend:
+    """Generates ``script`` (token ids) for every sequence, then EOG.
+
+    ``gate`` (when set) makes each decode wait until the test releases it, so a
+    test can act between steps; ``step_delay_s`` makes each decode take time;
+    ``fail_slots`` makes decoding those slots fail.
+    """
+
+    def __init__(
+        self,
+        script: Sequence[int] = tuple(range(10, 60)),
+        *,
+        kv_capacity_tokens: int = 4096,
+        max_sequences: int = 4,
+        kv_bytes_per_token: int = 100,
+    ) -> None:
+        self.info = ModelInfo(
+            model_id="fake",
+            path="fake.gguf",
+            n_ctx_train=2048,
+            kv_bytes_per_token=kv_bytes_per_token,
+            n_vocab=1000,
+        )
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.max_sequences = max_sequences
+        self.script = list(script)
+        self.fail_slots: set[int] = set()
+        self.gate: threading.Semaphore | None = None
+        self.step_delay_s = 0.0
+        self.cells: dict[int, int] = {}
+        self.generated: dict[int, int] = {}
+        self.decode_calls: list[list[tuple[int, int]]] = []
+        self.released: list[int] = []
+
+    def tokenize(self, text: str, *, add_special: bool) -> list[int]:
+        return [100 + (ord(ch) % 800) for ch in text]
+
+    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+    def token_bytes(self, token: int) -> bytes:
+        if token in SPLIT_CHAR:
+            return SPLIT_CHAR[token]
+        return f"t{token} ".encode()
+
+    def is_end_of_generation(self, token: int) -> bool:
+        return token == EOG
+
+    def start_sequence(self, slot: int, params: SamplingParams) -> None:
+        self.release(slot)
+        self.generated[slot] = 0
+
+    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+        if self.gate is not None:
+            self.gate.acquire()
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)  # stands for the time a real decode takes
+        self.decode_calls.append([(item.slot, len(item.tokens)) for item in items])
+        if any(item.slot in self.fail_slots for item in items):
+            raise BackendError("injected failure")
+        out = []
+        for item in items:
+            self.cells[item.slot] = self.cells.get(item.slot, 0) + len(item.tokens)
+            if item.sample:
+                out.append(self._next(item.slot))
+        return out
+
+    def _next(self, slot: int) -> int:
+        index = self.generated[slot]
+        self.generated[slot] = index + 1
+        return self.script[index] if index < len(self.script) else EOG
+
+    def release(self, slot: int) -> None:
+        if self.cells.pop(slot, None) is not None:
+            self.released.append(slot)
+
+    def close(self) -> None:
+        self.cells.clear()

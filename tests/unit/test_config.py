@@ -1,0 +1,74 @@
+"""The engine configuration: the seed's TOML verbatim, env and flags, clear errors."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from edge_llm.config import ConfigError, add_config_flags, flag_overrides, load_config
+
+SEED_TOML = """
+[engine.backpressure]
+max_kv_cache_mb = 256
+max_prompt_tokens = 512
+pause_on_socket_full = true
+resume_threshold = 0.3
+cancel_release_kv = true
+ttft_timeout_ms = 10000
+[engine.stream]
+chunk_size_tokens = 1
+flush_interval_ms = 20
+heartbeat_interval_ms = 1000
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "engine.toml"
+    path.write_text(text)
+    return path
+
+
+def test_seed_toml_loads_verbatim(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, SEED_TOML), env={})
+    assert config.backpressure.max_kv_cache_mb == 256
+    assert config.backpressure.resume_threshold == 0.3
+    assert config.stream.heartbeat_interval_ms == 1000
+    assert config.server.host == "127.0.0.1"
+
+
+def test_shipped_seed_config_is_the_seed() -> None:
+    shipped = Path(__file__).parents[2] / "src/edge_llm/configs/engine.toml"
+    assert load_config(shipped, env={}) == load_config(None, env={})
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[engine.backpressure]\nmax_kv_cache = 3\n")
+    with pytest.raises(ConfigError, match="engine.backpressure.max_kv_cache"):
+        load_config(path, env={})
+
+
+def test_bad_value_names_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "[engine.backpressure]\nresume_threshold = 1.5\n")
+    with pytest.raises(ConfigError, match="resume_threshold"):
+        load_config(path, env={})
+
+
+def test_env_overrides_file_and_flags_override_env(tmp_path: Path) -> None:
+    path = write(tmp_path, SEED_TOML)
+    env = {"EDGE_LLM_MAX_KV_CACHE_MB": "128", "EDGE_LLM_PAUSE_ON_SOCKET_FULL": "false"}
+    config = load_config(path, env=env)
+    assert config.backpressure.max_kv_cache_mb == 128
+    assert config.backpressure.pause_on_socket_full is False
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    args = parser.parse_args(["--max-kv-cache-mb", "64", "--api-key", "k1", "--api-key", "k2"])
+    config = load_config(path, env=env, overrides=flag_overrides(args))
+    assert config.backpressure.max_kv_cache_mb == 64
+    assert config.server.api_key == ["k1", "k2"]
+
+
+def test_bad_env_value_names_the_key() -> None:
+    with pytest.raises(ConfigError, match="ttft_timeout_ms"):
+        load_config(None, env={"EDGE_LLM_TTFT_TIMEOUT_MS": "soon"})

@@ -1,0 +1,169 @@
+"""The engine thread with a fake backend: pause, socket-full, cancel, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+from fakes import EOG, FakeBackend
+
+from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.sequence import GenerationRequest, PauseCause
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.errors import BackendFailure, Cancelled, TtftTimeout
+
+
+def request(max_tokens: int = 20, session: str | None = None, n_prompt: int = 4) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens, session=session)
+
+
+@pytest.fixture
+async def engine_of() -> AsyncIterator[object]:
+    engines: list[Engine] = []
+
+    def make(backend: FakeBackend | None = None, **settings: object) -> Engine:
+        engine = Engine(backend or FakeBackend(), EngineSettings(**settings))  # type: ignore[arg-type]
+        engine.start(asyncio.get_running_loop())
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        if engine.backend.gate is not None:  # type: ignore[attr-defined]
+            engine.backend.gate.release(10_000)  # type: ignore[attr-defined]
+        await asyncio.to_thread(engine.stop)
+
+
+async def drain(engine: Engine, handle: StreamHandle) -> str:
+    """Read the ring like a connection that never stalls; returns the text."""
+    parts = []
+    while True:
+        pieces = handle.ring.peek(100)
+        if pieces:
+            parts.extend(pieces)
+            engine.consumed(handle, len(pieces))
+            continue
+        if handle.outcome is not None:
+            return "".join(parts) + handle.outcome.tail
+        await handle.wait_changed(5.0)
+
+
+async def wait_for(handle: StreamHandle, predicate: object) -> None:
+    while not predicate():  # type: ignore[operator]
+        assert await handle.wait_changed(10.0), "engine made no progress"
+
+
+async def test_stream_runs_to_eog_with_split_utf8_joined(engine_of) -> None:
+    engine = engine_of(FakeBackend(script=[1, 2, 11]))
+    handle = engine.submit(request())
+    text = await drain(engine, handle)
+    assert text == "中t11 "
+    assert handle.outcome is not None and handle.outcome.finish_reason == "stop"
+    assert handle.seq.n_generated == 4  # 1, 2, 11 and the end-of-generation token
+
+
+async def test_max_tokens_ends_with_length(engine_of) -> None:
+    engine = engine_of()
+    handle = engine.submit(request(max_tokens=3))
+    assert await drain(engine, handle) == "t10 t11 t12 "
+    assert handle.outcome is not None and handle.outcome.finish_reason == "length"
+
+
+async def test_unread_ring_pauses_that_sequence_only(engine_of) -> None:
+    engine = engine_of(outbound_buffer_tokens=4, resume_threshold=0.5)
+    stalled = engine.submit(request(max_tokens=40))
+    reader = engine.submit(request(max_tokens=40))
+    await wait_for(stalled, lambda: stalled.seq.paused)
+    assert stalled.seq.pause_cause is PauseCause.SOCKET_FULL
+    assert stalled.ring.write_cursor == 4
+    assert await drain(engine, reader)  # the other stream finishes while this one is paused
+    assert stalled.seq.n_generated == 4
+    engine.consumed(stalled, 2)  # drained to 0.5: resume
+    assert not stalled.seq.paused
+    await drain(engine, stalled)
+    assert stalled.seq.n_generated == 40
+    assert stalled.seq.pauses >= 1
+    assert engine.backpressure == 0
+    assert engine.backpressure_peak >= 1
+
+
+async def test_client_pause_lets_at_most_the_inflight_token_through(engine_of) -> None:
+    backend = FakeBackend()
+    backend.gate = threading.Semaphore(0)
+    engine = engine_of(backend)
+    handle = engine.submit(request(max_tokens=40))
+    backend.gate.release(3)  # prefill + two decode steps
+    await wait_for(handle, lambda: handle.seq.n_generated >= 3)
+    engine.pause(handle)  # the fourth decode may already be waiting at the gate
+    backend.gate.release(20)
+    generated_at_pause = handle.seq.n_generated
+    other = engine.submit(request(max_tokens=10))
+    await drain(engine, other)  # the engine kept stepping for the other stream
+    assert handle.seq.n_generated <= generated_at_pause + 1
+    assert handle.seq.tokens_while_paused <= 1
+    engine.resume(handle)
+    backend.gate.release(100)
+    await drain(engine, handle)
+    assert handle.seq.n_generated == 40
+
+
+async def test_cancel_frees_kv_before_the_next_decode(engine_of) -> None:
+    backend = FakeBackend()
+    engine = engine_of(backend)
+    handle = engine.submit(request(max_tokens=1000, n_prompt=8))
+    await wait_for(handle, lambda: handle.seq.n_generated >= 2)
+    engine.cancel(handle, "client")
+    other = engine.submit(request(max_tokens=2))
+    await drain(engine, other)
+    assert handle.seq.slot in backend.released
+    assert engine.kv_used_bytes == 0
+    assert isinstance(handle.outcome.error, Cancelled)
+    assert engine.metrics.cancellations.labels("client")._value.get() == 1
+
+
+async def test_ttft_timeout_interrupts_a_long_prefill_between_chunks(engine_of) -> None:
+    backend = FakeBackend()
+    backend.step_delay_s = 0.02
+    engine = engine_of(backend, ttft_timeout_s=0.1, prefill_chunk_tokens=8)
+    handle = engine.submit(request(n_prompt=2000))
+    await handle.wait_done()
+    assert isinstance(handle.outcome.error, TtftTimeout)
+    assert handle.outcome.error.code == "ttft_timeout"
+    assert 0 < handle.seq.n_prefilled < 2000  # stopped part-way, not after the whole prompt
+    assert engine.metrics.cancellations.labels("ttft_timeout")._value.get() == 1
+
+
+async def test_same_session_supersedes_the_older_stream(engine_of) -> None:
+    backend = FakeBackend()
+    backend.gate = threading.Semaphore(0)
+    engine = engine_of(backend)
+    handles = [engine.submit(request(session="s1")) for _ in range(20)]
+    assert engine.num_live == 1
+    assert all(h.outcome.error.extra["reason"] == "superseded" for h in handles[:-1])
+    backend.gate.release(1000)
+    assert await drain(engine, handles[-1])
+
+
+async def test_a_failing_sequence_ends_alone(engine_of) -> None:
+    backend = FakeBackend()
+    backend.fail_slots.add(1)  # slots are handed out from 0: the second stream's
+    engine = engine_of(backend)
+    good = engine.submit(request(max_tokens=5))
+    bad = engine.submit(request(max_tokens=5))
+    text = await drain(engine, good)
+    await bad.wait_done()
+    assert text == "t10 t11 t12 t13 t14 "
+    assert bad.seq.slot == 1
+    assert isinstance(bad.outcome.error, BackendFailure)
+
+
+async def test_stop_string_is_cut_and_held_text_released(engine_of) -> None:
+    from edge_llm.engine.backend import SamplingParams
+
+    engine = engine_of(FakeBackend(script=[10, 11, 12, EOG]))
+    req = request()
+    req.sampling = SamplingParams(stop=("t12",))
+    handle = engine.submit(req)
+    assert await drain(engine, handle) == "t10 t11 "

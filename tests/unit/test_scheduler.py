@@ -1,0 +1,126 @@
+"""The scheduler alone: admission, chunked prefill, pause, finish."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_llm.engine.kv import KvBudget
+from edge_llm.engine.scheduler import Scheduler, SchedulerLimits
+from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
+from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
+
+
+def make_scheduler(
+    max_sequences: int = 2, max_queue: int = 2, chunk: int = 8, kv_tokens: int = 1000
+) -> Scheduler:
+    return Scheduler(SchedulerLimits(max_sequences, max_queue, chunk), KvBudget(kv_tokens, 10))
+
+
+def make_seq(n_prompt: int, max_tokens: int = 10, name: str = "s") -> Sequence:
+    request = GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens)
+    return Sequence(request, name, created_at=0.0)
+
+
+def run_prefill(scheduler: Scheduler) -> None:
+    """Complete every scheduled chunk once, sampling token 7 where asked."""
+    plan = scheduler.schedule(0.0)
+    for chunk in plan.chunks:
+        scheduler.complete(chunk)
+        if chunk.sample:
+            scheduler.record_token(chunk.seq, 7, 0.0)
+
+
+def test_a_sequence_reserves_prompt_plus_max_tokens_on_admission() -> None:
+    scheduler = make_scheduler()
+    seq = make_seq(20, max_tokens=30)
+    scheduler.add(seq)
+    plan = scheduler.schedule(0.0)
+    assert plan.started == [seq]
+    assert seq.state is SequenceState.PREFILL
+    assert scheduler.kv.num_reserved == 50
+
+
+def test_a_request_larger_than_the_whole_budget_is_refused_at_once() -> None:
+    scheduler = make_scheduler(kv_tokens=100)
+    with pytest.raises(KvBudgetNeverFits) as info:
+        scheduler.add(make_seq(60, max_tokens=50))
+    assert info.value.status == 400
+    assert info.value.extra["kv_tokens_needed"] == 110
+
+
+def test_a_request_that_fits_later_waits_in_the_queue() -> None:
+    scheduler = make_scheduler(kv_tokens=100)
+    first, second = make_seq(50, 40, "a"), make_seq(50, 40, "b")
+    scheduler.add(first)
+    scheduler.add(second)
+    assert scheduler.schedule(0.0).started == [first]
+    assert list(scheduler.waiting) == [second]
+    scheduler.finish(first, SequenceState.DONE, 1.0)
+    assert scheduler.schedule(1.0).started == [second]
+
+
+def test_full_queue_rejects_with_queue_full_when_slots_are_busy() -> None:
+    scheduler = make_scheduler(max_sequences=1, max_queue=1)
+    scheduler.add(make_seq(5, name="a"))
+    scheduler.schedule(0.0)
+    scheduler.add(make_seq(5, name="b"))
+    with pytest.raises(QueueFull) as info:
+        scheduler.add(make_seq(5, name="c"))
+    assert info.value.status == 503
+
+
+def test_full_queue_rejects_with_kv_budget_exceeded_when_kv_is_the_limit() -> None:
+    scheduler = make_scheduler(max_sequences=4, max_queue=0, kv_tokens=100)
+    scheduler.add(make_seq(50, 40, "a"))
+    scheduler.schedule(0.0)
+    with pytest.raises(KvBudgetExceeded):
+        scheduler.add(make_seq(50, 40, "b"))
+
+
+def test_long_prompt_is_prefilled_in_chunks_and_a_short_one_goes_first() -> None:
+    scheduler = make_scheduler(chunk=8)
+    long_seq, short_seq = make_seq(40, name="long"), make_seq(3, name="short")
+    scheduler.add(long_seq)
+    run_prefill(scheduler)
+    assert long_seq.n_prefilled == 8
+    scheduler.add(short_seq)
+    plan = scheduler.schedule(0.0)
+    by_name = {chunk.seq.id: chunk for chunk in plan.chunks}
+    assert by_name["short"].tokens == [0, 1, 2]
+    assert by_name["short"].sample
+    assert len(by_name["long"].tokens) == 5  # the rest of the chunk budget
+    assert not by_name["long"].sample
+
+
+def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
+    scheduler = make_scheduler()
+    a, b = make_seq(4, name="a"), make_seq(4, name="b")
+    scheduler.add(a)
+    scheduler.add(b)
+    run_prefill(scheduler)
+    assert a.state is b.state is SequenceState.DECODING
+    a.add_pause(PauseCause.CLIENT, 0.0)
+    plan = scheduler.schedule(0.0)
+    assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [("b", [7], 4)]
+
+
+def test_finish_returns_slot_and_reservation_and_reports_the_slot_once() -> None:
+    scheduler = make_scheduler()
+    seq = make_seq(10)
+    scheduler.add(seq)
+    run_prefill(scheduler)
+    slot = seq.slot
+    scheduler.finish(seq, SequenceState.CANCELLED, 2.0)
+    assert scheduler.kv.num_reserved == 0
+    assert scheduler.num_running == 0
+    assert scheduler.take_released() == [slot]
+    assert scheduler.take_released() == []
+
+
+def test_kv_cursor_counts_prompt_and_tokens_fed_back() -> None:
+    seq = make_seq(10)
+    seq.n_prefilled = 10
+    seq.n_generated = 1
+    assert seq.kv_tokens == 10
+    seq.n_generated = 5
+    assert seq.kv_tokens == 14
