@@ -213,7 +213,7 @@ def engine_by_request(events: Iterable[Event]) -> dict[str, list[Event]]:
             if slot is not None:
                 slot_owner[slot] = request_id
         if request_id is None and _name(event) == "kv_freed":
-            request_id = slot_owner.get(_int(event, "slot") or -1)
+            request_id = slot_owner.get(_int(event, "slot") or 0) if "slot" in event else None
         if isinstance(request_id, str) and request_id:
             grouped.setdefault(request_id, []).append(event)
     return grouped
@@ -316,6 +316,12 @@ def _tokens_in_episode(lines: Sequence[Event]) -> tuple[int, int | None, int | N
     return max(growth, n_lines), start, highest, n_lines
 
 
+def _pause_sent_before(t: Timeline, received: Event, th: Thresholds) -> list[Event]:
+    """The client's PAUSE line that this ``pause_received`` answers, if logged."""
+    sent = [e for e in _named(t.client, "pause_sent") if _ts(e) <= _ts(received) + th.grace_s]
+    return sent[-1:]
+
+
 def tokens_after_pause(t: Timeline, th: Thresholds) -> list[Finding]:
     """Engine: more than one token generated during one pause."""
     findings = []
@@ -326,6 +332,8 @@ def tokens_after_pause(t: Timeline, th: Thresholds) -> list[Finding]:
         closing = lines[-1] if len(lines) > 1 and _closes_pause(lines[-1], cause) else None
         shown = ("paused", "token_while_paused")
         evidence = [e for e in lines if e is lines[0] or e is closing or _name(e) in shown]
+        if cause == "client":
+            evidence = sorted([*_pause_sent_before(t, lines[0], th), *evidence], key=_ts)
         findings.append(
             Finding(
                 ENGINE,
@@ -638,20 +646,12 @@ RULES: tuple[Rule, ...] = (
 
 
 def notes_for(t: Timeline, th: Thresholds) -> list[str]:
+    """What this request's lines cannot tell (a log missing altogether is said once,
+    in :func:`log_notes`)."""
     notes = []
-    if not t.have_engine_log:
-        notes.append(
-            "no engine log: cannot tell whether the engine honoured PAUSE/CANCEL, "
-            "freed KV, or filled its ring"
-        )
-    elif not t.engine:
+    if t.have_engine_log and not t.engine:
         notes.append("no engine lines for this request: it never reached this engine's log")
-    if not t.have_client_log:
-        notes.append(
-            "no client log: cannot tell whether the render queue was high, whether PAUSE "
-            "was sent in time, or whether bytes were delayed in transit"
-        )
-    elif not t.client:
+    if t.have_client_log and not t.client:
         notes.append("no client lines for this request (a client without an event log?)")
     if kv_release(t, th) == "unseen":
         notes.append("the log ends (or the engine shut down) before KV release could show")
@@ -753,9 +753,15 @@ def judge(t: Timeline, th: Thresholds) -> RequestReport:
 def log_notes(engine_events: Sequence[Event], *, have_engine: bool, have_client: bool) -> list[str]:
     notes = []
     if not have_engine:
-        notes.append("engine log not given: engine-side rules were not checked")
+        notes.append(
+            "no engine log: cannot tell whether the engine honoured PAUSE/CANCEL, freed KV, "
+            "or why its ring filled"
+        )
     if not have_client:
-        notes.append("client log not given: client-side rules were not checked")
+        notes.append(
+            "no client log: cannot tell whether the render queue was high, whether PAUSE was "
+            "sent in time, or whether bytes were delayed in transit"
+        )
     for closed in _named(engine_events, "log_closed"):
         dropped = _int(closed, "dropped") or 0
         if dropped:
