@@ -376,10 +376,29 @@ async def test_silence_after_heartbeats_is_a_dead_connection(serve: Serve) -> No
     try:
         async with StreamClient(cfg) as client:
             with pytest.raises(DeadConnectionError) as info:
-                await client.complete(MESSAGES)
+                await asyncio.wait_for(client.complete(MESSAGES), 30)
     finally:
         gate.set()
     assert info.value.code == "dead_connection"
+
+
+async def test_require_heartbeat_arms_the_deadline_from_the_start(serve: Serve) -> None:
+    gate = asyncio.Event()
+
+    async def never_pings(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await gate.wait()  # never set: headers, then nothing
+        return response
+
+    url = await serve(never_pings)
+    cfg = config(url, ttft_hard_timeout_ms=0, heartbeat_interval_ms=50, require_heartbeat=True)
+    try:
+        async with StreamClient(cfg) as client:
+            with pytest.raises(DeadConnectionError):
+                await asyncio.wait_for(client.complete(MESSAGES), 30)
+    finally:
+        gate.set()
 
 
 async def test_slow_prefill_with_heartbeats_is_not_dead(serve: Serve) -> None:

@@ -66,6 +66,8 @@ class Attempt:
             ttft_hard_s=config.ttft_hard_timeout_ms / 1000,
             dead_after_s=config.heartbeat_interval_ms * config.dead_after_heartbeats / 1000,
         )
+        if config.require_heartbeat:
+            self.watchdog.arm()
         self.flow: FlowControl | None = None
         self.first_byte_at: float | None = None
         self.first_data_at: float | None = None
