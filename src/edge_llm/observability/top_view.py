@@ -119,7 +119,7 @@ def bar(fraction: float, width: int = BAR_WIDTH) -> Text:
     fraction = min(1.0, max(0.0, fraction))
     filled = round(fraction * width)
     style = "red" if fraction >= 0.9 else "yellow" if fraction >= 0.5 else "green"
-    return Text("█" * filled, style=style) + Text("░" * (width - filled), style="dim")
+    return Text.assemble(("█" * filled, style), ("░" * (width - filled), "dim"))
 
 
 def ring_fill(stream: Mapping[str, Any]) -> float:
@@ -153,7 +153,7 @@ def engine_line(streams: StreamsDoc, metrics: Metrics, rates: Rates) -> Text:
     line.append(f"  waiting {streams.get('requests_waiting', '?')}")
     paused = metric_total(metrics, "streams_paused")
     line.append(f"  paused {'?' if paused is None else f'{paused:.0f}'}")
-    line.append("   KV ") + bar(used / budget if budget else 0.0)
+    line.append("   KV ").append_text(bar(used / budget if budget else 0.0))
     line.append(
         f" {_mib(used)}/{_mib(budget)} MiB (reserved {_mib(streams.get('kv_reserved_bytes'))})"
     )
@@ -214,7 +214,7 @@ STREAM_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("KV", "right"),
     ("PAUSES", "right"),
     ("PAUSED", "right"),
-    ("AFTER", "right"),
+    ("AFTER PAUSE", "right"),
     ("TOK/S", "right"),
     ("AGE", "right"),
 )
