@@ -18,6 +18,8 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_PREFIX = "EDGE_LLM_"
+# The SPEC's serve flag --model names the GGUF path.
+_FLAG_ALIASES = {"model_path": ("--model",)}
 
 
 class ConfigError(ValueError):
@@ -71,7 +73,7 @@ class SchedulerConfig(_Section):
 
 
 class ModelConfig(_Section):
-    model: str | None = Field(
+    model_path: str | None = Field(
         None, description="GGUF path (default: the embedded SmolLM2-135M-Instruct)"
     )
     model_id: str | None = Field(None, description="Model id served (default: file stem)")
@@ -261,16 +263,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per configuration key; unset flags stay ``None``."""
     for section, key in _keys():
         field = _SECTIONS[section].model_fields[key]
-        flag = "--" + key.replace("_", "-")
+        flags = ["--" + key.replace("_", "-"), *_FLAG_ALIASES.get(key, ())]
         help_text = f"{field.description} [{ENV_PREFIX}{key.upper()}]"
         if field.annotation is bool:
             parser.add_argument(
-                flag, dest=key, action=argparse.BooleanOptionalAction, help=help_text
+                *flags, dest=key, action=argparse.BooleanOptionalAction, help=help_text
             )
         elif get_origin(field.annotation) is list:
-            parser.add_argument(flag, dest=key, action="append", help=help_text)
+            parser.add_argument(*flags, dest=key, action="append", help=help_text)
         else:
-            parser.add_argument(flag, dest=key, type=_flag_type(field.annotation), help=help_text)
+            parser.add_argument(*flags, dest=key, type=_flag_type(field.annotation), help=help_text)
 
 
 def _flag_type(annotation: object) -> type:

@@ -26,7 +26,9 @@ async def wait_until(
         await asyncio.sleep(POLL_S)
 
 
-def chat_body(content: str, *, max_tokens: int = 32, stream: bool = True, **extra: Any) -> dict[str, Any]:
+def chat_body(
+    content: str, *, max_tokens: int = 32, stream: bool = True, **extra: Any
+) -> dict[str, Any]:
     return {
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,

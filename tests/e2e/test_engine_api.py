@@ -41,7 +41,10 @@ def test_openai_sdk_streaming_and_not(engine_server) -> None:
 def test_completions_endpoint(engine_server) -> None:
     client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
     reply = client.completions.create(
-        model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=8, temperature=0
+        model="SmolLM2-135M-Instruct",
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
     )
     assert reply.choices[0].text.strip()
     assert reply.usage.prompt_tokens > 0
@@ -85,10 +88,30 @@ async def test_four_streams_share_decode_steps(engine_server) -> None:
     ("body", "status", "code", "param"),
     [
         ({"messages": "hi"}, 400, "invalid_request", "messages"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "invalid_request", "temperature"),
-        ({"messages": [{"role": "user", "content": "x"}], "colour": "red"}, 400, "invalid_request", "colour"),
-        ({"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"}, 404, "model_not_found", "model"),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12}, 400, "invalid_request", "max_tokens"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "temperature": -1},
+            400,
+            "invalid_request",
+            "temperature",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "colour": "red"},
+            400,
+            "invalid_request",
+            "colour",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "model": "gpt-9"},
+            404,
+            "model_not_found",
+            "model",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12},
+            400,
+            "invalid_request",
+            "max_tokens",
+        ),
     ],
 )
 async def test_bad_requests_get_openai_errors(engine_server, body, status, code, param) -> None:
@@ -128,7 +151,9 @@ async def test_unknown_path_is_404_in_openai_shape(engine_server) -> None:
 
 
 async def test_short_request_gets_first_token_during_a_long_prefill(engine_factory) -> None:
-    engine = engine_factory("--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "64")
+    engine = engine_factory(
+        "--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "64", "--ttft-timeout-ms", "0"
+    )
     long_body = chat_body("The history of the river and its towns. " * 110, max_tokens=4)
     short_body = chat_body("Hi!", max_tokens=4)
     async with aiohttp.ClientSession() as session:
@@ -151,7 +176,13 @@ async def test_short_request_gets_first_token_during_a_long_prefill(engine_facto
         return events if {short_id, long_id} <= ids else []
 
     events = await wait_until(ended, what="both end events in the engine log")
-    short_first = next(e["mono"] for e in events if e["event"] == "first_token" and e["request_id"] == short_id)
-    long_done = [e for e in events if e["event"] == "prefill_progress" and e["request_id"] == long_id]
+    short_first = next(
+        e["mono"] for e in events if e["event"] == "first_token" and e["request_id"] == short_id
+    )
+    long_done = [
+        e for e in events if e["event"] == "prefill_progress" and e["request_id"] == long_id
+    ]
     assert long_done[-1]["prefill_done"] == long_done[-1]["prefill_total"] >= 1000
-    assert short_first < long_done[-1]["mono"], "the short request waited for the whole long prefill"
+    assert short_first < long_done[-1]["mono"], (
+        "the short request waited for the whole long prefill"
+    )

@@ -45,7 +45,7 @@ def test_shipped_seed_config_is_the_seed() -> None:
 
 def test_unknown_key_is_named(tmp_path: Path) -> None:
     path = write(tmp_path, "[engine.backpressure]\nmax_kv_cache = 3\n")
-    with pytest.raises(ConfigError, match="engine.backpressure.max_kv_cache"):
+    with pytest.raises(ConfigError, match=r"engine\.backpressure\.max_kv_cache"):
         load_config(path, env={})
 
 

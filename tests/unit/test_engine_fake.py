@@ -7,16 +7,20 @@ import threading
 from collections.abc import AsyncIterator
 
 import pytest
-from fakes import EOG, FakeBackend
 
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import BackendFailure, Cancelled, TtftTimeout
+from fakes import EOG, FakeBackend
 
 
-def request(max_tokens: int = 20, session: str | None = None, n_prompt: int = 4) -> GenerationRequest:
-    return GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens, session=session)
+def request(
+    max_tokens: int = 20, session: str | None = None, n_prompt: int = 4
+) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens, session=session
+    )
 
 
 @pytest.fixture

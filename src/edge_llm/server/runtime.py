@@ -45,7 +45,7 @@ def load_backend(config: EngineConfig) -> Backend:
 
     sched = config.scheduler
     return LlamaBackend(
-        config.model.model,
+        config.model.model_path,
         kv_budget_bytes=config.backpressure.max_kv_cache_mb * 1024 * 1024,
         max_sequences=sched.max_sequences,
         max_batch_tokens=sched.max_sequences + sched.prefill_chunk_tokens,

@@ -1,0 +1,202 @@
+"""The stream lifecycle contract with the real model: cancel frees KV, TTFT
+timeout, KV-budget admission, queue limit, regenerate storms."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import aiohttp
+import psutil
+import pytest
+from support import RawSseClient, chat_body, wait_until
+
+pytestmark = pytest.mark.e2e
+
+STORY = "Write a very long story about a dragon and a knight."
+LONG_PROMPT = "The history of the river and its towns. " * 110  # about 1,000 tokens
+
+
+def counter(metrics: str, name: str, label: str) -> float:
+    match = re.search(rf'^edge_llm_{name}_total\{{\w+="{label}"\}} (\S+)$', metrics, re.M)
+    assert match, f"{name}{{{label}}} missing from /metrics"
+    return float(match.group(1))
+
+
+def kv_idle(engine) -> bool:
+    return engine.debug_streams()["kv_used_bytes"] == 0
+
+
+async def test_ws_cancel_frees_kv_and_is_counted(engine_server) -> None:
+    await wait_until(lambda: kv_idle(engine_server), what="an idle engine")
+    before = counter(engine_server.metrics_text(), "cancellations", "client")
+    url = engine_server.base_url.replace("http", "ws") + "/stream"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=200)})
+        while (await ws.receive_json())["type"] != "delta":
+            pass
+        assert engine_server.debug_streams()["kv_used_bytes"] > 0
+        await ws.send_json({"type": "cancel"})
+        while (frame := await ws.receive_json())["type"] != "error":
+            pass
+        assert frame["code"] == "cancelled"
+        assert frame["reason"] == "client"
+        await wait_until(lambda: kv_idle(engine_server), timeout=5, what="KV freed after cancel")
+        # The socket stays usable for the next stream.
+        await ws.send_json({"type": "start", "request": chat_body("Hi", max_tokens=4)})
+        while (frame := await ws.receive_json())["type"] not in ("done", "error"):
+            pass
+        assert frame["type"] == "done"
+    assert counter(engine_server.metrics_text(), "cancellations", "client") == before + 1
+
+
+async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
+    engine = engine_factory(
+        "--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "32", "--ttft-timeout-ms", "0"
+    )
+    client = RawSseClient(engine.url, chat_body(LONG_PROMPT, max_tokens=8))
+    await wait_until(
+        lambda: any(
+            s["state"] == "prefill" and s["prefill_done"] > 0
+            for s in engine.debug_streams()["streams"]
+        ),
+        what="prefill to start",
+    )
+    client.close()
+    stream = await wait_until(
+        lambda: (s := engine.debug_streams()["streams"][0])["state"] == "cancelled" and s,
+        timeout=10,
+        what="the stream to be cancelled",
+    )
+    assert stream["cancel_reason"] == "disconnect"
+    assert stream["prefill_done"] < stream["n_prompt_tokens"]  # interrupted, not finished first
+    await wait_until(lambda: kv_idle(engine), timeout=5, what="KV freed after disconnect")
+    assert counter(engine.metrics_text(), "cancellations", "disconnect") == 1
+
+
+async def test_ttft_timeout_is_504_before_any_byte_and_an_sse_error_after(engine_factory) -> None:
+    engine = engine_factory(
+        "--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "16",
+        "--ttft-timeout-ms", "300", "--heartbeat-interval-ms", "100",
+    )  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        body = chat_body(LONG_PROMPT, max_tokens=4, stream=False)
+        async with session.post(engine.base_url + "/chat/completions", json=body) as r:
+            assert r.status == 504
+            assert (await r.json())["error"]["code"] == "ttft_timeout"
+        body["stream"] = True
+        async with session.post(engine.base_url + "/chat/completions", json=body) as r:
+            assert r.status == 200  # heartbeats already went out
+            text = (await r.read()).decode()
+    assert ": ping" in text
+    assert '"code":"ttft_timeout"' in text
+    assert "[DONE]" not in text
+    await wait_until(lambda: kv_idle(engine), timeout=5, what="KV freed after the timeout")
+    assert counter(engine.metrics_text(), "cancellations", "ttft_timeout") == 2
+
+
+async def test_kv_budget_admission(engine_factory) -> None:
+    engine = engine_factory("--max-kv-cache-mb", "6", "--max-queue", "0", "--max-sequences", "4")
+    budget = engine.debug_streams()["kv_budget_bytes"]
+    per_token = engine.debug_streams()["kv_bytes_per_token"]
+    assert budget <= 6 * 1024 * 1024 + 256 * per_token
+    async with aiohttp.ClientSession() as session:
+        url = engine.base_url + "/chat/completions"
+        async with session.post(url, json=chat_body("Hi", max_tokens=budget // per_token + 1)) as r:
+            assert r.status == 400
+            error = (await r.json())["error"]
+        assert error["code"] == "kv_budget_exceeded"
+        assert error["param"] == "max_tokens"
+        big = budget // per_token - 60  # fits alone, not beside another one
+        first = RawSseClient(engine.url, chat_body(STORY, max_tokens=big))
+        try:
+            first.request_id()
+            async with session.post(url, json=chat_body(STORY, max_tokens=big)) as r:
+                assert r.status == 503
+                assert r.headers["Retry-After"]
+                assert (await r.json())["error"]["code"] == "kv_budget_exceeded"
+        finally:
+            first.close()
+
+
+async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
+    engine = engine_factory("--max-sequences", "1", "--max-queue", "1")
+    running = RawSseClient(engine.url, chat_body(STORY, max_tokens=300))
+    queued = RawSseClient(engine.url, chat_body(STORY, max_tokens=4))
+    try:
+        running.request_id()
+        await wait_until(
+            lambda: engine.debug_streams()["requests_waiting"] == 1, what="a queued request"
+        )
+        async with aiohttp.ClientSession() as session:
+            async with session.post(
+                engine.base_url + "/chat/completions", json=chat_body("Hi")
+            ) as r:
+                assert r.status == 503
+                assert int(r.headers["Retry-After"]) >= 1
+                assert (await r.json())["error"]["code"] == "queue_full"
+    finally:
+        running.close()
+        queued.close()
+    assert counter(engine.metrics_text(), "admission_rejections", "queue_full") == 1
+
+
+async def test_regenerate_storm_leaves_one_live_sequence(engine_server) -> None:
+    headers = {"X-Session-Id": "storm-1"}
+    async with aiohttp.ClientSession() as session:
+
+        async def click(i: int) -> str:
+            body = chat_body(f"{STORY} Version {i}.", max_tokens=24)
+            async with session.post(
+                engine_server.base_url + "/chat/completions", json=body, headers=headers
+            ) as r:
+                return (await r.read()).decode()
+
+        tasks = []
+        for i in range(20):
+            tasks.append(asyncio.create_task(click(i)))
+            await asyncio.sleep(0)  # let the request go out before the next click
+            live = [
+                s
+                for s in engine_server.debug_streams()["streams"]
+                if s["session"] == "storm-1" and s["state"] not in ("done", "cancelled")
+            ]
+            assert len(live) <= 1
+        bodies = await asyncio.gather(*tasks)
+    completed = [b for b in bodies if b.rstrip().endswith("data: [DONE]")]
+    superseded = [b for b in bodies if "superseded" in b and "[DONE]" not in b]
+    assert len(completed) >= 1
+    assert bodies[-1] in completed  # the last click is answered normally
+    assert len(completed) + len(superseded) == 20
+
+
+async def test_cancel_cycles_leave_kv_idle_and_memory_flat(engine_factory) -> None:
+    engine = engine_factory()
+    process = psutil.Process(engine.proc.pid)
+    url = engine.base_url.replace("http", "ws") + "/stream"
+
+    async def cycles(n: int) -> None:
+        async with aiohttp.ClientSession() as session:
+            for i in range(n):
+                if i % 2:
+                    client = RawSseClient(engine.url, chat_body(STORY, max_tokens=64))
+                    client.request_id()
+                    client.close()  # disconnect
+                    continue
+                async with session.ws_connect(url) as ws:
+                    await ws.send_json(
+                        {"type": "start", "request": chat_body(STORY, max_tokens=64)}
+                    )
+                    await ws.receive_json()
+                    await ws.send_json({"type": "pause"})
+                    await ws.send_json({"type": "cancel"})
+
+    await cycles(20)  # warm-up: allocator pools, caches
+    await wait_until(lambda: kv_idle(engine), what="KV idle after warm-up")
+    rss_before = process.memory_info().rss
+    await cycles(60)
+    await wait_until(lambda: kv_idle(engine), what="KV idle after the cycles")
+    growth = process.memory_info().rss - rss_before
+    assert growth < 16 * 1024 * 1024, f"RSS grew by {growth / 1e6:.1f} MB over 60 cycles"
+    snapshot = engine.debug_streams()
+    assert snapshot["requests_running"] == snapshot["requests_waiting"] == 0
