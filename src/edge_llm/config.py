@@ -92,7 +92,7 @@ class ServerConfig(_Section):
     event_log: str | None = Field(None, description="Engine JSONL event log file")
     log_prompts: bool = Field(False, description="Include prompt text in the event log")
     socket_send_buffer_bytes: int = Field(
-        8192, ge=0, description="SO_SNDBUF of accepted sockets (0: kernel default)"
+        4096, ge=0, description="SO_SNDBUF of accepted sockets (0: kernel default)"
     )
     write_buffer_bytes: int = Field(
         4096, ge=0, description="Userspace write buffer per connection before a stream stalls"
