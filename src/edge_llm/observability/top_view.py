@@ -188,7 +188,7 @@ def stream_row(stream: Mapping[str, Any], rates: Rates) -> list[RenderableType]:
     stream_id = str(stream.get("id"))
     return [
         stream_id[:ID_WIDTH],
-        str(stream.get("session") or ""),
+        str(stream.get("session") or "-"),
         _state(stream),
         _cause(stream),
         f"{stream.get('n_generated')}/{stream.get('max_tokens')}",
