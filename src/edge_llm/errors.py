@@ -12,7 +12,8 @@ EdgeLLMError                      500 internal_error
 ├── Overloaded                    503 (with Retry-After)
 │   ├── QueueFull                 503 queue_full
 │   ├── KvBudgetExceeded          503 kv_budget_exceeded
-│   └── EngineUnavailable         503 engine_unavailable
+│   ├── EngineUnavailable         503 engine_unavailable
+│   └── TooManyConnections        503 too_many_connections
 └── StreamEnded                   final events of a stream (status if nothing was sent yet)
     ├── Cancelled                 409 cancelled; 503 on shutdown (reason field says why)
     └── BackendFailure            500 backend_error
@@ -117,6 +118,10 @@ class KvBudgetExceeded(Overloaded):
 
 class EngineUnavailable(Overloaded):
     code = "engine_unavailable"
+
+
+class TooManyConnections(Overloaded):
+    code = "too_many_connections"
 
 
 class StreamEnded(EdgeLLMError):

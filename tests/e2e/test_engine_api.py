@@ -132,6 +132,14 @@ async def test_non_json_and_non_utf8_bodies_are_400(engine_server) -> None:
                 assert (await r.json())["error"]["code"] == "invalid_request"
 
 
+async def test_empty_completion_prompt_is_400_not_500(engine_server) -> None:
+    """Regression: found by schemathesis (an empty batch made llama_decode fail)."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine_server.base_url + "/completions", json={"prompt": ""}) as r:
+            assert r.status == 400
+            assert (await r.json())["error"]["param"] == "prompt"
+
+
 async def test_prompt_too_long_reports_both_counts(engine_server) -> None:
     body = chat_body("word " * 700, stream=False)
     async with aiohttp.ClientSession() as session:

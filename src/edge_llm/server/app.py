@@ -14,6 +14,7 @@ from edge_llm.errors import (
     EdgeLLMError,
     InvalidRequest,
     NotFound,
+    TooManyConnections,
 )
 from edge_llm.server import anthropic_routes, debug_routes, openai_routes, ws_route
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
@@ -28,7 +29,7 @@ _log = logging.getLogger("edge_llm.server")
 def create_app(ctx: ServerContext) -> web.Application:
     app = web.Application(
         client_max_size=ctx.config.server.max_body_bytes,
-        middlewares=[_errors, _cors, _auth],
+        middlewares=[_errors, _limit_connections, _cors, _auth],
     )
     app[CONTEXT] = ctx
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
@@ -39,6 +40,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_get("/health", debug_routes.health)
     app.router.add_get("/metrics", debug_routes.metrics)
     app.router.add_get("/debug/streams", debug_routes.streams)
+    app.router.add_get("/openapi.json", debug_routes.openapi)
     return app
 
 
@@ -68,6 +70,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except Exception as exc:
         _log.exception("unexpected error in %s %s", request.method, request.path)
         return error_response(EdgeLLMError(f"internal error: {type(exc).__name__}"))
+
+
+@web.middleware
+async def _limit_connections(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Beyond ``max_connections`` open sockets, answer 503 and close at once, so
+    idle or slow clients cannot exhaust the daemon's file descriptors."""
+    ctx = context_of(request)
+    limit = ctx.config.server.max_connections
+    if ctx.count_connections() > limit:
+        raise TooManyConnections(f"more than {limit} open connections", retry_after_s=1)
+    return await handler(request)
 
 
 @web.middleware

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -26,6 +26,8 @@ class ServerContext:
     connection: ConnectionSettings
     started_at: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
+    # Open connections; set once the aiohttp server exists.
+    count_connections: Callable[[], int] = lambda: 0
 
     @contextmanager
     def guard(self, handle: StreamHandle) -> Iterator[None]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from edge_llm import __version__
+from edge_llm.protocol.openapi import openapi_document
 from edge_llm.server.context import context_of
 
 
@@ -33,3 +35,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def streams(request: web.Request) -> web.Response:
     return web.json_response(context_of(request).engine.snapshot())
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document(__version__))

@@ -11,7 +11,13 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.errors import BodyTooLarge, EdgeLLMError, InvalidRequest, Overloaded
+from edge_llm.errors import (
+    BodyTooLarge,
+    EdgeLLMError,
+    InvalidRequest,
+    Overloaded,
+    TooManyConnections,
+)
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,8 @@ def error_response(error: EdgeLLMError) -> web.Response:
     headers = {}
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(error.retry_after_s)
+    if isinstance(error, TooManyConnections):
+        headers["Connection"] = "close"
     return web.json_response(error.to_dict(), status=error.status, headers=headers)
 
 

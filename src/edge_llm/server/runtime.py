@@ -93,9 +93,12 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
         backend = await asyncio.to_thread(load_backend, config)
     engine = Engine(backend, engine_settings(config), metrics=EngineMetrics(), events=events)
     engine.start(asyncio.get_running_loop())
-    ctx = _context(config, engine, backend, events)
+    ctx = build_context(config, engine, backend, events)
     runner = web.AppRunner(create_app(ctx), handler_cancellation=True, access_log=None)
     await runner.setup()
+    aiohttp_server = runner.server
+    if aiohttp_server is not None:
+        ctx.count_connections = lambda: len(aiohttp_server.connections)
     sock = _listening_socket(server.host, server.port, server.socket_send_buffer_bytes)
     await web.SockSite(runner, sock).start()
     host, port = sock.getsockname()[:2]
@@ -103,7 +106,7 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     return RunningServer(ctx, runner, event_log, host, port)
 
 
-def _context(
+def build_context(
     config: EngineConfig, engine: Engine, backend: Backend, events: EventSink
 ) -> ServerContext:
     bp, sched, stream, server = config.backpressure, config.scheduler, config.stream, config.server

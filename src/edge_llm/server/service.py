@@ -79,6 +79,8 @@ class GenerationService:
     ) -> StreamHandle:
         """Tokenize, enforce the prompt and max_tokens limits, and submit."""
         tokens = await self._tokenize(prompt)
+        if not tokens:
+            raise InvalidRequest("prompt is empty (it has no tokens)", param="prompt")
         if len(tokens) > self.limits.max_prompt_tokens:
             self.engine.metrics.rejections.labels("prompt_too_long").inc()
             raise PromptTooLong(len(tokens), self.limits.max_prompt_tokens)

@@ -1,0 +1,40 @@
+"""Schemathesis fuzzes the served OpenAPI document: no input may cause a 5xx.
+
+Driven through hypothesis directly: schemathesis' pytest plugin does not support
+pytest 9 yet.
+"""
+
+from __future__ import annotations
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLES_PER_OPERATION = 40
+
+
+def test_no_input_produces_a_server_error(engine_factory) -> None:
+    engine = engine_factory("--max-tokens-cap", "4", "--default-max-tokens", "4")
+    schema = schemathesis.openapi.from_url(engine.url + "/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 5
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(
+            max_examples=EXAMPLES_PER_OPERATION,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
+        def call(case: schemathesis.Case) -> None:
+            response = case.call(timeout=60)
+            assert response.status_code < 500, (
+                f"{case.method} {case.path} {case.body!r}: {response.status_code} {response.text[:300]}"
+            )
+            if response.status_code >= 400:
+                assert "error" in response.json()
+
+        call()
