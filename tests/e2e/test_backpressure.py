@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+
 from support import RawSseClient, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e

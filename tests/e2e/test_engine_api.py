@@ -8,6 +8,7 @@ import json
 import aiohttp
 import openai
 import pytest
+
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e

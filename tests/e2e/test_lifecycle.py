@@ -9,6 +9,7 @@ import re
 import aiohttp
 import psutil
 import pytest
+
 from support import RawSseClient, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e

@@ -12,6 +12,7 @@ from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import BackendFailure, Cancelled, TtftTimeout
+
 from fakes import EOG, FakeBackend
 
 

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from fakes import FakeBackend
 
 from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
+
+from fakes import FakeBackend
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
 
