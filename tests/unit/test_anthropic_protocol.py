@@ -1,11 +1,22 @@
-"""Anthropic Messages request validation and response objects (no server)."""
+"""Anthropic Messages: request validation and response objects, then the route
+in-process over the fake backend (event sequence, stop reasons, errors, pings)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient, TestServer
 
+from edge_llm.client.sse import SSEParser
+from edge_llm.config import load_config
+from edge_llm.engine.engine import Engine
 from edge_llm.errors import (
     AuthenticationFailed,
     Cancelled,
@@ -16,6 +27,10 @@ from edge_llm.errors import (
     TtftTimeout,
 )
 from edge_llm.protocol import anthropic
+from edge_llm.server.app import create_app
+from edge_llm.server.runtime import build_context, engine_settings
+
+from fakes import FakeBackend
 
 
 def body(**fields: Any) -> dict[str, Any]:
@@ -166,6 +181,8 @@ def test_stop_string_is_stop_sequence() -> None:
         (("foo", "bar"), "ar", "bar"),  # "b" was held back as the start of "bar"
         (("foo", "bar"), "o.", "foo"),
         (("foo", "bar"), "xyz", None),
+        (("t12", "1 t1"), "t12 ", "1 t1"),  # "1 " was held back: it starts earlier
+        (("b", "ab"), "xab", "ab"),
     ],
 )
 def test_which_stop_sequence_matched(
@@ -232,3 +249,204 @@ def test_error_keeps_the_details() -> None:
     payload = anthropic.error_body(PromptTooLong(600, 512))
     assert payload["error"]["n_prompt_tokens"] == 600
     assert payload["error"]["max_prompt_tokens"] == 512
+
+
+# -- the route, in-process over the fake backend ----------------------------------------
+
+FAKE_SCRIPT = (10, 11, 12)  # "t10 t11 t12 ", then end of generation
+EXPECTED_SEQUENCE = [
+    "message_start",
+    "content_block_start",
+    "ping",
+    "content_block_delta",
+    "content_block_delta",
+    "content_block_delta",
+    "content_block_stop",
+    "message_delta",
+    "message_stop",
+]
+
+
+@dataclass
+class Served:
+    client: TestClient
+    backend: FakeBackend
+    engine: Engine
+
+
+@pytest.fixture
+async def serve_fake() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
+    made: list[Served] = []
+
+    async def make(backend: FakeBackend | None = None, **overrides: object) -> Served:
+        config = load_config(None, env={}, overrides=overrides)
+        backend = backend or FakeBackend(FAKE_SCRIPT)
+        engine = Engine(backend, engine_settings(config))
+        engine.start(asyncio.get_running_loop())
+        app = create_app(build_context(config, engine, backend, lambda *a, **k: None))
+        client = TestClient(TestServer(app))
+        await client.start_server()
+        made.append(Served(client, backend, engine))
+        return made[-1]
+
+    yield make
+    for served in made:
+        if served.backend.gate is not None:
+            served.backend.gate.release(1000)
+        await served.client.close()
+        await asyncio.to_thread(served.engine.stop)
+
+
+async def events_of(response: ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    parser = SSEParser()
+    async for data in response.content.iter_any():
+        for event in parser.feed(data):
+            yield event.event or "", json.loads(event.data)
+    for event in parser.close():
+        yield event.event or "", json.loads(event.data)
+
+
+async def all_events(response: ClientResponse) -> list[tuple[str, dict[str, Any]]]:
+    return [event async for event in events_of(response)]
+
+
+async def test_stream_event_sequence(serve_fake: Any) -> None:
+    served = await serve_fake()
+    response = await served.client.post("/v1/messages", json=body(stream=True))
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/event-stream")
+    events = await all_events(response)
+    assert [name for name, _ in events] == EXPECTED_SEQUENCE
+    assert all(payload["type"] == name for name, payload in events)
+    start = events[0][1]["message"]
+    assert start["model"] == "fake"  # the served model, whatever was asked
+    assert start["id"].startswith("msg_")
+    text = "".join(p["delta"]["text"] for n, p in events if n == "content_block_delta")
+    assert text == "t10 t11 t12 "
+    delta = events[-2][1]
+    assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
+    assert delta["usage"]["output_tokens"] == 4  # three tokens and the end-of-generation one
+
+
+async def test_non_streaming_message(serve_fake: Any) -> None:
+    served = await serve_fake()
+    response = await served.client.post("/v1/messages", json=body(max_tokens=2))
+    message = await response.json()
+    assert message["type"] == "message"
+    assert message["content"] == [{"type": "text", "text": "t10 t11 "}]
+    assert message["stop_reason"] == "max_tokens"
+    assert message["usage"]["output_tokens"] == 2
+    assert response.headers["X-Request-Id"].startswith("chatcmpl-")
+
+
+@pytest.mark.parametrize("stops", [["t11"], ["zz", "t11"], ["t12", "1 t1"]])
+async def test_stop_sequence(serve_fake: Any, stops: list[str]) -> None:
+    served = await serve_fake()
+    response = await served.client.post("/v1/messages", json=body(stop_sequences=stops))
+    message = await response.json()
+    assert message["stop_reason"] == "stop_sequence"
+    assert message["stop_sequence"] == stops[-1]
+    assert message["content"][0]["text"] == "t10 t11 t12 ".split(stops[-1], maxsplit=1)[0]
+
+
+async def test_max_tokens_above_the_cap_is_lowered(serve_fake: Any) -> None:
+    served = await serve_fake(max_tokens_cap=2)
+    response = await served.client.post("/v1/messages", json=body(max_tokens=32000))
+    assert (await response.json())["stop_reason"] == "max_tokens"
+
+
+async def test_ignored_fields_are_reported(serve_fake: Any) -> None:
+    served = await serve_fake()
+    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
+    response = await served.client.post("/v1/messages", json=body(tools=tools))
+    assert response.status == 200
+    assert response.headers["X-Edge-LLM-Ignored"] == "tools"
+
+
+async def test_bad_request_has_anthropics_error_shape(serve_fake: Any) -> None:
+    served = await serve_fake()
+    fields = body()
+    del fields["max_tokens"]
+    response = await served.client.post("/v1/messages", json=fields)
+    assert response.status == 400
+    payload = await response.json()
+    assert payload["type"] == "error"
+    assert payload["error"]["type"] == "invalid_request_error"
+    assert payload["error"]["param"] == "max_tokens"
+    bad_json = await served.client.post("/v1/messages", data=b"{")
+    assert (await bad_json.json())["error"]["type"] == "invalid_request_error"
+
+
+async def test_prompt_too_long_keeps_the_counts(serve_fake: Any) -> None:
+    served = await serve_fake(max_prompt_tokens=8)
+    response = await served.client.post("/v1/messages", json=body())
+    payload = await response.json()
+    assert response.status == 400
+    assert payload["error"]["code"] == "prompt_too_long"
+    assert payload["error"]["max_prompt_tokens"] == 8
+
+
+async def test_backend_failure_before_any_byte_is_an_http_error(serve_fake: Any) -> None:
+    backend = FakeBackend(FAKE_SCRIPT)
+    backend.fail_slots = set(range(backend.max_sequences))
+    served = await serve_fake(backend)
+    response = await served.client.post("/v1/messages", json=body(stream=True))
+    assert response.status == 500
+    payload = await response.json()
+    assert payload["error"]["type"] == "api_error"
+    assert payload["error"]["code"] == "backend_error"
+
+
+async def test_prefill_continues_the_assistant_turn(serve_fake: Any) -> None:
+    served = await serve_fake()
+    turns = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "1, 2,"}]
+    response = await served.client.post("/v1/messages", json=body(messages=turns))
+    plain = await served.client.post("/v1/messages", json=body(messages=turns[:1]))
+    with_prefill, without = await response.json(), await plain.json()
+    # "<user>count<assistant>1, 2," against "<user>count<assistant>": five characters more
+    assert with_prefill["usage"]["input_tokens"] == without["usage"]["input_tokens"] + 5
+
+
+async def test_pings_flow_while_no_token_does(serve_fake: Any) -> None:
+    backend = FakeBackend(FAKE_SCRIPT)
+    backend.gate = threading.Semaphore(0)  # no decode step until released
+    served = await serve_fake(backend, heartbeat_interval_ms=20)
+    response = await served.client.post("/v1/messages", json=body(stream=True))
+    names = []
+    async for name, _ in events_of(response):
+        names.append(name)
+        if names.count("ping") == 2:
+            break
+    assert names == ["message_start", "content_block_start", "ping", "ping"]
+    backend.gate.release(1000)
+    rest = [name async for name, _ in events_of(response)]
+    assert rest[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+async def test_error_after_the_stream_started_is_an_error_event(serve_fake: Any) -> None:
+    backend = FakeBackend(FAKE_SCRIPT)
+    backend.gate = threading.Semaphore(1)  # the prefill step, which samples the first token
+    served = await serve_fake(backend)
+    session = {"metadata": {"user_id": "user-1"}, "stream": True, "max_tokens": 32}
+    first = await served.client.post("/v1/messages", json=body(**session))
+    events = events_of(first)
+    names = [name async for name, _ in _until_first_delta(events)]
+    assert names[-1] == "content_block_delta"
+    second = asyncio.create_task(served.client.post("/v1/messages", json=body(**session)))
+    rest = [event async for event in events]
+    name, payload = rest[-1]
+    assert name == "error"
+    assert payload["type"] == "error"
+    assert payload["error"]["code"] == "cancelled"
+    assert payload["error"]["reason"] == "superseded"
+    backend.gate.release(1000)
+    (await second).close()
+
+
+async def _until_first_delta(
+    events: AsyncIterator[tuple[str, dict[str, Any]]],
+) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    async for name, payload in events:
+        yield name, payload
+        if name == "content_block_delta":
+            return

@@ -209,22 +209,26 @@ def stop_reason(
 def matched_stop(stops: tuple[str, ...], last_text: str) -> str | None:
     """Which stop string ended the text, given the last token's text.
 
-    The match completed inside the last token, after text held back because it
-    could begin a stop string (a proper prefix of one). Returns ``None`` when no
-    stop string fits, e.g. when the token's text is unknown.
+    The match completed inside the last token, possibly after text held back
+    because it could begin a stop string. Of the stop strings that fit, the one
+    starting earliest wins, as in the engine's matcher: one whose start was held
+    back before one lying wholly inside the token. ``None`` when none fits.
     """
     if len(stops) == 1:
         return stops[0]
-    heads = {stop[:size] for stop in stops for size in range(len(stop))}
-    for stop in stops:
-        if any(_ends_in_tail(head + last_text, stop, len(head)) for head in heads):
-            return stop
-    return None
+    starts = {stop: _start_of(stop, last_text) for stop in stops}
+    fitting = [stop for stop in stops if starts[stop] is not None]
+    return min(fitting, key=lambda stop: starts[stop] or 0) if fitting else None
 
 
-def _ends_in_tail(text: str, stop: str, tail_start: int) -> bool:
-    position = text.find(stop)
-    return position >= 0 and position + len(stop) > tail_start
+def _start_of(stop: str, last_text: str) -> int | None:
+    """Where ``stop`` starts relative to the token's text (negative: that many
+    characters were held back before it); None if it cannot end in the token."""
+    for held in range(len(stop) - 1, 0, -1):
+        if last_text.startswith(stop[held:]):
+            return -held
+    position = last_text.find(stop)
+    return position if position >= 0 else None
 
 
 # -- responses -------------------------------------------------------------------------
