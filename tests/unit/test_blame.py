@@ -537,3 +537,16 @@ def test_cli_reports_skipped_lines_and_goes_on(
     captured = capsys.readouterr()
     assert "skipped 1 lines" in captured.err
     assert "ok 2" in captured.out
+
+
+def test_log_closed_lines_are_not_requests_but_their_drops_are_noted() -> None:
+    client = [
+        *client_start(),
+        *client_end(1.1),
+        {**cli(2.0, "log_closed", request_id=None, dropped=3), "client_request_id": None},
+    ]
+    report = blame(
+        [*engine_start(), *engine_end(1.0)], client, have_engine_log=True, have_client_log=True
+    )
+    assert [r.request_id for r in report.requests] == [RID]
+    assert report.notes == ("the client log dropped 3 lines: evidence may be missing",)

@@ -225,8 +225,10 @@ def client_attempts(events: Iterable[Event]) -> list[tuple[str, str, list[Event]
     the client_request_id (the request never got a server id)."""
     attempts: dict[str, list[list[Event]]] = {}
     for event in events:
-        client_id = str(event.get("client_request_id") or event.get("request_id") or "?")
-        segments = attempts.setdefault(client_id, [[]])
+        client_id = event.get("client_request_id") or event.get("request_id")
+        if not client_id:
+            continue  # not about a request (log_closed)
+        segments = attempts.setdefault(str(client_id), [[]])
         if _name(event) == "request_sent" and _first(segments[-1], "request_sent"):
             segments.append([])
         segments[-1].append(event)
@@ -750,7 +752,13 @@ def judge(t: Timeline, th: Thresholds) -> RequestReport:
     )
 
 
-def log_notes(engine_events: Sequence[Event], *, have_engine: bool, have_client: bool) -> list[str]:
+def log_notes(
+    engine_events: Sequence[Event],
+    client_events: Sequence[Event],
+    *,
+    have_engine: bool,
+    have_client: bool,
+) -> list[str]:
     notes = []
     if not have_engine:
         notes.append(
@@ -762,10 +770,12 @@ def log_notes(engine_events: Sequence[Event], *, have_engine: bool, have_client:
             "no client log: cannot tell whether the render queue was high, whether PAUSE was "
             "sent in time, or whether bytes were delayed in transit"
         )
-    for closed in _named(engine_events, "log_closed"):
+    for closed in _named([*engine_events, *client_events], "log_closed"):
         dropped = _int(closed, "dropped") or 0
         if dropped:
-            notes.append(f"the engine log dropped {dropped} lines: evidence may be missing")
+            notes.append(
+                f"the {closed.get('source')} log dropped {dropped} lines: evidence may be missing"
+            )
     return notes
 
 
@@ -789,7 +799,12 @@ def blame(
     return BlameReport(
         requests=tuple(judge(t, th) for t in timelines),
         notes=tuple(
-            log_notes(engine_events, have_engine=have_engine_log, have_client=have_client_log)
+            log_notes(
+                engine_events,
+                client_events,
+                have_engine=have_engine_log,
+                have_client=have_client_log,
+            )
         ),
     )
 
