@@ -10,12 +10,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support import chat_body, wait_until
 
 from edge_llm.cli import blame as blame_cli
 from edge_llm.cli import top as top_cli
 from edge_llm.client import ClientConfig, StreamClient
 from edge_llm.observability.events import EventLog
+
+from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -83,9 +84,12 @@ async def slow_render(engine: Any, events: ClientEvents, *, send_pause: bool, wa
 def blame_report(
     engine: Any, client_log: Path, request_id: str, capsys: pytest.CaptureFixture[str]
 ) -> dict[str, Any]:
+    """blame's JSON for one request. The grace periods are made long so that a loaded
+    machine cannot turn a slow reaction into a verdict: only the evidence decides."""
     parser = argparse.ArgumentParser()
     blame_cli.register(parser.add_subparsers())
     argv = [str(engine.event_log), str(client_log), "--json", "--request", request_id]
+    argv += ["--grace-ms", "60000", "--lag-ms", "60000"]
     assert blame_cli.run(parser.parse_args(["blame", *argv])) == 0
     (report,) = json.loads(capsys.readouterr().out)["requests"]
     assert isinstance(report, dict)

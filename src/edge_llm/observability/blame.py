@@ -213,10 +213,15 @@ def engine_by_request(events: Iterable[Event]) -> dict[str, list[Event]]:
             if slot is not None:
                 slot_owner[slot] = request_id
         if request_id is None and _name(event) == "kv_freed":
-            request_id = slot_owner.get(_int(event, "slot") or 0) if "slot" in event else None
+            request_id = _slot_holder(event, slot_owner)
         if isinstance(request_id, str) and request_id:
             grouped.setdefault(request_id, []).append(event)
     return grouped
+
+
+def _slot_holder(event: Event, slot_owner: Mapping[int, str]) -> str | None:
+    slot = _int(event, "slot")
+    return None if slot is None else slot_owner.get(slot)
 
 
 def client_attempts(events: Iterable[Event]) -> list[tuple[str, str, list[Event]]]:
