@@ -60,7 +60,7 @@ class StreamConfig(_Section):
 
 class SchedulerConfig(_Section):
     max_sequences: int = Field(
-        8, ge=1, le=64, description="Sequences decoded together (llama n_seq_max)"
+        32, ge=1, le=256, description="Live sequences, paused ones included (llama n_seq_max)"
     )
     prefill_chunk_tokens: int = Field(
         128, ge=8, le=4096, description="Prompt tokens prefilled per engine step"

@@ -1,0 +1,109 @@
+"""Floods, shutdown and hostile clients against the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+
+import aiohttp
+import psutil
+import pytest
+
+from edge_llm.engine.llama_backend import default_model_path
+
+from support import RawSseClient, chat_body, wait_until
+
+pytestmark = pytest.mark.e2e
+
+STORY = "Write a very long story about a dragon and a knight."
+MARGIN_BYTES = 150 * 1024 * 1024  # SPEC section 9: model + KV budget + 150 MB
+
+
+async def read_sse(session: aiohttp.ClientSession, url: str, body: dict) -> int:
+    async with session.post(url, json=body) as response:
+        await response.read()
+        return response.status
+
+
+async def stalled_ws(session: aiohttp.ClientSession, url: str) -> aiohttp.ClientWebSocketResponse:
+    ws = await session.ws_connect(url)
+    await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=400)})
+    return ws  # never read again
+
+
+async def test_flood_of_200_connections_leaves_the_engine_serving(engine_factory) -> None:
+    engine = engine_factory("--max-queue", "32")
+    process = psutil.Process(engine.proc.pid)
+    chat_url = engine.base_url + "/chat/completions"
+    ws_url = engine.base_url.replace("http", "ws") + "/stream"
+    connector = aiohttp.TCPConnector(limit=0)
+    peak_rss = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+        readers = [
+            asyncio.create_task(read_sse(session, chat_url, chat_body(f"Hi {i}", max_tokens=8)))
+            for i in range(100)
+        ]
+        silent = await asyncio.gather(
+            *(
+                asyncio.to_thread(RawSseClient, engine.url, chat_body(STORY, max_tokens=400))
+                for _ in range(50)
+            )
+        )
+        sockets = await asyncio.gather(*(stalled_ws(session, ws_url) for _ in range(50)))
+        statuses = await asyncio.gather(*readers)
+        peak_rss = max(peak_rss, process.memory_info().rss)
+        assert set(statuses) <= {200, 503}
+        assert statuses.count(200) >= 10
+        for client in silent:
+            client.close()
+        for ws in sockets:
+            await ws.close()
+    await wait_until(
+        lambda: engine.debug_streams()["kv_used_bytes"] == 0, what="KV idle after the flood"
+    )
+    peak_rss = max(peak_rss, process.memory_info().rss)
+    snapshot = engine.debug_streams()
+    model_bytes = default_model_path().stat().st_size  # noqa: ASYNC240
+    limit = model_bytes + snapshot["kv_budget_bytes"] + MARGIN_BYTES
+    assert peak_rss < limit, f"RSS {peak_rss / 1e6:.0f} MB over {limit / 1e6:.0f} MB"
+    async with aiohttp.ClientSession() as session:
+        assert await read_sse(session, chat_url, chat_body("Still there?", max_tokens=4)) == 200
+
+
+async def test_sigterm_drains_then_cancels_and_exits_zero(engine_factory) -> None:
+    engine = engine_factory("--drain-grace-ms", "200")
+    ws_url = engine.base_url.replace("http", "ws") + "/stream"
+    async with aiohttp.ClientSession() as session, session.ws_connect(ws_url) as ws:
+        await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=2000)})
+        while (await ws.receive_json())["type"] != "delta":
+            pass
+        engine.proc.send_signal(signal.SIGTERM)
+        frames = []
+        async for message in ws:
+            if message.type is not aiohttp.WSMsgType.TEXT:
+                break
+            frames.append(json.loads(message.data))
+            if frames[-1]["type"] in ("done", "error"):
+                break
+    assert frames[-1]["type"] == "error"
+    assert frames[-1]["code"] == "cancelled"
+    assert frames[-1]["reason"] == "shutdown"
+    assert await asyncio.to_thread(engine.proc.wait, 60) == 0
+
+
+async def test_slowloris_body_cannot_hold_the_server(engine_factory) -> None:
+    engine = engine_factory("--body-timeout-ms", "300")
+    host, port = engine.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    try:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"
+        )
+        sock.settimeout(30)
+        reply = sock.recv(4096).decode()  # answered without the rest of the body
+    finally:
+        sock.close()
+    assert reply.startswith("HTTP/1.1 400")
+    assert "not received in time" in reply

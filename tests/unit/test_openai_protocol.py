@@ -1,0 +1,101 @@
+"""Request validation: any JSON gives a request or an InvalidRequest naming the field."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from edge_llm.errors import InvalidRequest
+from edge_llm.protocol.openai import ChatCompletionRequest, CompletionRequest, parse_request
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+FIELDS = st.sampled_from(
+    [
+        "messages",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stream",
+        "n",
+        "user",
+        "model",
+    ]
+)
+VALID = {"messages": [{"role": "user", "content": "hi"}]}
+
+
+@given(st.dictionaries(FIELDS, JSON, max_size=5))
+def test_any_body_is_parsed_or_rejected_with_a_named_field(body: dict) -> None:
+    try:
+        request = parse_request(ChatCompletionRequest, body)
+    except InvalidRequest as exc:
+        assert exc.status == 400
+        assert exc.message
+        return
+    assert request.messages
+
+
+@given(FIELDS.filter(lambda f: f != "messages"), JSON)
+def test_one_bad_field_is_the_one_named(field: str, value: object) -> None:
+    try:
+        parse_request(ChatCompletionRequest, {**VALID, field: value})
+    except InvalidRequest as exc:
+        assert exc.param is not None and exc.param.split(".")[0] == field
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1.0, 2.5])
+def test_non_finite_or_out_of_range_temperature_is_refused(value: float) -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, {**VALID, "temperature": value})
+    assert info.value.param == "temperature"
+
+
+def test_unknown_field_is_named() -> None:
+    with pytest.raises(InvalidRequest, match="unknown field") as info:
+        parse_request(ChatCompletionRequest, {**VALID, "frobnicate": 1})
+    assert info.value.param == "frobnicate"
+
+
+def test_string_numbers_are_not_coerced() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, {**VALID, "max_tokens": "12"})
+    assert info.value.param == "max_tokens"
+
+
+def test_text_parts_and_developer_role_map_onto_the_template() -> None:
+    body = {
+        "messages": [
+            {"role": "developer", "content": "Be brief."},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ],
+        "stop": "x",
+        "temperature": 0,
+    }
+    request = parse_request(ChatCompletionRequest, body)
+    assert request.chat_messages() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "ab"},
+    ]
+    assert request.sampling().stop == ("x",)
+    assert request.sampling().greedy
+
+
+def test_completion_takes_exactly_one_prompt() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(CompletionRequest, {"prompt": ["a", "b"]})
+    assert info.value.param == "prompt"
