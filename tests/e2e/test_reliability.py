@@ -65,7 +65,7 @@ async def test_flood_of_200_connections_leaves_the_engine_serving(engine_factory
     )
     peak_rss = max(peak_rss, process.memory_info().rss)
     snapshot = engine.debug_streams()
-    model_bytes = default_model_path().stat().st_size  # noqa: ASYNC240
+    model_bytes = default_model_path().stat().st_size
     limit = model_bytes + snapshot["kv_budget_bytes"] + MARGIN_BYTES
     assert peak_rss < limit, f"RSS {peak_rss / 1e6:.0f} MB over {limit / 1e6:.0f} MB"
     async with aiohttp.ClientSession() as session:
