@@ -5,6 +5,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 SMOLLM2_VERSION := 0.1.2
 ARGS ?=
+LINT_PATHS := src tests $(wildcard benchmarks scripts/*.py)
 
 .PHONY: run test lint install bench-deps bench clean
 
@@ -15,8 +16,8 @@ test: install lint
 	$(PY) -m pytest $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
 install: $(STAMP)

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import wait_until
 
 from edge_llm.client import ClientConfig, StreamClient, TtftTimeoutError
 from edge_llm.observability.events import read_events
+
+from support import wait_until
 
 pytestmark = pytest.mark.e2e
 
