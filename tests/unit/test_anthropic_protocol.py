@@ -116,6 +116,7 @@ def test_any_model_id_is_accepted() -> None:
         ({"metadata": {"user_id": "u", "other": 1}}, "metadata.other"),
         ({"frobnicate": True}, "frobnicate"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config"),
     ],
 )
 def test_bad_fields_are_named(fields: dict[str, Any], param: str) -> None:
@@ -154,6 +155,18 @@ def test_claude_code_extras_are_accepted_and_reported_as_ignored() -> None:
         )
     )
     assert req.ignored() == ["tools", "thinking", "cache_control"]
+
+
+def test_newer_sdk_fields_are_accepted_and_reported_as_ignored() -> None:
+    req = anthropic.parse_request(
+        body(
+            cache_control={"type": "ephemeral"},
+            output_config={"effort": "low"},
+            speed="standard",
+            inference_geo="us",
+        )
+    )
+    assert req.ignored() == ["cache_control", "speed", "inference_geo", "output_config"]
 
 
 # -- stop reasons ------------------------------------------------------------------

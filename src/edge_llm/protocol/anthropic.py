@@ -12,10 +12,16 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
 - Content is text only (a string or ``text`` blocks); other block types
   (image, document, tool_use, tool_result, ...) get a 400 naming the block.
 - A trailing ``assistant`` message is a prefill: the answer continues it.
-- ``tools``, ``thinking``, ``service_tier`` and ``cache_control`` on blocks are
-  accepted and have no effect (the engine has no tools, no extended thinking, no
-  prompt cache); the response header ``X-Edge-LLM-Ignored`` lists those given.
-  ``tool_choice`` that forces a tool (``any``/``tool``) cannot be honoured: 400.
+- Fields of Anthropic's API that do not change what this engine generates are
+  accepted and have no effect: ``tools``, ``thinking``, ``cache_control`` (top
+  level and on blocks), ``citations`` on blocks, ``service_tier``, ``speed``,
+  ``container``, ``context_management``, ``mcp_servers``, ``diagnostics``,
+  ``inference_geo``, ``user_profile_id``, ``workspace_id``, ``output_config``
+  (its ``effort``); the response header ``X-Edge-LLM-Ignored`` lists those given.
+  What cannot be honoured is a 400: a ``tool_choice`` forcing a tool
+  (``any``/``tool``), an ``output_config.format`` (structured output).
+- ``temperature``, ``top_p`` and ``top_k`` are honoured (recent SDKs send them
+  only through ``extra_body``).
 - Unknown fields, wrong types and out-of-range numbers: 400 naming the field.
 
 Errors have Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
@@ -42,7 +48,21 @@ from edge_llm.protocol.openai import parse_request as _parse
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_SEQUENCE_CHARS = 256
-IGNORED_FIELDS = ("tools", "thinking", "service_tier")
+IGNORED_FIELDS = (
+    "tools",
+    "thinking",
+    "cache_control",
+    "service_tier",
+    "speed",
+    "container",
+    "context_management",
+    "mcp_servers",
+    "diagnostics",
+    "inference_geo",
+    "user_profile_id",
+    "workspace_id",
+    "output_config",
+)
 _HONOURED_TOOL_CHOICES = frozenset({"auto", "none"})
 _ERROR_TYPES: tuple[tuple[type[EdgeLLMError], str], ...] = (
     (AuthenticationFailed, "authentication_error"),
@@ -62,6 +82,7 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None  # a prompt-cache hint: no effect here
+    citations: list[dict[str, Any]] | None = None
 
 
 def _text_only(value: object) -> object:
@@ -104,10 +125,21 @@ class MessagesRequest(_Strict):
     stop_sequences: list[str] | None = None
     stream: bool = False
     metadata: Metadata | None = None
-    tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    thinking: dict[str, Any] | None = None
-    service_tier: str | None = None
+    output_config: dict[str, Any] | None = None
+    # Accepted, no effect here (see the module docstring); any JSON value.
+    tools: Any = None
+    thinking: Any = None
+    cache_control: Any = None
+    service_tier: Any = None
+    speed: Any = None
+    container: Any = None
+    context_management: Any = None
+    mcp_servers: Any = None
+    diagnostics: Any = None
+    inference_geo: Any = None
+    user_profile_id: Any = None
+    workspace_id: Any = None
 
     @field_validator("system", mode="before")
     @classmethod
@@ -130,6 +162,13 @@ class MessagesRequest(_Strict):
     def _no_forced_tool(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if value is not None and value.get("type") not in _HONOURED_TOOL_CHOICES:
             raise ValueError("this engine has no tool use; only 'auto' or 'none' are accepted")
+        return value
+
+    @field_validator("output_config")
+    @classmethod
+    def _no_output_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("format") is not None:
+            raise ValueError("structured output (format) is not supported by this engine")
         return value
 
     @property
@@ -164,8 +203,10 @@ class MessagesRequest(_Strict):
     def ignored(self) -> list[str]:
         """Fields given that have no effect on this engine."""
         names = [name for name in IGNORED_FIELDS if getattr(self, name) is not None]
-        if self._has_cache_control():
+        if self._blocks_have("cache_control") and "cache_control" not in names:
             names.append("cache_control")
+        if self._blocks_have("citations"):
+            names.append("citations")
         return names
 
     def _system_text(self) -> str:
@@ -173,12 +214,12 @@ class MessagesRequest(_Strict):
             return self.system or ""
         return "".join(block.text for block in self.system)
 
-    def _has_cache_control(self) -> bool:
+    def _blocks_have(self, name: str) -> bool:
         blocks = [] if not isinstance(self.system, list) else list(self.system)
         for message in self.messages:
             if isinstance(message.content, list):
                 blocks += message.content
-        return any(block.cache_control is not None for block in blocks)
+        return any(getattr(block, name) is not None for block in blocks)
 
 
 def parse_request(body: object) -> MessagesRequest:
