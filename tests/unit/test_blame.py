@@ -396,6 +396,26 @@ def test_disconnect_nobody_asked_for_is_transport() -> None:
     assert [e["event"] for e in report.findings[0].evidence] == ["error", "cancel", "end"]
 
 
+def test_disconnect_while_the_client_log_goes_on_without_an_error_is_transport() -> None:
+    client = [*client_start(), cli(1.2, "end", finish_reason=None, n_chunks=9, n_tokens=9)]
+    report = judge_one([*engine_start(), *disconnect(1.0)], client)
+    assert (report.verdict, rules_of(report)) == ("transport", ["dropped_connection"])
+
+
+def test_disconnect_after_the_client_log_stopped_is_unknown() -> None:
+    client = [*client_start(), cli(0.4, "resume_sent", queue_fill=0.2)]
+    report = judge_one([*engine_start(), *disconnect(1.0)], client)
+    assert report.verdict == "unknown"
+    assert "client process may have died" in report.findings[0].message
+    rendered = render_text(
+        blame(
+            [*engine_start(), *disconnect(1.0)], client, have_engine_log=True, have_client_log=True
+        )
+    )
+    evidence = [line.split()[3] for line in rendered.splitlines() if line.startswith("      ")]
+    assert evidence == ["resume_sent", "cancel", "end"]  # by time, not by rule
+
+
 def test_disconnect_after_the_client_closed_is_ok() -> None:
     client = [*client_start(), cli(0.999, "cancel_sent", reason="client", method="close")]
     assert judge_one([*engine_start(), *disconnect(1.0)], client).verdict == "ok"

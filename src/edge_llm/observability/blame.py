@@ -600,7 +600,9 @@ def _cancel_requested_before(t: Timeline, when: float, th: Thresholds) -> bool:
 
 def dropped_connection(t: Timeline, th: Thresholds) -> list[Finding]:
     """Transport: the engine saw a disconnect nobody asked for, or the client lost the
-    stream (read error, dead connection) while the engine had not ended it on purpose."""
+    stream (read error, dead connection) while the engine had not ended it on purpose.
+    A client log that simply stops before the disconnect cannot tell a dropped
+    connection from a client that died (its last lines may not have been flushed)."""
     disconnect = next(
         (e for e in _named(t.engine, "cancel") if e.get("reason") == "disconnect"), None
     )
@@ -616,23 +618,36 @@ def dropped_connection(t: Timeline, th: Thresholds) -> list[Finding]:
     if not t.engine or not t.client:
         side = "client" if not t.client else "engine"
         return [
-            Finding(
-                UNKNOWN,
-                "dropped_connection",
-                f"the connection dropped; without the {side} side it cannot tell who closed it",
-                evidence,
+            _unattributed_drop(f"without the {side} side it cannot tell who closed it", evidence)
+        ]
+    if error is None and disconnect is not None and not _client_went_on(t, _ts(disconnect)):
+        last = t.client[-1]
+        return [
+            _unattributed_drop(
+                "the client log stops before it (no end, error or cancel): the client "
+                "process may have died, or its last lines were never flushed",
+                (*evidence, last),
             )
         ]
     what = f"client error {error.get('code')}" if error is not None else "no client cancel"
+    seen = "saw a disconnect" if disconnect is not None else "had not ended it"
     return [
         Finding(
             TRANSPORT,
             "dropped_connection",
-            f"the connection dropped with nobody asking for it ({what}; engine "
-            f"{'saw a disconnect' if disconnect is not None else 'had not ended it'})",
+            f"the connection dropped with nobody asking for it ({what}; engine {seen})",
             evidence,
         )
     ]
+
+
+def _unattributed_drop(why: str, evidence: tuple[Event, ...]) -> Finding:
+    return Finding(UNKNOWN, "dropped_connection", f"the connection dropped; {why}", evidence)
+
+
+def _client_went_on(t: Timeline, when: float) -> bool:
+    """The client logged something at or after ``when`` (it was alive then)."""
+    return any(_ts(e) >= when for e in t.client)
 
 
 Rule = Callable[[Timeline, Thresholds], list[Finding]]

@@ -48,6 +48,11 @@ def format_event(event: Event, origin: float) -> str:
     return f"{head}  {event.get('event')}  {fields}".rstrip()
 
 
+def chronological(finding: Finding) -> list[Event]:
+    """The evidence by wall-clock time (lines without ``ts`` first)."""
+    return sorted(finding.evidence, key=lambda e: e.get("ts") or 0.0)
+
+
 def summary_line(request: RequestReport) -> str:
     stats = request.stats
     tokens = "-" if request.n_generated is None else str(request.n_generated)
@@ -59,7 +64,7 @@ def summary_line(request: RequestReport) -> str:
 
 def _finding_lines(finding: Finding, origin: float) -> list[str]:
     lines = [f"  {finding.party}: {finding.rule}: {finding.message}"]
-    shown = finding.evidence[:MAX_EVIDENCE_LINES]
+    shown = chronological(finding)[:MAX_EVIDENCE_LINES]
     lines.extend(f"      {format_event(e, origin)}" for e in shown)
     hidden = len(finding.evidence) - len(shown)
     if hidden:
@@ -97,7 +102,7 @@ def _finding_json(finding: Finding) -> dict[str, Any]:
         "party": finding.party,
         "rule": finding.rule,
         "message": finding.message,
-        "evidence": [dict(e) for e in finding.evidence],
+        "evidence": [dict(e) for e in chronological(finding)],
     }
 
 
