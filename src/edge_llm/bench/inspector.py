@@ -1,0 +1,113 @@
+"""What a target says about itself: edge-llm's ``/debug/streams`` and ``/metrics``.
+
+Other servers have neither (or other names); every method then returns None, and the
+caller reports the figure as not measurable rather than guessing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from edge_llm.bench.connection import HttpError, fetch
+from edge_llm.bench.targets import Target
+
+KV_USED_METRIC = "edge_llm_kv_cache_used_bytes"
+MAX_INTROSPECTION_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSample:
+    """One ``/debug/streams`` entry for one stream, at ``t`` seconds since its start."""
+
+    t: float
+    state: str
+    pause_cause: str | None
+    n_generated: int
+    pauses: int
+    paused_ms: float
+    ring_write: int
+    ring_read: int
+    backpressure_peak: int
+    tokens_while_paused: int | None
+
+    @classmethod
+    def of(cls, t: float, entry: dict[str, Any]) -> StreamSample:
+        return cls(
+            t=t,
+            state=str(entry.get("state")),
+            pause_cause=_opt_str(entry.get("pause_cause")),
+            n_generated=int(entry.get("n_generated") or 0),
+            pauses=int(entry.get("pauses") or 0),
+            paused_ms=float(entry.get("paused_ms") or 0.0),
+            ring_write=int(entry.get("ring_write") or 0),
+            ring_read=int(entry.get("ring_read") or 0),
+            backpressure_peak=int(entry.get("backpressure_peak") or 0),
+            tokens_while_paused=_opt_int(entry.get("tokens_while_paused")),
+        )
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _opt_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class ServerInspector:
+    """Reads a target's introspection endpoints, each on its own short connection."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+
+    async def _get(self, path: str) -> bytes | None:
+        try:
+            status, _, body = await fetch(
+                self.target.root + path,
+                headers=self.target.headers(),
+                max_bytes=MAX_INTROSPECTION_BYTES,
+            )
+        except HttpError:
+            return None
+        return body if status == 200 else None
+
+    async def debug_streams(self) -> dict[str, Any] | None:
+        """The ``/debug/streams`` document, or None when the target has none."""
+        body = await self._get("/debug/streams")
+        if body is None:
+            return None
+        try:
+            document = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        if not isinstance(document, dict) or not isinstance(document.get("streams"), list):
+            return None
+        return document
+
+    async def stream_entry(self, stream_id: str) -> dict[str, Any] | None:
+        """The ``/debug/streams`` entry whose ``id`` is ``stream_id``, if listed."""
+        document = await self.debug_streams()
+        for entry in (document or {}).get("streams", []):
+            if isinstance(entry, dict) and entry.get("id") == stream_id:
+                return entry
+        return None
+
+    async def kv_used_bytes(self) -> float | None:
+        """``edge_llm_kv_cache_used_bytes`` from ``/metrics``, None if not exposed."""
+        body = await self._get("/metrics")
+        if body is None:
+            return None
+        return metric_value(body.decode("utf-8", errors="replace"), KV_USED_METRIC)
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The value of an unlabelled sample ``name`` in Prometheus text format."""
+    for line in text.split("\n"):
+        if line.startswith(name + " "):
+            try:
+                return float(line.split()[1])
+            except (IndexError, ValueError):
+                return None
+    return None
