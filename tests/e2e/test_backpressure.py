@@ -35,7 +35,13 @@ async def collect_text(ws: aiohttp.ClientWebSocketResponse) -> tuple[str, dict[s
         assert frame["type"] != "error", frame
 
 
+def metric(text: str, name: str) -> float:
+    line = next(x for x in text.splitlines() if x.startswith("edge_llm_" + name + " "))
+    return float(line.split()[-1])
+
+
 async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None:
+    metrics_before = engine_server.metrics_text()
     url = engine_server.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=120)})
@@ -68,6 +74,22 @@ async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None
     assert done["stats"]["pauses"] == 1
     assert done["stats"]["paused_ms"] > 0
     assert done["usage"]["completion_tokens"] > stream["n_generated"]
+    metrics = engine_server.metrics_text()
+    pauses = 'backpressure_pauses_total{cause="client"}'
+    paused_s = 'stream_paused_seconds_total{cause="client"}'
+    assert metric(metrics, pauses) == metric(metrics_before, pauses) + 1
+    assert metric(metrics, paused_s) > metric(metrics_before, paused_s)
+    assert metric(metrics, "backpressure_peak") >= 1
+    end = await wait_until(
+        lambda: [
+            e
+            for e in engine_server.events()
+            if e["event"] == "end" and e["request_id"] == stream_id
+        ],
+        what="the end event with the stream's counters",
+    )
+    assert end[0]["backpressure_peak"] == 1
+    assert end[0]["pauses"] == 1
 
 
 async def test_paused_and_resumed_text_equals_uninterrupted(engine_server) -> None:

@@ -154,9 +154,11 @@ async def test_same_session_supersedes_the_older_stream(engine_of) -> None:
 async def test_a_failing_sequence_ends_alone(engine_of) -> None:
     backend = FakeBackend()
     backend.fail_slots.add(1)  # slots are handed out from 0: the second stream's
+    backend.gate = threading.Semaphore(0)  # both are admitted before the first step
     engine = engine_of(backend)
     good = engine.submit(request(max_tokens=5))
     bad = engine.submit(request(max_tokens=5))
+    backend.gate.release(100)
     text = await drain(engine, good)
     await bad.wait_done()
     assert text == "t10 t11 t12 t13 t14 "
@@ -172,3 +174,17 @@ async def test_stop_string_is_cut_and_held_text_released(engine_of) -> None:
     req.sampling = SamplingParams(stop=("t12",))
     handle = engine.submit(req)
     assert await drain(engine, handle) == "t10 t11 "
+
+
+async def test_without_cancel_release_kv_cells_stay_until_the_slot_is_reused(engine_of) -> None:
+    backend = FakeBackend(max_sequences=1)
+    engine = engine_of(backend, cancel_release_kv=False, max_sequences=1)
+    first = engine.submit(request(max_tokens=1000))
+    await wait_for(first, lambda: first.seq.n_generated >= 2)
+    engine.cancel(first, "client")
+    await first.wait_done()
+    assert engine.kv_used_bytes > 0  # cells kept: the configuration says so
+    assert backend.released == []
+    second = engine.submit(request(max_tokens=2))
+    await drain(engine, second)
+    assert backend.released[0] == 0  # freed when slot 0 was handed to the next sequence
