@@ -1,0 +1,103 @@
+"""``edge-llm doctor`` against the real engine: healthy, then one mistake at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "SmolLM2-135M-Instruct"
+CLEAN_ENV = {
+    name: value
+    for name, value in os.environ.items()
+    if not name.lower().endswith("_proxy") and not name.startswith(("EDGE_LLM_", "OPENAI_"))
+}
+
+
+def doctor(*argv: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    """Run ``python -m edge_llm doctor --json`` as a user would."""
+    done = subprocess.run(
+        [sys.executable, "-m", "edge_llm", "doctor", "--json", "--timeout", "60", *argv],
+        capture_output=True,
+        text=True,
+        env={**CLEAN_ENV, **(env or {})},
+        timeout=600,
+        check=False,
+    )
+    return done.returncode, json.loads(done.stdout)
+
+
+def statuses(report: dict[str, Any]) -> dict[str, str]:
+    return {check["name"]: check["status"] for check in report["checks"]}
+
+
+def check(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in report["checks"] if c["name"] == name)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_healthy_engine_passes(engine_server: Any) -> None:
+    # A generous TTFT threshold: this test is about the checks, not this machine's speed.
+    code, report = doctor(
+        "--base-url", engine_server.base_url, "--model", MODEL, "--ttft-warn-ms", "600000"
+    )
+    assert set(statuses(report).values()) == {"pass"}, report
+    assert code == 0
+    ttft = check(report, "ttft")["details"]
+    assert ttft["long_ttft_ms"] > 0
+    assert ttft["short_ttft_ms"] > 0
+
+
+def test_wrong_model_slash_and_dead_proxy(engine_server: Any) -> None:
+    dead = f"http://127.0.0.1:{closed_port()}"
+    code, report = doctor(
+        "--base-url",
+        engine_server.base_url + "/",
+        "--model",
+        "smollm2-135m",
+        "--ttft-warn-ms",
+        "600000",
+        env={"HTTP_PROXY": dead, "http_proxy": dead},
+    )
+    assert code == 1
+    assert check(report, "base_url")["fix"] == f"set the base URL to {engine_server.base_url}"
+    proxy = check(report, "proxy")
+    assert proxy["summary"].startswith("local proxy failed")
+    assert "NO_PROXY=127.0.0.1" in proxy["fix"]
+    model = check(report, "model")
+    assert model["status"] == "fail"
+    assert model["details"]["closest"] == MODEL
+    # The engine is reached directly and with the closest id, so streaming is still checked.
+    assert check(report, "stream")["status"] == "pass"
+    assert check(report, "chunks")["status"] == "pass"
+
+
+def test_keys_against_an_engine_that_requires_one(engine_factory: Any) -> None:
+    engine = engine_factory("--api-key", "sk-test")
+    argv = ("--base-url", engine.base_url, "--model", MODEL, "--ttft-warn-ms", "600000")
+    code, report = doctor(*argv, "--api-key", "sk-wrong")
+    assert code == 1
+    assert "wrong key" in check(report, "auth")["summary"]
+    assert check(report, "stream")["status"] == "skip"
+
+    code, report = doctor(*argv, "--api-key", "sk-test ")
+    assert code == 1
+    assert check(report, "api_key")["status"] == "fail"  # other clients would send the space
+    assert check(report, "auth")["status"] == "pass"  # this engine trims it
+
+    code, report = doctor(*argv, env={"EDGE_LLM_API_KEY": "sk-test"})
+    assert code == 0
+    assert report["settings"]["api_key"]["source"] == "EDGE_LLM_API_KEY"
