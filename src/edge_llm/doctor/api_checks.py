@@ -206,7 +206,8 @@ def diagnose_stream(probe: StreamProbe) -> CheckResult:
         fix = "the server must end the stream with data: [DONE]; clients waiting for it hang"
         return failed("stream", summary, fix, truncated=probe.truncated)
     ttft = tally.ttft_ms or 0.0
-    summary = f"text/event-stream: {tally.n_content} content chunks and [DONE] (TTFT {ttft:.0f} ms)"
+    chunks = f"{tally.n_content} content chunk" + ("s" if tally.n_content != 1 else "")
+    summary = f"text/event-stream: {chunks} and [DONE] (TTFT {ttft:.0f} ms)"
     return passed("stream", summary, content_chunks=tally.n_content, ttft_ms=round(ttft, 1))
 
 
