@@ -375,7 +375,9 @@ def test_ring_full_without_the_client_log_cannot_be_attributed() -> None:
     engine = [*engine_start(), *socket_full(1.0), *engine_end(3.0, pauses=1)]
     report = judge_one(engine, None)
     assert report.verdict == "unknown"
-    assert "cannot tell client from transport" in report.findings[0].message
+    assert "with the client log missing it cannot tell client from transport" in (
+        report.findings[0].message
+    )
 
 
 # -- transport rules ----------------------------------------------------------------------------

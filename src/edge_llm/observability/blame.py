@@ -530,12 +530,12 @@ def socket_full_cause(t: Timeline, th: Thresholds) -> list[Finding]:
 
 
 def _socket_full_unattributed(t: Timeline, paused: Event) -> Finding:
-    missing = "client log missing" if not t.have_client_log else "no client lines for it"
+    missing = "the client log missing" if not t.have_client_log else "no client lines for it"
     return Finding(
         UNKNOWN,
         "socket_full",
         f"the engine's ring filled and it paused this sequence (socket_full): the reader "
-        f"was slow, but with the {missing} it cannot tell client from transport",
+        f"was slow, but with {missing} it cannot tell client from transport",
         (paused,),
     )
 
