@@ -475,33 +475,31 @@ def _stream_ended_by(t: Timeline, when: float) -> bool:
     return any(_ts(e) <= when for e in ends)
 
 
+def _missing_pause(t: Timeline, high: Event, th: Thresholds) -> str | None:
+    """Why no PAUSE followed this high watermark, or None if one did (or none was due)."""
+    if high.get("pause_enabled") is False:
+        return "with PAUSE disabled: no PAUSE was sent"
+    deadline = _ts(high) + th.grace_s
+    if _within(t.client, _ts(high), deadline, *CLIENT_PAUSE_EVENTS):
+        return None
+    if _stream_ended_by(t, deadline):
+        return None
+    return f"and sent no PAUSE within {_ms(th.grace_s)}"
+
+
 def no_pause(t: Timeline, th: Thresholds) -> list[Finding]:
     """Client: render queue at its high watermark, and no PAUSE (or read pause) sent:
     either pausing was disabled or it did not happen within the grace period."""
     findings = []
     for high in _named(t.client, "watermark_high"):
-        fill = (
-            f"fill {high.get('queue_fill')}, {high.get('queue_len')}/{high.get('queue_capacity')}"
-        )
-        if high.get("pause_enabled") is False:
-            reason = "with PAUSE disabled: no PAUSE was sent"
-        else:
-            deadline = _ts(high) + th.grace_s
-            if _within(t.client, _ts(high), deadline, *CLIENT_PAUSE_EVENTS):
-                continue
-            if _stream_ended_by(t, deadline):
-                continue
-            reason = f"and sent no PAUSE within {_ms(th.grace_s)}"
+        reason = _missing_pause(t, high, th)
+        if reason is None:
+            continue
+        fill = f"{high.get('queue_fill')}, {high.get('queue_len')}/{high.get('queue_capacity')}"
         consequence = _until_low(t, high)
         tail = "; the engine's ring then filled (socket_full)" if consequence else ""
-        findings.append(
-            Finding(
-                CLIENT,
-                "no_pause",
-                f"render queue reached its high watermark ({fill}) {reason}{tail}",
-                (high, *consequence),
-            )
-        )
+        message = f"render queue reached its high watermark (fill {fill}) {reason}{tail}"
+        findings.append(Finding(CLIENT, "no_pause", message, (high, *consequence)))
     return findings
 
 
@@ -600,45 +598,42 @@ def _cancel_requested_before(t: Timeline, when: float, th: Thresholds) -> bool:
 
 def dropped_connection(t: Timeline, th: Thresholds) -> list[Finding]:
     """Transport: the engine saw a disconnect nobody asked for, or the client lost the
-    stream (read error, dead connection) while the engine had not ended it on purpose.
-    A client log that simply stops before the disconnect cannot tell a dropped
-    connection from a client that died (its last lines may not have been flushed)."""
+    stream (read error, dead connection) while the engine had not ended it on purpose."""
     disconnect = next(
         (e for e in _named(t.engine, "cancel") if e.get("reason") == "disconnect"), None
     )
+    if disconnect is not None and _cancel_requested_before(t, _ts(disconnect), th):
+        return []
     error = next(
         (e for e in _named(t.client, "error") if e.get("code") in TRANSPORT_ERROR_CODES), None
     )
-    if disconnect is not None and _cancel_requested_before(t, _ts(disconnect), th):
-        return []
-    on_purpose = [e for e in _named(t.engine, "cancel") if e.get("reason") != "disconnect"]
-    if (disconnect is None and error is None) or (disconnect is None and on_purpose):
-        return []
+    if disconnect is None and (error is None or _named(t.engine, "cancel")):
+        return []  # nothing dropped, or the engine ended the stream on purpose
+    return [_drop_finding(t, disconnect, error)]
+
+
+def _drop_finding(t: Timeline, disconnect: Event | None, error: Event | None) -> Finding:
+    """Transport, unless a log is missing or the client log stops before the disconnect:
+    then a dropped connection cannot be told from a client that died (its last lines
+    may never have been flushed)."""
     evidence = tuple(e for e in (error, disconnect, _last(t.engine, "end")) if e is not None)
     if not t.engine or not t.client:
         side = "client" if not t.client else "engine"
-        return [
-            _unattributed_drop(f"without the {side} side it cannot tell who closed it", evidence)
-        ]
+        return _unattributed_drop(f"without the {side} side it cannot tell who closed it", evidence)
     if error is None and disconnect is not None and not _client_went_on(t, _ts(disconnect)):
-        last = t.client[-1]
-        return [
-            _unattributed_drop(
-                "the client log stops before it (no end, error or cancel): the client "
-                "process may have died, or its last lines were never flushed",
-                (*evidence, last),
-            )
-        ]
+        return _unattributed_drop(
+            "the client log stops before it (no end, error or cancel): the client "
+            "process may have died, or its last lines were never flushed",
+            (*evidence, t.client[-1]),
+        )
     what = f"client error {error.get('code')}" if error is not None else "no client cancel"
     seen = "saw a disconnect" if disconnect is not None else "had not ended it"
-    return [
-        Finding(
-            TRANSPORT,
-            "dropped_connection",
-            f"the connection dropped with nobody asking for it ({what}; engine {seen})",
-            evidence,
-        )
-    ]
+    return Finding(
+        TRANSPORT,
+        "dropped_connection",
+        f"the connection dropped with nobody asking for it ({what}; engine {seen})",
+        evidence,
+    )
 
 
 def _unattributed_drop(why: str, evidence: tuple[Event, ...]) -> Finding:
