@@ -266,3 +266,28 @@ def test_once_with_nothing_listening_exits_one(capsys: pytest.CaptureFixture[str
 def test_server_root_strips_v1_and_slashes() -> None:
     assert top.server_root(" http://h:8000/v1/ ") == "http://h:8000"
     assert top.server_root("http://h:8000") == "http://h:8000"
+
+
+async def test_next_frame_derives_tok_s_from_the_previous_sample(fake_engine: Any) -> None:
+    counts = iter([100, 160])
+
+    def handler(request: web.Request) -> web.Response:
+        if request.path == "/debug/streams":
+            return web.json_response(DOC)
+        return web.Response(text=f"edge_llm_generated_tokens_total {next(counts)}\n")
+
+    endpoint = top.Endpoint(await fake_engine(handler), None)
+    first, before = await asyncio.to_thread(top.next_frame, endpoint, None)
+    assert before is not None and before.generated_total == 100
+    earlier = Sample(before.at - 2.0, before.generated_total, before.per_stream)
+    frame, after = await asyncio.to_thread(top.next_frame, endpoint, earlier)
+    assert after is not None and after.generated_total == 160
+    assert "- tok/s" in text_of(first)
+    assert " tok/s" in text_of(frame) and "- tok/s" not in text_of(frame)
+
+
+async def test_next_frame_shows_an_error_and_keeps_going(fake_engine: Any) -> None:
+    endpoint = top.Endpoint(await fake_engine(lambda request: web.Response(status=500)), None)
+    frame, sample = await asyncio.to_thread(top.next_frame, endpoint, None)
+    assert sample is None
+    assert "HTTP 500 (retrying)" in text_of(frame)

@@ -128,12 +128,12 @@ def _live(endpoint: Endpoint, console: Console, interval: float) -> None:
     before: Sample | None = None
     with Live(console=console, auto_refresh=False, screen=False) as live:
         while True:
-            frame, before = _next_frame(endpoint, before)
+            frame, before = next_frame(endpoint, before)
             live.update(frame, refresh=True)
             time.sleep(interval)
 
 
-def _next_frame(endpoint: Endpoint, before: Sample | None) -> tuple[RenderableType, Sample | None]:
+def next_frame(endpoint: Endpoint, before: Sample | None) -> tuple[RenderableType, Sample | None]:
     """The frame to show now and the sample the next tok/s is measured from."""
     title = _title(endpoint)
     try:

@@ -223,7 +223,8 @@ STREAM_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
 def streams_table(streams: StreamsDoc, rates: Rates) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for title, justify in STREAM_COLUMNS:
-        table.add_column(title, justify=justify, no_wrap=True)
+        keep = ID_WIDTH if title == "ID" else None  # narrow terminals shrink the others
+        table.add_column(title, justify=justify, no_wrap=True, min_width=keep)
     rows = list(streams.get("streams", []))
     for stream in rows:
         table.add_row(*stream_row(stream, rates))
