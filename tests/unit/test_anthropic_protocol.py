@@ -173,35 +173,15 @@ def test_newer_sdk_fields_are_accepted_and_reported_as_ignored() -> None:
 
 
 def test_length_is_max_tokens() -> None:
-    reason = anthropic.stop_reason("length", end_of_generation=False, stops=(), last_text="x")
-    assert reason == ("max_tokens", None)
+    assert anthropic.stop_reason("length", None) == ("max_tokens", None)
 
 
-def test_end_of_generation_is_end_turn_even_with_stops() -> None:
-    reason = anthropic.stop_reason("stop", end_of_generation=True, stops=("END",), last_text="")
-    assert reason == ("end_turn", None)
+def test_end_of_generation_is_end_turn() -> None:
+    assert anthropic.stop_reason("stop", None) == ("end_turn", None)
 
 
 def test_stop_string_is_stop_sequence() -> None:
-    reason = anthropic.stop_reason("stop", end_of_generation=False, stops=("END",), last_text="D")
-    assert reason == ("stop_sequence", "END")
-
-
-@pytest.mark.parametrize(
-    ("stops", "last_text", "expected"),
-    [
-        (("foo", "bar"), "bar", "bar"),
-        (("foo", "bar"), "ar", "bar"),  # "b" was held back as the start of "bar"
-        (("foo", "bar"), "o.", "foo"),
-        (("foo", "bar"), "xyz", None),
-        (("t12", "1 t1"), "t12 ", "1 t1"),  # "1 " was held back: it starts earlier
-        (("b", "ab"), "xab", "ab"),
-    ],
-)
-def test_which_stop_sequence_matched(
-    stops: tuple[str, ...], last_text: str, expected: str | None
-) -> None:
-    assert anthropic.matched_stop(stops, last_text) == expected
+    assert anthropic.stop_reason("stop", "END") == ("stop_sequence", "END")
 
 
 # -- responses ---------------------------------------------------------------------

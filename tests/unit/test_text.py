@@ -64,3 +64,11 @@ def test_ring_refuses_to_overflow_and_counts_cursors() -> None:
     assert ring.peek(5) == ["a", "b"]
     assert ring.commit(1) == 0.5
     assert (ring.write_cursor, ring.read_cursor) == (2, 1)
+
+
+def test_the_earliest_stop_string_is_the_one_reported() -> None:
+    matcher = StopMatcher(["t12", "1 t1"])
+    emitted, hit = matcher.push("t11 t12 ")
+    assert hit
+    assert emitted == "t1"
+    assert matcher.matched == "1 t1"

@@ -279,7 +279,7 @@ class Engine:
                 self._deferred_slots.add(seq.slot)
         self.scheduler.finish(seq, state, now)
         tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
-        handle.outcome = Outcome(finish_reason, error, tail)
+        handle.outcome = Outcome(finish_reason, error, tail, handle.stop_matcher.matched)
         self._live.pop(seq.id, None)
         if seq.session and self._sessions.get(seq.session) is handle:
             del self._sessions[seq.session]

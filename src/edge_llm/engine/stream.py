@@ -15,11 +15,13 @@ from edge_llm.errors import EdgeLLMError
 @dataclass(frozen=True)
 class Outcome:
     """How a stream ended. ``tail`` is text released only at the end (held bytes
-    of an unfinished character or a partial stop string)."""
+    of an unfinished character or a partial stop string); ``stop_sequence`` is the
+    stop string that ended it, if one did."""
 
     finish_reason: str | None
     error: EdgeLLMError | None = None
     tail: str = ""
+    stop_sequence: str | None = None
 
 
 class StreamHandle:

@@ -36,6 +36,7 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]) -> None:
         self._stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None
 
     def push(self, text: str) -> tuple[str, bool]:
         """Returns (text safe to emit, whether a stop string was hit)."""
@@ -44,8 +45,9 @@ class StopMatcher:
         buffer = self._held + text
         hit = self._first_match(buffer)
         if hit is not None:
+            position, self.matched = hit
             self._held = ""
-            return buffer[:hit], True
+            return buffer[:position], True
         keep = self._longest_partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False
@@ -54,9 +56,11 @@ class StopMatcher:
         held, self._held = self._held, ""
         return held
 
-    def _first_match(self, buffer: str) -> int | None:
-        positions = [i for i in (buffer.find(s) for s in self._stops) if i >= 0]
-        return min(positions) if positions else None
+    def _first_match(self, buffer: str) -> tuple[int, str] | None:
+        """(position, stop string) of the earliest match."""
+        found = [(buffer.find(stop), stop) for stop in self._stops]
+        matches = [(position, stop) for position, stop in found if position >= 0]
+        return min(matches) if matches else None
 
     def _longest_partial_suffix(self, buffer: str) -> int:
         longest = 0

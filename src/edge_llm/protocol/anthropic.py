@@ -230,46 +230,13 @@ def parse_request(body: object) -> MessagesRequest:
 # -- how a generation ended ------------------------------------------------------------
 
 
-def stop_reason(
-    finish_reason: str | None, *, end_of_generation: bool, stops: tuple[str, ...], last_text: str
-) -> tuple[str, str | None]:
-    """Anthropic's ``(stop_reason, stop_sequence)`` for the engine's finish reason.
-
-    The engine says ``stop`` both for the model's end-of-generation token and for
-    a stop string; ``end_of_generation`` (the last token was that token) tells
-    them apart. ``last_text`` is the text of the last token, with which the stop
-    string that matched ended.
-    """
+def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> tuple[str, str | None]:
+    """Anthropic's ``(stop_reason, stop_sequence)`` for how the engine ended."""
     if finish_reason == "length":
         return "max_tokens", None
-    if finish_reason != "stop" or end_of_generation or not stops:
-        return "end_turn", None
-    return "stop_sequence", matched_stop(stops, last_text)
-
-
-def matched_stop(stops: tuple[str, ...], last_text: str) -> str | None:
-    """Which stop string ended the text, given the last token's text.
-
-    The match completed inside the last token, possibly after text held back
-    because it could begin a stop string. Of the stop strings that fit, the one
-    starting earliest wins, as in the engine's matcher: one whose start was held
-    back before one lying wholly inside the token. ``None`` when none fits.
-    """
-    if len(stops) == 1:
-        return stops[0]
-    starts = {stop: _start_of(stop, last_text) for stop in stops}
-    fitting = [stop for stop in stops if starts[stop] is not None]
-    return min(fitting, key=lambda stop: starts[stop] or 0) if fitting else None
-
-
-def _start_of(stop: str, last_text: str) -> int | None:
-    """Where ``stop`` starts relative to the token's text (negative: that many
-    characters were held back before it); None if it cannot end in the token."""
-    for held in range(len(stop) - 1, 0, -1):
-        if last_text.startswith(stop[held:]):
-            return -held
-    position = last_text.find(stop)
-    return position if position >= 0 else None
+    if stop_sequence is not None:
+        return "stop_sequence", stop_sequence
+    return "end_turn", None
 
 
 # -- responses -------------------------------------------------------------------------

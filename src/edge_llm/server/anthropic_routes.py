@@ -2,7 +2,7 @@
 
 It shares the engine, the admission limits and the backpressure contract with
 the OpenAI routes: the same :func:`pump`, the same socket tuning and the same
-drain after every write (``_SseWriter``), so a stalled reader pauses its own
+drain after every write (``SseWriter``), so a stalled reader pauses its own
 sequence here too. What the request may hold is described in
 :mod:`edge_llm.protocol.anthropic`; authentication (``x-api-key`` or Bearer) is
 the application's middleware.
@@ -24,8 +24,8 @@ from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.openai_routes import _collect, _SseWriter
-from edge_llm.server.pump import Delta, Finished, Heartbeat, pump
+from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.sse_writer import SseWriter
 
 _PING = encode_event("ping", anthropic.ping())
 
@@ -90,12 +90,12 @@ async def _reply(
     req: anthropic.MessagesRequest,
     headers: dict[str, str],
 ) -> web.Response:
-    text, finish_reason = await _collect(ctx, handle)
+    text, _ = await collect(ctx.engine, handle, ctx.pump_settings)
     body = anthropic.message(
         anthropic.message_id(handle.id),
         ctx.service.model_id,
         text,
-        _stop(ctx, handle, finish_reason, req),
+        _stop(handle),
         _usage(handle),
     )
     return web.json_response(body, headers=headers)
@@ -108,7 +108,7 @@ async def _stream(
     req: anthropic.MessagesRequest,
     headers: dict[str, str],
 ) -> web.StreamResponse:
-    writer = _SseWriter(request, ctx, handle.id)
+    writer = SseWriter(request, ctx, handle.id)
     writer.response.headers.update(headers)
     opening = _opening(ctx, handle)
     async for event in pump(ctx.engine, handle, ctx.pump_settings):
@@ -122,11 +122,11 @@ async def _stream(
         elif isinstance(event, Finished):
             outcome = event.outcome
             if outcome.error is not None:
-                return await _fail(writer, outcome.error)
-            stop = _stop(ctx, handle, outcome.finish_reason, req)
+                error_event = encode_event("error", anthropic.error_body(outcome.error))
+                return await writer.fail(outcome.error, error_event, error_response)
+            stop = _stop(handle)
             await writer.send(opening + _closing(stop, _usage(handle)))
-    await writer.response.write_eof()
-    return writer.response
+    return await writer.finish()
 
 
 def _opening(ctx: ServerContext, handle: StreamHandle) -> bytes:
@@ -152,29 +152,11 @@ def _closing(stop: tuple[str, str | None], usage: dict[str, int]) -> bytes:
     )
 
 
-async def _fail(writer: _SseWriter, error: EdgeLLMError) -> web.StreamResponse:
-    if not writer.started:
-        return error_response(error)
-    await writer.send(encode_event("error", anthropic.error_body(error)))
-    await writer.response.write_eof()
-    return writer.response
-
-
-def _stop(
-    ctx: ServerContext,
-    handle: StreamHandle,
-    finish_reason: str | None,
-    req: anthropic.MessagesRequest,
-) -> tuple[str, str | None]:
-    backend = ctx.service.backend
-    last = handle.seq.last_token
-    last_text = "" if last is None else backend.token_bytes(last).decode("utf-8", "replace")
-    return anthropic.stop_reason(
-        finish_reason,
-        end_of_generation=last is not None and backend.is_end_of_generation(last),
-        stops=req.stops,
-        last_text=last_text,
-    )
+def _stop(handle: StreamHandle) -> tuple[str, str | None]:
+    outcome = handle.outcome
+    if outcome is None:
+        return anthropic.stop_reason(None, None)
+    return anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence)
 
 
 def _usage(handle: StreamHandle) -> dict[str, int]:

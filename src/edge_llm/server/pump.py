@@ -100,3 +100,17 @@ async def pump(
 def _cause(handle: StreamHandle) -> str | None:
     cause = handle.seq.pause_cause
     return cause.value if cause else None
+
+
+async def collect(engine: Engine, handle: StreamHandle, settings: PumpSettings) -> tuple[str, str]:
+    """The whole text and finish reason, for non-streaming replies; raises the
+    stream's error if it failed."""
+    parts: list[str] = []
+    async for event in pump(engine, handle, settings):
+        if isinstance(event, Delta):
+            parts.append(event.text)
+        elif isinstance(event, Finished):
+            if event.outcome.error is not None:
+                raise event.outcome.error
+            return "".join(parts), event.outcome.finish_reason or "stop"
+    raise RuntimeError("stream ended without an outcome")  # pump always ends with Finished

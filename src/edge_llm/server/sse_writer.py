@@ -1,0 +1,58 @@
+"""Writing server-sent events so that a stalled reader stalls only its stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from edge_llm.errors import EdgeLLMError
+from edge_llm.server.context import ServerContext
+from edge_llm.server.http import error_response, tune_connection
+
+
+class SseWriter:
+    """Prepares the response on the first write, so an error before any byte
+    can still be a plain HTTP error."""
+
+    def __init__(self, request: web.Request, ctx: ServerContext, request_id: str) -> None:
+        self.request = request
+        self.ctx = ctx
+        self.response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": request_id,
+                "X-Accel-Buffering": "no",
+            }
+        )
+
+    @property
+    def started(self) -> bool:
+        return self.response.prepared
+
+    async def send(self, data: bytes) -> None:
+        if not self.response.prepared:
+            tune_connection(self.request, self.ctx.connection)
+            await self.response.prepare(self.request)
+        await self.response.write(data)
+        # aiohttp drains only every 64 KiB; wait whenever the transport is above
+        # its (small) high-water mark so a stalled reader stops this stream now.
+        await self.request.writer.drain()
+
+    async def finish(self) -> web.StreamResponse:
+        await self.response.write_eof()
+        return self.response
+
+    async def fail(
+        self,
+        error: EdgeLLMError,
+        event: bytes,
+        plain: Callable[[EdgeLLMError], web.Response] = error_response,
+    ) -> web.StreamResponse:
+        """The stream ended with ``error``: ``plain(error)`` (an HTTP error in the
+        protocol's shape) if nothing was sent yet, else ``event`` and the end."""
+        if not self.started:
+            return plain(error)
+        await self.send(event)
+        return await self.finish()
