@@ -45,6 +45,9 @@ class BackpressureConfig(_Section):
     ttft_timeout_ms: int = Field(
         10000, ge=0, description="No first token by then: cancel (0 disables)"
     )
+    max_pause_ms: int = Field(
+        60000, ge=0, description="A stream paused longer is cancelled, its KV freed (0: never)"
+    )
     outbound_buffer_tokens: int = Field(
         32, ge=2, le=65536, description="Per-stream outbound ring capacity (tokens)"
     )

@@ -16,6 +16,7 @@ EdgeLLMError                      500 internal_error
 │   └── TooManyConnections        503 too_many_connections
 └── StreamEnded                   final events of a stream (status if nothing was sent yet)
     ├── Cancelled                 409 cancelled; 503 on shutdown (reason field says why)
+    ├── PauseTimeout              408 pause_timeout (paused longer than max_pause_ms)
     └── BackendFailure            500 backend_error
 """
 
@@ -140,6 +141,14 @@ class Cancelled(StreamEnded):
         self.reason = reason
         if reason == "shutdown":
             self.status = 503
+
+
+class PauseTimeout(StreamEnded):
+    """A stream stayed paused longer than max_pause_ms: its KV is given back."""
+
+    status = 408
+    code = "pause_timeout"
+    type = "timeout_error"
 
 
 class BackendFailure(StreamEnded):

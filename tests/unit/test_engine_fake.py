@@ -188,3 +188,13 @@ async def test_without_cancel_release_kv_cells_stay_until_the_slot_is_reused(eng
     second = engine.submit(request(max_tokens=2))
     await drain(engine, second)
     assert backend.released[0] == 0  # freed when slot 0 was handed to the next sequence
+
+
+async def test_a_stream_paused_too_long_is_cancelled_and_its_kv_freed(engine_of) -> None:
+    engine = engine_of(max_pause_s=0.05, outbound_buffer_tokens=4)
+    stalled = engine.submit(request(max_tokens=100))  # nobody reads its ring
+    await stalled.wait_done()
+    assert stalled.outcome.error.code == "pause_timeout"
+    assert stalled.seq.n_generated == 4
+    assert engine.kv_used_bytes == 0
+    assert engine.metrics.cancellations.labels("pause_timeout")._value.get() == 1

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from edge_llm.errors import (
     Cancelled,
     EdgeLLMError,
     EngineUnavailable,
+    PauseTimeout,
     TtftTimeout,
 )
 from edge_llm.observability.events import EventSink, null_sink
@@ -51,6 +52,7 @@ class EngineSettings:
     resume_threshold: float = 0.3
     cancel_release_kv: bool = True
     ttft_timeout_s: float | None = 10.0
+    max_pause_s: float | None = 60.0
 
 
 class Engine:
@@ -92,7 +94,7 @@ class Engine:
         self.metrics.bind_gauges(
             running=lambda: self.scheduler.num_running,
             waiting=lambda: self.scheduler.num_waiting,
-            paused=lambda: sum(1 for h in self._live.values() if h.seq.paused),
+            paused=self._count_paused,
             kv_used=lambda: self.kv_used_bytes,
             backpressure_peak=lambda: self.backpressure_peak,
         )
@@ -316,13 +318,14 @@ class Engine:
         self._wake.clear()
         with self._lock:
             now = self.clock()
-            self._expire_ttft(now)
+            self._expire(now)
             released = self.scheduler.take_released()
             plan = self.scheduler.schedule(now)
+            idle_timeout = self._idle_timeout() if not plan else 0.0
         self._release(released)
         if not plan:
             self._signal_touched()
-            self._wake.wait(self._idle_timeout())
+            self._wake.wait(idle_timeout)
             return
         self._start(plan.started)
         results = self._decode(plan)
@@ -357,35 +360,43 @@ class Engine:
             )  # fmt: skip
 
     def _idle_timeout(self) -> float:
-        deadline = self._next_ttft_deadline()
-        if deadline is None:
+        """Lock held: how long to sleep before the next deadline is due."""
+        deadlines = [when for when, _, _ in self._deadlines()]
+        if not deadlines:
             return _IDLE_WAIT_S
-        return max(0.0, min(_IDLE_WAIT_S, deadline - self.clock()))
+        return max(0.0, min(_IDLE_WAIT_S, min(deadlines) - self.clock()))
 
-    def _next_ttft_deadline(self) -> float | None:
-        timeout = self.settings.ttft_timeout_s
-        if not timeout:
-            return None
-        waiting = [h.seq.created_at for h in self._live.values() if h.seq.first_token_at is None]
-        return min(waiting) + timeout if waiting else None
-
-    def _expire_ttft(self, now: float) -> None:
-        timeout = self.settings.ttft_timeout_s
-        if not timeout:
-            return
-        for handle in list(self._live.values()):
+    def _deadlines(self) -> Iterator[tuple[float, StreamHandle, str]]:
+        """(when, stream, reason) for every timeout that applies now."""
+        ttft, max_pause = self.settings.ttft_timeout_s, self.settings.max_pause_s
+        for handle in self._live.values():
             seq = handle.seq
-            if seq.first_token_at is None and now - seq.created_at >= timeout:
-                self.events(
-                    "ttft_timeout", seq.id, state=seq.state.value,
-                    prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt,
-                )  # fmt: skip
-                error = TtftTimeout(
-                    f"no first token within {timeout * 1000:.0f} ms "
-                    f"(prefilled {seq.n_prefilled}/{seq.n_prompt} prompt tokens)",
-                    reason="ttft_timeout",
-                )
-                self._finish(handle, error, SequenceState.CANCELLED)
+            if ttft and seq.first_token_at is None:
+                yield seq.created_at + ttft, handle, "ttft_timeout"
+            if max_pause and seq.paused_since is not None:
+                yield seq.paused_since + max_pause, handle, "pause_timeout"
+
+    def _expire(self, now: float) -> None:
+        """Lock held: cancel streams whose first token or pause took too long."""
+        for when, handle, reason in list(self._deadlines()):
+            if when <= now and not handle.finished:
+                self._finish(handle, self._timeout_error(handle, reason), SequenceState.CANCELLED)
+
+    def _timeout_error(self, handle: StreamHandle, reason: str) -> EdgeLLMError:
+        seq = handle.seq
+        self.events(
+            reason, seq.id, state=seq.state.value,
+            prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt,
+        )  # fmt: skip
+        if reason == "pause_timeout":
+            limit_ms = (self.settings.max_pause_s or 0) * 1000
+            return PauseTimeout(f"paused for more than {limit_ms:.0f} ms", reason=reason)
+        limit_ms = (self.settings.ttft_timeout_s or 0) * 1000
+        return TtftTimeout(
+            f"no first token within {limit_ms:.0f} ms "
+            f"(prefilled {seq.n_prefilled}/{seq.n_prompt} prompt tokens)",
+            reason=reason,
+        )
 
     def _decode(self, plan: StepPlan) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
         """Decode the whole plan; on failure, retry each chunk alone so one bad
@@ -492,9 +503,14 @@ class Engine:
     @property
     def kv_used_bytes(self) -> int:
         """Bytes of KV cells in use: live cursors plus cells not yet released."""
-        cells = sum(h.seq.kv_tokens for h in self._live.values())
-        cells += sum(self._kv_unreleased.values())
+        with self._lock:
+            cells = sum(h.seq.kv_tokens for h in self._live.values())
+            cells += sum(self._kv_unreleased.values())
         return cells * self.kv.bytes_per_token
+
+    def _count_paused(self) -> int:
+        with self._lock:
+            return sum(1 for h in self._live.values() if h.seq.paused)
 
     def snapshot(self) -> dict[str, Any]:
         """The /debug/streams document."""

@@ -73,7 +73,15 @@ class EngineMetrics:
         for cause in ("client", "socket_full"):
             self.pauses.labels(cause)
             self.paused_seconds.labels(cause)
-        for reason in ("client", "disconnect", "ttft_timeout", "superseded", "shutdown"):
+        reasons = (
+            "client",
+            "disconnect",
+            "ttft_timeout",
+            "superseded",
+            "pause_timeout",
+            "shutdown",
+        )
+        for reason in reasons:
             self.cancellations.labels(reason)
         for reason in ("queue_full", "kv_budget_exceeded", "prompt_too_long", "shutting_down"):
             self.rejections.labels(reason)
