@@ -272,7 +272,7 @@ async def open_request(
     except (ConnectionError, ssl.SSLError, OSError) as exc:
         writer.close()
         raise HttpError("read_error", f"connection failed: {exc}") from exc
-    except HttpError:
+    except BaseException:  # HttpError, or cancelled by the caller's timeout
         writer.close()
         raise
     return Response(status, response_headers, reader, writer, pending=rest)
@@ -319,6 +319,9 @@ async def _connect(
         sock.close()
         where = f"{endpoint.host}:{endpoint.port}"
         raise HttpError("connect_error", f"cannot connect to {where}: {exc}") from exc
+    except BaseException:  # cancelled by the caller's timeout
+        sock.close()
+        raise
 
 
 def _request_bytes(

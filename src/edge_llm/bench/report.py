@@ -14,7 +14,7 @@ import json
 from html import escape
 
 from edge_llm.bench.record import RequestRecord
-from edge_llm.bench.runner import BenchResult
+from edge_llm.bench.runner import BenchResult, run_levels
 from edge_llm.bench.slow_consumer import SlowConsumerResult
 from edge_llm.bench.stats import Summary
 from edge_llm.bench.svg import Lane, Series, Window, color, ecdf_points, line_chart, timeline
@@ -43,7 +43,7 @@ def render_html(result: BenchResult) -> str:
     """The whole report as one HTML string."""
     names = [t.name for t in result.config.targets]
     parts = [_header(result)]
-    for level in result.config.concurrency:
+    for level in run_levels(result.config):
         parts.append(_level_section(result, level, names))
     if result.slow_consumer:
         parts.append(_slow_section(result.slow_consumer, names))

@@ -68,6 +68,8 @@ def _settings_json(settings: SlowConsumerSettings) -> dict[str, Any]:
         "stall_s": settings.stall_s,
         "max_tokens": settings.max_tokens,
         "poll_interval_s": settings.poll_interval_s,
+        "until_paused": settings.until_paused,
+        "max_stall_s": settings.max_stall_s,
     }
 
 
@@ -98,9 +100,14 @@ class BenchResult:
             fh.write("\n")
 
 
+def run_levels(config: BenchConfig) -> tuple[int, ...]:
+    """The concurrency levels that run (none with ``requests == 0``)."""
+    return config.concurrency if config.requests else ()
+
+
 def total_steps(config: BenchConfig) -> int:
     """Progress steps of a run: one per request, warm-up and slow-consumer probe."""
-    per_target = config.warmup + config.requests * len(config.concurrency)
+    per_target = config.warmup + config.requests * len(run_levels(config))
     per_target += 1 if config.slow_consumer else 0
     return per_target * len(config.targets)
 
@@ -136,7 +143,7 @@ async def run_bench(
     targets = tuple(await asyncio.gather(*(discover_model(t) for t in config.targets)))
     run = _Run(replace(config, targets=targets), on_progress or (lambda _: None), clock)
     await run.warmup()
-    for level in config.concurrency:
+    for level in run_levels(config):
         await run.level(level)
     await run.slow_consumers()
     load = os.getloadavg() if hasattr(os, "getloadavg") else None

@@ -48,17 +48,26 @@ KEPT_GENERATING_FRACTION = 0.8
 BURST_GAP_FRACTION = 0.25
 MIN_BURST_GAP_S = 0.002
 MAX_SAMPLES = 10_000
+PAUSE_HOLD_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
 class SlowConsumerSettings:
-    """How the slow reader behaves. ``rcvbuf`` is SO_RCVBUF in bytes (Linux doubles it)."""
+    """How the slow reader behaves. ``rcvbuf`` is SO_RCVBUF in bytes (Linux doubles it).
+
+    With ``until_paused``, a target that has ``/debug/streams`` is stalled until it
+    reports the stream paused (at least ``stall_s``, at most ``max_stall_s``), so the
+    pause and the resume are seen however slow the machine is; other targets are
+    stalled for ``stall_s`` as usual.
+    """
 
     rcvbuf: int = 4096
     stall_after_chunks: int = 8
     stall_s: float = 3.0
     max_tokens: int = 400
     poll_interval_s: float = 0.1
+    until_paused: bool = False
+    max_stall_s: float = 60.0
 
 
 @dataclass
@@ -141,6 +150,7 @@ class _Sampler:
         self.introspection = introspection
         self.interval = interval
         self.samples = Samples()
+        self.paused_seen = asyncio.Event()
         self._stop = asyncio.Event()
 
     def stop(self) -> None:
@@ -162,7 +172,10 @@ class _Sampler:
         stream_id = self.stream.record.stream_id
         entry = await self.inspector.stream_entry(stream_id) if stream_id else None
         if entry is not None:
-            self.samples.server.append(StreamSample.of(t, entry))
+            sample = StreamSample.of(t, entry)
+            self.samples.server.append(sample)
+            if sample.state == "paused":
+                self.paused_seen.set()
         kv = await self.inspector.kv_used_bytes()
         if kv is not None:
             self.samples.kv.append((t, kv))
@@ -194,10 +207,10 @@ async def probe(
     )
     sampler = _Sampler(stream, inspector, introspection, settings.poll_interval_s)
     try:
-        async with asyncio.timeout(options.timeout_s + settings.stall_s):
+        async with asyncio.timeout(options.timeout_s + settings.max_stall_s):
             await _run_stalled(stream, sampler, result, epoch)
     except TimeoutError:
-        stream.fail_timeout(options.timeout_s + settings.stall_s)
+        stream.fail_timeout(options.timeout_s + settings.max_stall_s)
     finally:
         sampler.stop()
         stream.close()
@@ -218,14 +231,30 @@ async def _run_stalled(
     task = asyncio.create_task(sampler.run())
     try:
         result.stall_start = stream.now()
-        # The stall is the scenario itself: nothing is read for stall_s seconds.
-        await asyncio.sleep(result.settings.stall_s)
+        await _stall(result, sampler)
         result.stall_end = stream.now()
         await stream.run_to_end()
         await sampler.sample_once()
     finally:
         sampler.stop()
         await task
+
+
+async def _stall(result: SlowConsumerResult, sampler: _Sampler) -> None:
+    """Read nothing: for ``stall_s`` (the scenario itself, not a synchronisation), then,
+    with ``until_paused`` on an introspectable target, until the server reports the
+    pause (an event) or ``max_stall_s`` has passed, then :data:`PAUSE_HOLD_S` more so
+    that the pause lasts long enough to be seen."""
+    settings = result.settings
+    await asyncio.sleep(settings.stall_s)
+    if not (settings.until_paused and result.introspection) or sampler.paused_seen.is_set():
+        return
+    remaining = max(settings.max_stall_s - settings.stall_s, 0.0)
+    try:
+        await asyncio.wait_for(sampler.paused_seen.wait(), remaining)
+    except TimeoutError:
+        return
+    await asyncio.sleep(PAUSE_HOLD_S)
 
 
 async def _finish(result: SlowConsumerResult, inspector: ServerInspector) -> None:

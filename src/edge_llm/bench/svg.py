@@ -57,20 +57,16 @@ class Lane:
 
 
 def nice_ticks(low: float, high: float, count: int = 5) -> list[float]:
-    """About ``count`` round tick values covering ``low..high``."""
+    """About ``count`` round tick values from at or below ``low`` to at or above ``high``."""
     if high <= low:
         high = low + 1.0
     raw = (high - low) / count
     magnitude = 10 ** math.floor(math.log10(raw))
     step = next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
     first = math.floor(low / step) * step
-    ticks = []
-    value = first
-    while value <= high + step * 1e-9:
-        if value >= low - step * 1e-9:
-            ticks.append(round(value, 10))
-        value += step
-    return ticks
+    last = math.ceil(high / step - 1e-9) * step
+    n = round((last - first) / step)
+    return [round(first + i * step, 10) for i in range(n + 1)]
 
 
 def _line(x1: float, y1: float, x2: float, y2: float) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from edge_llm.bench.runner import BenchResult
+from edge_llm.bench.runner import BenchResult, run_levels
 from edge_llm.bench.slow_consumer import SlowConsumerResult
 from edge_llm.bench.stats import Distribution, Summary
 
@@ -121,7 +121,7 @@ def slow_table(results: list[SlowConsumerResult]) -> Table:
 def tables(result: BenchResult) -> list[Table]:
     """Every table for ``result``, in order."""
     out = []
-    for level in result.config.concurrency:
+    for level in run_levels(result.config):
         rows = [s for s in result.summaries if s.concurrency == level]
         out.append(level_table(rows, level))
     if result.slow_consumer:

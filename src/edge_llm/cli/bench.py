@@ -88,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slow.add_argument("--stall-seconds", type=float, default=4.0, help="how long to stop reading")
     slow.add_argument("--rcvbuf", type=_positive_int, default=4096, help="SO_RCVBUF (bytes)")
     slow.add_argument("--slow-max-tokens", type=_positive_int, default=400)
+    slow.add_argument(
+        "--stall-until-paused",
+        action="store_true",
+        help="keep stalling an edge-llm target until /debug/streams shows the pause "
+        "(at most --max-stall-seconds); other targets stall --stall-seconds",
+    )
+    slow.add_argument("--max-stall-seconds", type=float, default=60.0)
     parser.add_argument("--json", metavar="OUT", help="write config, records and summaries")
     parser.add_argument("--report", metavar="OUT.html", help="write the HTML report")
 
@@ -111,6 +118,8 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
             stall_after_chunks=args.stall_after,
             stall_s=args.stall_seconds,
             max_tokens=args.slow_max_tokens,
+            until_paused=args.stall_until_paused,
+            max_stall_s=max(args.max_stall_seconds, args.stall_seconds),
         )
     options = RequestOptions(
         max_tokens=args.max_tokens,
