@@ -195,3 +195,19 @@ async def test_short_request_gets_first_token_during_a_long_prefill(engine_facto
     assert short_first < long_done[-1]["mono"], (
         "the short request waited for the whole long prefill"
     )
+
+
+async def test_chinese_text_streams_as_whole_characters(engine_server) -> None:
+    body = chat_body("请用中文介绍一下长城。", max_tokens=40)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine_server.base_url + "/chat/completions", json=body) as r:
+            raw = await r.read()
+    deltas = [
+        json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+        for line in raw.decode("utf-8").split("\n")
+        if line.startswith("data: {") and '"choices":[{' in line
+    ]
+    text = "".join(deltas)
+    assert text
+    assert "\ufffd" not in text  # no character was cut between two deltas
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in text)

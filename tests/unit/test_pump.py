@@ -1,0 +1,58 @@
+"""The pump from ring to connection: chunking, flushing, heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+
+from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.server.pump import Delta, Finished, Heartbeat, PumpSettings, pump
+
+from fakes import FakeBackend
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[Engine]:
+    engine = Engine(FakeBackend(script=[10, 1, 2, 11, 12, 13, 14]), EngineSettings())
+    engine.start(asyncio.get_running_loop())
+    yield engine
+    await asyncio.to_thread(engine.stop)
+
+
+async def events_of(engine: Engine, settings: PumpSettings) -> list[object]:
+    handle = engine.submit(GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=50))
+    return [event async for event in pump(engine, handle, settings)]
+
+
+async def test_chunks_hold_chunk_size_tokens_and_a_split_character_travels_whole(engine) -> None:
+    events = await events_of(engine, PumpSettings(chunk_tokens=3, flush_interval_s=5.0))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert [d.text for d in deltas] == ["t10 中", "t11 t12 t13 ", "t14 "]
+    assert [d.n_tokens for d in deltas] == [3, 3, 1]  # the last chunk is flushed at the end
+    assert [d.seq for d in deltas] == [0, 1, 2]
+    assert isinstance(events[-1], Finished)
+
+
+async def test_a_character_split_over_two_tokens_is_one_delta_of_two_tokens(engine) -> None:
+    events = await events_of(engine, PumpSettings(chunk_tokens=1))
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert deltas[1].text == "中"
+    assert deltas[1].n_tokens == 2
+    assert sum(d.n_tokens for d in deltas) == 7
+
+
+async def test_heartbeat_while_no_token_flows(engine) -> None:
+    engine.backend.gate = threading.Semaphore(0)  # type: ignore[attr-defined]
+    handle = engine.submit(GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=5))
+    stream = pump(engine, handle, PumpSettings(heartbeat_interval_s=0.01))
+    first = await anext(stream)
+    while not isinstance(first, Heartbeat):
+        first = await anext(stream)
+    assert first.state in ("queued", "prefill")  # the decode is held: no token yet
+    assert (first.prefill_done, first.prefill_total) == (0, 3)
+    engine.backend.gate.release(100)  # type: ignore[attr-defined]
+    await stream.aclose()
