@@ -178,7 +178,7 @@ async def test_stop_string_is_cut_and_held_text_released(engine_of) -> None:
 
 async def test_without_cancel_release_kv_cells_stay_until_the_slot_is_reused(engine_of) -> None:
     backend = FakeBackend(max_sequences=1)
-    engine = engine_of(backend, cancel_release_kv=False, max_sequences=1)
+    engine = engine_of(backend, cancel_release_kv=False)
     first = engine.submit(request(max_tokens=1000))
     await wait_for(first, lambda: first.seq.n_generated >= 2)
     engine.cancel(first, "client")

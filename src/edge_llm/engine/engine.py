@@ -43,10 +43,8 @@ _IDLE_WAIT_S = 5.0
 class EngineSettings:
     """The part of the configuration the engine thread enforces."""
 
-    max_sequences: int = 8
     max_queue: int = 16
     prefill_chunk_tokens: int = 128
-    max_prompt_tokens: int = 512
     outbound_buffer_tokens: int = 32
     pause_on_socket_full: bool = True
     resume_threshold: float = 0.3
@@ -71,7 +69,7 @@ class Engine:
         self.events = events
         self.clock = clock
         limits = SchedulerLimits(
-            settings.max_sequences, settings.max_queue, settings.prefill_chunk_tokens
+            backend.max_sequences, settings.max_queue, settings.prefill_chunk_tokens
         )
         self.kv = KvBudget(backend.kv_capacity_tokens, backend.info.kv_bytes_per_token)
         self.scheduler = Scheduler(limits, self.kv)

@@ -28,10 +28,8 @@ _log = logging.getLogger("edge_llm.server")
 def engine_settings(config: EngineConfig) -> EngineSettings:
     bp, sched = config.backpressure, config.scheduler
     return EngineSettings(
-        max_sequences=sched.max_sequences,
         max_queue=sched.max_queue,
         prefill_chunk_tokens=sched.prefill_chunk_tokens,
-        max_prompt_tokens=bp.max_prompt_tokens,
         outbound_buffer_tokens=bp.outbound_buffer_tokens,
         pause_on_socket_full=bp.pause_on_socket_full,
         resume_threshold=bp.resume_threshold,
