@@ -1,0 +1,218 @@
+"""The comparison's scenarios, each run against one server and returning its figures.
+
+Built on edge-llm's bench library (``edge_llm.bench``): every request is a
+:class:`ChatStream` whose content chunks are timestamped on arrival. Each repeat uses
+prompts no earlier request used (``variant``), so no server gets prompt-cache hits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from peer_servers import ServerProcess
+
+from edge_llm.bench.chat_stream import ChatStream, RequestOptions, run_request
+from edge_llm.bench.connection import SMALL_LIMIT
+from edge_llm.bench.prompts import Prompt, long_text
+from edge_llm.bench.record import RequestRecord
+from edge_llm.bench.targets import Target
+
+STORY = (
+    "Write a very long story about a lighthouse keeper during a storm. "
+    "Make it at least 1000 words long. (Draft {variant}.)"
+)
+SHORT = "In one sentence, what is a lighthouse for? (Question {variant}.)"
+FLOOD_PROMPT = "Say hello. (Visitor {variant}.)"
+LONG_SENTENCES = 58  # about 1,000 prompt tokens
+PREFILL_SENTENCES = 28  # about 500 prompt tokens
+STALLED_READER_TOKENS = 2048
+STALLED_RCVBUF = 4096
+STALL_AFTER_CHUNKS = 4
+PREFILL_HEAD_START_S = 0.3
+RSS_SAMPLE_S = 0.05
+MIB = 1 << 20
+FLOOD_BUDGET_EXTRA_BYTES = 150 * 1000 * 1000
+
+
+@dataclass(frozen=True)
+class Settings:
+    decode_tokens: int = 128
+    flood_connections: int = 200
+    flood_seconds: float = 3.0
+    timeout_s: float = 300.0
+
+
+@dataclass
+class Figures:
+    """One scenario on one server: the headline ``value`` and supporting numbers."""
+
+    value: float | None
+    details: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Context:
+    server: ServerProcess
+    target: Target
+    settings: Settings
+    model_bytes: int
+    kv_budget_bytes: int
+    variant: int = 0
+    epoch: float = field(default_factory=time.perf_counter)
+
+    def options(self, max_tokens: int) -> RequestOptions:
+        return RequestOptions(max_tokens=max_tokens, timeout_s=self.settings.timeout_s)
+
+    def record(self, prompt: Prompt, index: int = 0) -> RequestRecord:
+        return RequestRecord(self.target.name, 1, index, prompt.id)
+
+    async def request(self, prompt: Prompt, max_tokens: int, index: int = 0) -> RequestRecord:
+        record = self.record(prompt, index)
+        return await run_request(
+            self.target, prompt, self.options(max_tokens), record, epoch=self.epoch
+        )
+
+
+Scenario = Callable[[Context], Awaitable[Figures]]
+
+
+def story(ctx: Context, index: int = 0) -> Prompt:
+    return Prompt.user(
+        f"story-{ctx.variant}-{index}", STORY.format(variant=f"{ctx.variant}.{index}")
+    )
+
+
+def aggregate_decode_rate(records: list[RequestRecord]) -> float | None:
+    """Tokens after each stream's first, over the span from the first first-token to the
+    last last-token (absolute times): the streams' combined decode rate."""
+    ok = [r for r in records if r.ok and r.n_chunks >= 2]
+    if not ok:
+        return None
+    first = min(r.started_at + r.chunk_times[0] for r in ok)
+    last = max(r.started_at + r.chunk_times[-1] for r in ok)
+    tokens = sum(r.n_output_tokens - 1 for r in ok)
+    return tokens / (last - first) if last > first else None
+
+
+def _failures(records: list[RequestRecord]) -> dict[str, object]:
+    errors = [r.error_kind for r in records if not r.ok]
+    return {"errors": errors} if errors else {}
+
+
+async def single_decode(ctx: Context) -> Figures:
+    record = await ctx.request(story(ctx), ctx.settings.decode_tokens)
+    return Figures(record.decode_rate, {"tokens": record.n_output_tokens, **_failures([record])})
+
+
+async def concurrent_decode(ctx: Context) -> Figures:
+    records = await asyncio.gather(
+        *(ctx.request(story(ctx, i), ctx.settings.decode_tokens, i) for i in range(4))
+    )
+    rate = aggregate_decode_rate(list(records))
+    return Figures(
+        rate, {"tokens": sum(r.n_output_tokens for r in records), **_failures(list(records))}
+    )
+
+
+async def _fast_readers(ctx: Context, first_index: int) -> list[RequestRecord]:
+    requests = (
+        ctx.request(story(ctx, first_index + i), ctx.settings.decode_tokens, i) for i in range(3)
+    )
+    return list(await asyncio.gather(*requests))
+
+
+async def stalled_reader(ctx: Context) -> Figures:
+    """Three fast readers alone, then the same three beside a reader that stops reading
+    after a few chunks (its own small-SO_RCVBUF socket) until they finish."""
+    alone = aggregate_decode_rate(await _fast_readers(ctx, 0))
+    prompt = story(ctx, 9)
+    record = ctx.record(prompt, 9)
+    stalled = ChatStream(
+        ctx.target, prompt, ctx.options(STALLED_READER_TOKENS), record,
+        rcvbuf=STALLED_RCVBUF, limit=SMALL_LIMIT,
+    )  # fmt: skip
+    try:
+        if await stalled.open(ctx.epoch):
+            while record.n_chunks < STALL_AFTER_CHUNKS and await stalled.read_some():
+                pass
+        beside = aggregate_decode_rate(await _fast_readers(ctx, 3))
+    finally:
+        stalled.close()
+    retention = beside / alone if beside and alone else None
+    details: dict[str, object] = {"fast_alone_tok_s": alone, "fast_beside_stalled_tok_s": beside}
+    return Figures(retention, details | _failures([record]))
+
+
+async def ttft_under_prefill(ctx: Context) -> Figures:
+    """TTFT of a short request sent while a ~1,000-token prompt is being prefilled."""
+    long_prompt = Prompt.user(f"long-{ctx.variant}", long_text(ctx.variant, LONG_SENTENCES))
+    short_prompt = Prompt.user(f"short-{ctx.variant}", SHORT.format(variant=ctx.variant))
+    long_task = asyncio.create_task(ctx.request(long_prompt, 8, 0))
+    # The scenario's definition: the short request starts this long after the long one.
+    await asyncio.sleep(PREFILL_HEAD_START_S)
+    short = await ctx.request(short_prompt, 8, 1)
+    long = await long_task
+    details: dict[str, object] = {
+        "long_ttft_s": long.ttft,
+        "long_prompt_tokens": long.prompt_tokens,
+    }
+    return Figures(short.ttft if short.ok else None, details | _failures([short, long]))
+
+
+async def prefill_rate(ctx: Context) -> Figures:
+    """Prompt tokens (from usage) over TTFT for a ~500-token prompt."""
+    prompt = Prompt.user(f"prefill-{ctx.variant}", long_text(100 + ctx.variant, PREFILL_SENTENCES))
+    record = await ctx.request(prompt, 2)
+    rate = None
+    if record.ok and record.prompt_tokens and record.ttft:
+        rate = record.prompt_tokens / record.ttft
+    return Figures(rate, {"prompt_tokens": record.prompt_tokens, **_failures([record])})
+
+
+async def flood_rss(ctx: Context) -> Figures:
+    """Peak RSS while ``flood_connections`` streaming requests are open, as a fraction of
+    model size + KV budget + 150 MB (at most 1.0 is the goal)."""
+    budget = ctx.model_bytes + ctx.kv_budget_bytes + FLOOD_BUDGET_EXTRA_BYTES
+    before = ctx.server.rss_bytes()
+    tasks = [
+        asyncio.create_task(_flood_request(ctx, i)) for i in range(ctx.settings.flood_connections)
+    ]
+    peak = await _sample_rss(ctx.server, ctx.settings.flood_seconds)
+    finished = [t.result() for t in tasks if t.done() and t.exception() is None]
+    for task in tasks:
+        task.cancel()  # closes each connection (run_request closes its socket)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    details = {
+        "rss_before_mb": before / MIB,
+        "rss_peak_mb": peak / MIB,
+        "budget_mb": budget / MIB,
+        "finished_ok": sum(r.ok for r in finished),
+        "refused_or_failed": _count_errors(finished),
+        "still_open": len(tasks) - len(finished),
+    }
+    return Figures(peak / budget if peak else None, details)
+
+
+async def _flood_request(ctx: Context, index: int) -> RequestRecord:
+    prompt = Prompt.user(f"flood-{index}", FLOOD_PROMPT.format(variant=f"{ctx.variant}.{index}"))
+    return await ctx.request(prompt, 16, index)
+
+
+def _count_errors(records: list[RequestRecord]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in records:
+        if record.error_kind:
+            counts[record.error_kind] = counts.get(record.error_kind, 0) + 1
+    return counts
+
+
+async def _sample_rss(server: ServerProcess, seconds: float) -> int:
+    peak = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        peak = max(peak, await asyncio.to_thread(server.rss_bytes))
+        await asyncio.sleep(RSS_SAMPLE_S)
+    return peak

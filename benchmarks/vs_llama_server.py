@@ -1,0 +1,306 @@
+"""edge-llm against llama.cpp's own ``llama-server``: same GGUF, same threads, side by side.
+
+Usage::
+
+    make bench-deps                      # builds llama-server with this host's CPU flags
+    .venv/bin/python benchmarks/vs_llama_server.py [--repeats 3] [--json out.json]
+
+Both servers run for the whole comparison; scenarios run one server at a time,
+alternating which goes first in each repeat, so machine noise hits both alike. The
+table gives each server's median (min-max over repeats) and the ratio
+edge-llm / llama-server per repeat as min / median / max.
+
+Scenarios (SPEC section 9 goals in brackets):
+
+- single-stream decode tok/s [>= 1.0x];
+- 4 concurrent streams, aggregate decode tok/s [>= 1.2x];
+- 3 fast readers + 1 stalled reader: the fast readers' aggregate beside the stalled one
+  over their aggregate alone, per server [edge-llm >= 0.95];
+- TTFT of a short request while a ~1,000-token prompt is being prefilled [lower is better];
+- prefill tok/s of a ~500-token prompt;
+- peak RSS under a 200-connection flood over model size + KV budget + 150 MB [<= 1.0].
+
+The machine is shared: under the table, the CPU time other processes used during the
+run (and the busiest of them) and the load average, so a reader can judge the noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from machine import Noise, noise, own_pids, snapshot
+from peer_servers import (
+    PeerError,
+    ServerProcess,
+    find_llama_server,
+    get_json,
+    start_engine,
+    start_llama_server,
+    wait_idle,
+)
+from rich.console import Console
+from rich.table import Table
+from scenarios import (
+    Context,
+    Figures,
+    Scenario,
+    Settings,
+    concurrent_decode,
+    flood_rss,
+    prefill_rate,
+    single_decode,
+    stalled_reader,
+    ttft_under_prefill,
+)
+
+from edge_llm.bench.targets import Target
+
+PARALLEL = 4
+SLOT_CTX = 2048
+MAX_PROMPT_TOKENS = 2048
+WIDE_OUTPUT = 160
+SCENARIO_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    key: str
+    title: str
+    unit: str
+    goal: str
+    run: Scenario
+
+
+SCENARIOS = (
+    ScenarioSpec("decode1", "single-stream decode", "tok/s", ">= 1.0x", single_decode),
+    ScenarioSpec("decode4", "4 streams, aggregate decode", "tok/s", ">= 1.2x", concurrent_decode),
+    ScenarioSpec(
+        "stalled",
+        "3 fast + 1 stalled: fast readers' retention",
+        "ratio",
+        "edge >= 0.95",
+        stalled_reader,
+    ),
+    ScenarioSpec(
+        "ttft_prefill", "short-request TTFT during a 1k prefill", "s", "lower", ttft_under_prefill
+    ),
+    ScenarioSpec("prefill", "prefill of a ~500-token prompt", "tok/s", "higher", prefill_rate),
+    ScenarioSpec(
+        "flood_rss", "peak RSS, 200 connections / (model+KV+150MB)", "ratio", "<= 1.0", flood_rss
+    ),
+)
+
+
+@dataclass
+class Results:
+    """Figures per scenario key and server name, one per repeat (None when it failed)."""
+
+    figures: dict[str, dict[str, list[Figures]]] = field(default_factory=dict)
+
+    def add(self, key: str, server: str, figures: Figures) -> None:
+        self.figures.setdefault(key, {}).setdefault(server, []).append(figures)
+
+    def values(self, key: str, server: str) -> list[float | None]:
+        return [f.value for f in self.figures.get(key, {}).get(server, [])]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            key: {
+                server: [{"value": f.value, **f.details} for f in runs]
+                for server, runs in by_server.items()
+            }
+            for key, by_server in self.figures.items()
+        }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--model", help="GGUF (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--llama-server", help="path of the llama-server binary")
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(s.key for s in SCENARIOS),
+        help="comma-separated subset of: " + ", ".join(s.key for s in SCENARIOS),
+    )
+    parser.add_argument("--decode-tokens", type=int, default=128)
+    parser.add_argument("--flood", type=int, default=200, help="connections in the flood")
+    parser.add_argument("--flood-seconds", type=float, default=3.0)
+    parser.add_argument("--json", help="write every figure here")
+    return parser.parse_args(argv)
+
+
+def default_model() -> str:
+    from edge_llm.engine.llama_backend import default_model_path
+
+    return str(default_model_path())
+
+
+def kv_of_engine(engine: ServerProcess) -> tuple[int, int]:
+    """(KV budget bytes, KV bytes per token) from the engine's /debug/streams."""
+    debug = get_json(engine.root + "/debug/streams")
+    budget, per_token = debug.get("kv_budget_bytes"), debug.get("kv_bytes_per_token")
+    if not isinstance(budget, int) or not isinstance(per_token, int):
+        raise PeerError("edge-llm's /debug/streams lacks kv_budget_bytes / kv_bytes_per_token")
+    return budget, per_token
+
+
+async def run_one(spec: ScenarioSpec, ctx: Context) -> Figures:
+    """One scenario on one server; a scenario that hangs counts as failed."""
+    try:
+        async with asyncio.timeout(SCENARIO_TIMEOUT_S):
+            return await spec.run(ctx)
+    except TimeoutError:
+        return Figures(None, {"error": f"scenario took over {SCENARIO_TIMEOUT_S:.0f} s"})
+
+
+async def run_repeats(
+    contexts: dict[str, Context], specs: list[ScenarioSpec], repeats: int, console: Console
+) -> Results:
+    results = Results()
+    names = list(contexts)
+    for repeat in range(repeats):
+        order = names if repeat % 2 == 0 else names[::-1]
+        for spec in specs:
+            for name in order:
+                ctx = contexts[name]
+                ctx.variant = repeat * 1000 + specs.index(spec) * 10
+                figures = await run_one(spec, ctx)
+                if not await asyncio.to_thread(wait_idle, ctx.server):
+                    figures.details["warning"] = "server still busy 60 s after the scenario"
+                results.add(spec.key, name, figures)
+                value = "failed" if figures.value is None else f"{figures.value:.3g}"
+                console.print(f"repeat {repeat + 1}/{repeats} {spec.key:<13} {name:<13} {value}")
+    return results
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+
+def ratio_cell(edge: list[float | None], llama: list[float | None]) -> str:
+    ratios = [e / ll for e, ll in zip(edge, llama, strict=False) if e is not None and ll]
+    if not ratios:
+        return "-"
+    return f"{min(ratios):.2f} / {statistics.median(ratios):.2f} / {max(ratios):.2f}"
+
+
+def table(results: Results, specs: list[ScenarioSpec], repeats: int) -> Table:
+    out = Table(title=f"edge-llm vs llama-server, {repeats} repeat(s)", title_justify="left")
+    for header in ("scenario", "unit", "edge-llm median (min-max)", "llama-server median (min-max)",
+                   "ratio edge/llama min / median / max", "goal"):  # fmt: skip
+        out.add_column(header)
+    for spec in specs:
+        edge, llama = results.values(spec.key, "edge-llm"), results.values(spec.key, "llama-server")
+        out.add_row(
+            spec.title,
+            spec.unit,
+            spread([v for v in edge if v is not None]) + _failed(edge),
+            spread([v for v in llama if v is not None]) + _failed(llama),
+            ratio_cell(edge, llama),
+            spec.goal,
+        )
+    return out
+
+
+def _failed(values: list[float | None]) -> str:
+    n = sum(v is None for v in values)
+    return f" [{n} failed]" if n else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)
+    try:
+        binary = find_llama_server(args.llama_server)
+    except PeerError as exc:
+        print(f"vs_llama_server: {exc}", file=sys.stderr)
+        return 2
+    comparison = Comparison(args, console, binary)
+    try:
+        comparison.run()
+    except PeerError as exc:
+        print(f"vs_llama_server: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        comparison.stop()
+    return 0
+
+
+class Comparison:
+    """Both servers, started once, and the repeats run against them."""
+
+    def __init__(self, args: argparse.Namespace, console: Console, binary: str) -> None:
+        self.args = args
+        self.console = console
+        self.binary = binary
+        self.model = args.model or default_model()
+        self.specs = [s for s in SCENARIOS if s.key in args.scenarios.split(",")]
+        self.settings = Settings(args.decode_tokens, args.flood, args.flood_seconds)
+        self.servers: list[ServerProcess] = []
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def start(self) -> dict[str, Context]:
+        flags = ["--max-prompt-tokens", str(MAX_PROMPT_TOKENS)]
+        engine = start_engine(self.model, self.args.threads, flags)
+        self.servers.append(engine)
+        kv_budget, kv_per_token = kv_of_engine(engine)
+        # llama-server gets the same KV budget: the engine's capacity in tokens, in slots.
+        self.ctx_tokens = max(kv_budget // kv_per_token // PARALLEL, SLOT_CTX) * PARALLEL
+        llama = start_llama_server(
+            self.binary, self.model, self.args.threads, self.ctx_tokens, PARALLEL
+        )
+        self.servers.append(llama)
+        self.kv_budget = kv_budget
+        self.model_bytes = Path(self.model).stat().st_size
+        llama_kv = self.ctx_tokens * kv_per_token
+        return {
+            "edge-llm": self._context(engine, kv_budget),
+            "llama-server": self._context(llama, llama_kv),
+        }
+
+    def _context(self, server: ServerProcess, kv_budget: int) -> Context:
+        target = Target(server.name, server.root)
+        return Context(server, target, self.settings, self.model_bytes, kv_budget)
+
+    def run(self) -> None:
+        contexts = self.start()
+        start = snapshot()
+        results = asyncio.run(run_repeats(contexts, self.specs, self.args.repeats, self.console))
+        machine = noise(start, snapshot(), own_pids())
+        self.console.print(table(results, self.specs, self.args.repeats))
+        self.console.print(
+            f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
+            f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}; edge-llm KV budget "
+            f"{self.kv_budget / (1 << 20):.0f} MiB"
+        )
+        for line in machine.lines():
+            self.console.print(line)
+        if self.args.json:
+            self.write_json(results, machine)
+
+    def write_json(self, results: Results, machine: Noise) -> None:
+        document = {
+            "results": results.to_json(),
+            "machine": {**asdict(machine), "others_share": machine.others_share},
+            "model": self.model,
+            "threads": self.args.threads,
+            "llama_server_ctx": self.ctx_tokens,
+        }
+        Path(self.args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
