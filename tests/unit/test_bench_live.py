@@ -300,3 +300,20 @@ def test_cli_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert "NAME=URL" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--target", "a=http://h", "--concurrency", "0"])
+
+
+async def test_prompts_are_tagged_alike_for_every_target(serve: Serve, log: Log) -> None:
+    a, b = await serve("a"), await serve("b")
+    await run_bench(config(a, b, requests=2, concurrency=(1, 2), warmup=0))
+    texts = [body["messages"][0]["content"] for body in log.bodies]
+    # c=1: a0, b0, a1, b1; c=2: a0 a1, b0 b1 (the batch's order may vary).
+    assert texts[0] == texts[1] and texts[2] == texts[3]
+    assert sorted(texts[4:6]) == sorted(texts[6:8])
+    assert len(set(texts)) == 4  # no prompt repeated across levels or indices
+    assert all(text.startswith("[") and text.endswith(("zero", "one")) for text in texts)
+
+
+async def test_verbatim_prompts(serve: Serve, log: Log) -> None:
+    a = await serve("a")
+    await run_bench(config(a, requests=2, warmup=0, unique_prompts=False))
+    assert [body["messages"][0]["content"] for body in log.bodies] == ["zero", "one"]

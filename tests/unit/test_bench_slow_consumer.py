@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from edge_llm.bench.inspector import StreamSample, metric_value
+from edge_llm.bench.inspector import StreamSample, metric_value, slot_progress
 from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.slow_consumer import (
     Samples,
@@ -159,3 +159,52 @@ def test_metric_value_reads_unlabelled_samples_only() -> None:
     )
     assert metric_value(text, "edge_llm_kv_cache_used_bytes") == 4096.0
     assert metric_value(text, "missing") is None
+
+
+def slots_result(decoded: list[tuple[float, int]], times: list[float]) -> SlowConsumerResult:
+    found = result(times, introspection=False, samples=Samples(decoded=decoded))
+    found.slots = True
+    return found
+
+
+def test_llama_slots_show_generation_kept_going() -> None:
+    decoded = [(1.0 + 0.1 * i, 9 + 10 * i) for i in range(21)]  # rising until 3.0
+    found = slots_result(decoded, paced(0.92, 9) + burst(3.0, 150) + paced(3.02, 20))
+    analyse(found, None)
+    assert found.verdict_source == "llama.cpp /slots"
+    assert found.server_paused is False
+    assert "n_decoded 9 -> 209" in found.verdict
+
+
+def test_llama_slots_show_generation_stopped() -> None:
+    decoded = [(1.0 + 0.1 * i, min(9 + 10 * i, 60)) for i in range(21)]  # flat from 1.6 s
+    found = slots_result(decoded, paced(0.92, 9) + burst(3.0, 50) + paced(3.02, 20))
+    analyse(found, None)
+    assert found.server_paused is True
+    assert found.generation_stopped_at == pytest.approx(1.6)
+    assert "stopped generating 0.60 s into the stall at n_decoded 60" in found.verdict
+
+
+def test_too_few_slot_samples_fall_back_to_inference() -> None:
+    found = slots_result([(1.0, 9)], paced(0.92, 9) + burst(3.0, 30))
+    analyse(found, None)
+    assert found.verdict_source == "inferred"
+
+
+def test_trickle_after_the_window_closed_and_gaps_after_the_stall() -> None:
+    samples = Samples(queue=[(1.0, 0), (1.1, 982), (1.2, 982), (2.0, 1310), (2.9, 1637)])
+    times = paced(0.92, 9) + burst(3.0, 12) + [4.0, 6.3, 6.31]
+    found = result(times, introspection=False, samples=samples)
+    analyse(found, None)
+    assert found.arrival_stopped_at == 1.1
+    assert found.trickle_bytes == 1637 - 982
+    assert found.longest_gap_after_stall_s == pytest.approx(2.3)
+
+
+def test_slot_progress_needs_exactly_one_busy_slot() -> None:
+    idle = {"id": 0, "is_processing": False}
+    busy = {"id": 1, "is_processing": True, "next_token": [{"n_decoded": 42}]}
+    assert slot_progress([idle, busy]) == 42
+    assert slot_progress([idle]) is None
+    assert slot_progress([busy, {**busy, "id": 2}]) is None
+    assert slot_progress([{"is_processing": True, "next_token": {"n_decoded": 7}}]) == 7

@@ -1,7 +1,8 @@
-"""What a target says about itself: edge-llm's ``/debug/streams`` and ``/metrics``.
+"""What a target says about itself: edge-llm's ``/debug/streams`` and ``/metrics``, and
+llama.cpp's ``/slots`` (per-slot ``is_processing`` and ``next_token[0].n_decoded``).
 
-Other servers have neither (or other names); every method then returns None, and the
-caller reports the figure as not measurable rather than guessing.
+Servers without them: every method returns None, and the caller reports the figure as
+not measurable (or infers it) rather than guessing.
 """
 
 from __future__ import annotations
@@ -100,6 +101,31 @@ class ServerInspector:
         if body is None:
             return None
         return metric_value(body.decode("utf-8", errors="replace"), KV_USED_METRIC)
+
+    async def slots(self) -> list[dict[str, Any]] | None:
+        """llama.cpp's ``/slots`` list, or None when the target has none."""
+        body = await self._get("/slots")
+        try:
+            slots = json.loads(body) if body is not None else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+        if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+            return None
+        return slots
+
+
+def slot_progress(slots: list[dict[str, Any]]) -> int | None:
+    """Tokens decoded by the one busy slot; None when no slot or several are busy.
+
+    The probe runs alone, so the one busy slot is its request's.
+    """
+    busy = [s for s in slots if s.get("is_processing")]
+    if len(busy) != 1:
+        return None
+    tokens = busy[0].get("next_token")
+    first = tokens[0] if isinstance(tokens, list) and tokens else tokens
+    decoded = first.get("n_decoded") if isinstance(first, dict) else None
+    return decoded if isinstance(decoded, int) and not isinstance(decoded, bool) else None
 
 
 def metric_value(text: str, name: str) -> float | None:

@@ -80,6 +80,13 @@ class Prompt:
     def body_messages(self) -> list[dict[str, str]]:
         return [dict(message) for message in self.messages]
 
+    def tagged(self, tag: str) -> Prompt:
+        """The same prompt with ``[tag] `` before the first message's text: a prefix no
+        earlier request had, so no server can answer it from a prompt cache."""
+        first, *rest = self.messages
+        marked = {**first, "content": f"[{tag}] {first['content']}"}
+        return Prompt(self.id, (marked, *rest), self.max_tokens)
+
 
 class PromptError(ValueError):
     """A prompt file or set name is invalid; the message names the line."""

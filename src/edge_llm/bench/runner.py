@@ -5,7 +5,9 @@ runs a batch of C simultaneous requests, then B runs its batch of C, then A agai
 so on until each target has run ``requests`` requests at that level. Targets never
 overlap, so each one sees exactly C concurrent streams (fewer only at the end of a
 batch, when some have finished) and two servers on one machine do not steal each
-other's CPU. Every target gets the same prompts in the same order.
+other's CPU. Every target gets the same prompts in the same order. Unless ``unique_prompts`` is off,
+each request's prompt starts with a tag unique to the run, level and index (the same
+for every target), so no server answers a repeated prompt from its prompt cache.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import json
 import os
 import platform
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,7 +27,12 @@ from edge_llm.bench.chat_stream import Clock, RequestOptions, run_request
 from edge_llm.bench.connection import HttpError, fetch
 from edge_llm.bench.prompts import Prompt
 from edge_llm.bench.record import RequestRecord
-from edge_llm.bench.slow_consumer import SlowConsumerResult, SlowConsumerSettings, probe
+from edge_llm.bench.slow_consumer import (
+    SLOW_PROMPT,
+    SlowConsumerResult,
+    SlowConsumerSettings,
+    probe,
+)
 from edge_llm.bench.stats import Summary, summarize
 from edge_llm.bench.targets import Target
 
@@ -43,6 +51,7 @@ class BenchConfig:
     warmup: int = 1
     options: RequestOptions = field(default_factory=RequestOptions)
     slow_consumer: SlowConsumerSettings | None = None
+    unique_prompts: bool = True
 
     def to_json(self) -> dict[str, Any]:
         slow = self.slow_consumer
@@ -58,6 +67,7 @@ class BenchConfig:
             "include_usage": self.options.include_usage,
             "timeout_s": self.options.timeout_s,
             "slow_consumer": None if slow is None else _settings_json(slow),
+            "unique_prompts": self.unique_prompts,
         }
 
 
@@ -160,13 +170,17 @@ class _Run:
         self.clock = clock
         started = datetime.now(UTC).isoformat(timespec="seconds")
         self.result = BenchResult(config, started, host_info())
+        self.result.host["run_tag"] = self.run_tag = secrets.token_hex(3)
         self.epoch = clock()
 
-    def prompt(self, index: int) -> Prompt:
-        return self.config.prompts[index % len(self.config.prompts)]
+    def prompt(self, index: int, tag: str) -> Prompt:
+        """The index-th prompt; with ``unique_prompts``, tagged with this run, level and
+        index (the same for every target, so all targets get the same text)."""
+        prompt = self.config.prompts[index % len(self.config.prompts)]
+        return prompt.tagged(f"{self.run_tag}-{tag}") if self.config.unique_prompts else prompt
 
     async def request(self, target: Target, level: int, index: int) -> RequestRecord:
-        prompt = self.prompt(index)
+        prompt = self.prompt(index, f"{level}-{index}")
         record = RequestRecord(target.name, level, index, prompt.id)
         options = self.config.options
         return await run_request(
@@ -213,7 +227,17 @@ class _Run:
             return
         for target in self.config.targets:
             self.notify(f"slow consumer {target.name}")
+            prompt = (
+                SLOW_PROMPT.tagged(f"{self.run_tag}-slow")
+                if self.config.unique_prompts
+                else SLOW_PROMPT
+            )
             found = await probe(
-                target, settings, self.config.options, epoch=self.epoch, clock=self.clock
+                target,
+                settings,
+                self.config.options,
+                epoch=self.epoch,
+                clock=self.clock,
+                prompt=prompt,
             )
             self.result.slow_consumer.append(found)

@@ -12,6 +12,9 @@ What the server did meanwhile:
   ``X-Request-Id`` header, is sampled; state ``paused`` with ``pause_cause`` gives when
   it paused and when it resumed, and the final entry the server's own ``pauses``,
   ``paused_ms`` and ``tokens_while_paused``.
+- llama.cpp's ``llama-server`` (it has ``/slots``): the busy slot's ``n_decoded`` is
+  sampled; still rising through the stall means it kept generating, flat means it
+  stopped (when, and at how many tokens).
 - other servers: inferred. Everything that arrives in one burst right after the stall
   was generated while the client was stalled. At the pace seen before the stall, a
   burst of N chunks is N x pace seconds of generation: about the whole stall (or the
@@ -34,7 +37,7 @@ from typing import Any
 
 from edge_llm.bench.chat_stream import ChatStream, Clock, RequestOptions
 from edge_llm.bench.connection import SMALL_LIMIT
-from edge_llm.bench.inspector import ServerInspector, StreamSample
+from edge_llm.bench.inspector import ServerInspector, StreamSample, slot_progress
 from edge_llm.bench.prompts import Prompt
 from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.targets import Target
@@ -49,6 +52,7 @@ BURST_GAP_FRACTION = 0.25
 MIN_BURST_GAP_S = 0.002
 MAX_SAMPLES = 10_000
 PAUSE_HOLD_S = 1.0
+STALL_SLACK_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +80,7 @@ class Samples:
 
     queue: list[tuple[float, int]] = field(default_factory=list)
     server: list[StreamSample] = field(default_factory=list)
+    decoded: list[tuple[float, int]] = field(default_factory=list)
     kv: list[tuple[float, float]] = field(default_factory=list)
 
     def full(self) -> bool:
@@ -90,17 +95,21 @@ class SlowConsumerResult:
     record: RequestRecord
     settings: SlowConsumerSettings
     introspection: bool
+    slots: bool = False
     stall_start: float | None = None
     stall_end: float | None = None
     chunks_before_stall: int = 0
     queue_peak_bytes: int | None = None
     arrival_stopped_at: float | None = None
+    trickle_bytes: int | None = None
     arrival_resumed_at: float | None = None
     pace_s: float | None = None
     burst_chunks: int = 0
     burst_span_s: float | None = None
+    longest_gap_after_stall_s: float | None = None
     finished_in_burst: bool = False
     generated_during_stall_s: float | None = None
+    generation_stopped_at: float | None = None
     server_paused: bool | None = None
     verdict_source: str = "inferred"
     verdict: str = ""
@@ -143,12 +152,13 @@ class _Sampler:
     """Samples the receive queue and the server until :meth:`stop` is called."""
 
     def __init__(
-        self, stream: ChatStream, inspector: ServerInspector, introspection: bool, interval: float
+        self, stream: ChatStream, inspector: ServerInspector, result: SlowConsumerResult
     ) -> None:
         self.stream = stream
         self.inspector = inspector
-        self.introspection = introspection
-        self.interval = interval
+        self.introspection = result.introspection
+        self.slots = result.slots
+        self.interval = result.settings.poll_interval_s
         self.samples = Samples()
         self.paused_seen = asyncio.Event()
         self._stop = asyncio.Event()
@@ -167,13 +177,21 @@ class _Sampler:
         queued = self.stream.queued_bytes()
         if queued is not None and not self.stream.finished:
             self.samples.queue.append((t, queued))
-        if not self.introspection:
-            return
+        if self.introspection:
+            await self._sample_engine(t)
+        elif self.slots:
+            slots = await self.inspector.slots()
+            decoded = slot_progress(slots) if slots is not None else None
+            if decoded is not None:
+                self.samples.decoded.append((t, decoded))
+
+    async def _sample_engine(self, t: float) -> None:
         stream_id = self.stream.record.stream_id
         entry = await self.inspector.stream_entry(stream_id) if stream_id else None
         if entry is not None:
             sample = StreamSample.of(t, entry)
             self.samples.server.append(sample)
+            self.samples.decoded.append((t, sample.n_generated))
             if sample.state == "paused":
                 self.paused_seen.set()
         kv = await self.inspector.kv_used_bytes()
@@ -195,6 +213,7 @@ async def probe(
     introspection = await inspector.debug_streams() is not None
     record = RequestRecord(target.name, concurrency=1, index=0, prompt_id=prompt.id)
     result = SlowConsumerResult(target.name, record, settings, introspection)
+    result.slots = not introspection and await inspector.slots() is not None
     result.kv_before_bytes = await inspector.kv_used_bytes()
     stream = ChatStream(
         target,
@@ -205,7 +224,7 @@ async def probe(
         rcvbuf=settings.rcvbuf,
         limit=SMALL_LIMIT,
     )
-    sampler = _Sampler(stream, inspector, introspection, settings.poll_interval_s)
+    sampler = _Sampler(stream, inspector, result)
     try:
         async with asyncio.timeout(options.timeout_s + settings.max_stall_s):
             await _run_stalled(stream, sampler, result, epoch)
@@ -276,7 +295,7 @@ def analyse(result: SlowConsumerResult, final: dict[str, Any] | None) -> None:
         _analyse_burst(result, start, end)
         if result.introspection:
             _analyse_server(result, final)
-        else:
+        elif not (result.slots and _analyse_slots(result, start, end)):
             _infer_server(result, end - start)
     _analyse_memory(result)
 
@@ -292,15 +311,19 @@ def _no_stall_reason(result: SlowConsumerResult) -> str:
 
 
 def _analyse_queue(result: SlowConsumerResult, start: float, end: float) -> None:
+    """The stream stopped arriving when the kernel receive queue first stopped growing
+    (the TCP window closed); bytes that still came after that are the trickle."""
     during = [(t, q) for t, q in result.samples.queue if start <= t <= end]
     after = [t for t in result.record.chunk_times if t >= end]
     result.arrival_resumed_at = after[0] if after else None
     if not during:
         return
-    peak = max(q for _, q in during)
-    result.queue_peak_bytes = peak
-    if peak > 0:
-        result.arrival_stopped_at = next(t for t, q in during if q == peak)
+    result.queue_peak_bytes = max(q for _, q in during)
+    for (t, q), (_, q_next) in itertools.pairwise(during):
+        if q > 0 and q_next <= q:
+            result.arrival_stopped_at = t
+            result.trickle_bytes = result.queue_peak_bytes - q
+            return
 
 
 def _analyse_burst(result: SlowConsumerResult, start: float, end: float) -> None:
@@ -315,6 +338,8 @@ def _analyse_burst(result: SlowConsumerResult, start: float, end: float) -> None
         if later - earlier > threshold:
             break
         burst.append(later)
+    gaps_after = [b - a for a, b in itertools.pairwise(after)]
+    result.longest_gap_after_stall_s = max(gaps_after, default=None)
     result.burst_chunks = len(burst)
     result.burst_span_s = burst[-1] - burst[0] if burst else None
     result.finished_in_burst = bool(burst) and len(burst) == len(after)
@@ -356,6 +381,40 @@ def _server_verdict(result: SlowConsumerResult) -> str:
     return ", ".join(parts)
 
 
+def _analyse_slots(result: SlowConsumerResult, start: float, end: float) -> bool:
+    """llama.cpp's /slots: did the busy slot's n_decoded keep rising through the stall?
+    False when there were too few samples to tell (the caller then infers)."""
+    during = [(t, n) for t, n in result.samples.decoded if start <= t <= end]
+    if len(during) < 2:
+        return False
+    result.verdict_source = "llama.cpp /slots"
+    last_rise = start
+    for (_, n), (t_next, n_next) in itertools.pairwise(during):
+        if n_next > n:
+            last_rise = t_next
+    first_n, last_n = during[0][1], during[-1][1]
+    still_rising = end - last_rise <= 2 * result.settings.poll_interval_s + STALL_SLACK_S
+    kept_going = still_rising or result.finished_in_burst
+    result.server_paused = not kept_going
+    if result.finished_in_burst:
+        result.verdict = (
+            f"kept generating while the client was stalled and finished: n_decoded {first_n} "
+            f"-> {last_n} (llama.cpp /slots), the rest arrived in one burst"
+        )
+    elif still_rising:
+        result.verdict = (
+            f"kept generating while the client was stalled: n_decoded {first_n} -> {last_n} "
+            "during the stall (llama.cpp /slots)"
+        )
+    else:
+        result.generation_stopped_at = last_rise
+        result.verdict = (
+            f"stopped generating {last_rise - start:.2f} s into the stall at n_decoded "
+            f"{last_n} (llama.cpp /slots)"
+        )
+    return True
+
+
 def _infer_server(result: SlowConsumerResult, stall: float) -> None:
     generated = result.generated_during_stall_s
     if result.finished_in_burst or (
@@ -371,7 +430,7 @@ def _infer_server(result: SlowConsumerResult, stall: float) -> None:
         result.server_paused = True
         result.verdict = (
             f"inferred: stopped generating about {generated:.2f} s into the {stall:.2f} s stall "
-            f"(a burst of {result.burst_chunks} chunks, then generation pace again)"
+            f"(only {result.burst_chunks} chunks were waiting when the client resumed)"
         )
     else:
         result.verdict = "not inferable: too few chunks before the stall to know the pace"

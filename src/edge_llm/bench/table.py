@@ -101,6 +101,7 @@ def slow_table(results: list[SlowConsumerResult]) -> Table:
         "server paused",
         "how known",
         "burst after stall",
+        "longest gap after",
         "memory",
     ):
         table.add_column(header)
@@ -113,6 +114,7 @@ def slow_table(results: list[SlowConsumerResult]) -> Table:
             _paused(found),
             found.verdict_source,
             f"{found.burst_chunks} chunks",
+            _seconds(found.longest_gap_after_stall_s),
             _memory(found),
         )
     return table

@@ -82,6 +82,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per target")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request (s)")
     parser.add_argument("--no-usage", action="store_true", help="do not ask for usage chunks")
+    parser.add_argument(
+        "--verbatim-prompts",
+        action="store_true",
+        help="send prompts unchanged (default: each starts with a unique [tag] so that no "
+        "server answers a repeated prompt from its prompt cache)",
+    )
     slow = parser.add_argument_group("slow consumer")
     slow.add_argument("--slow-consumer", action="store_true", help="run the stalled-reader probe")
     slow.add_argument("--stall-after", type=_positive_int, default=8, help="chunks before stall")
@@ -136,6 +142,7 @@ def build_config(args: argparse.Namespace) -> BenchConfig:
         warmup=args.warmup,
         options=options,
         slow_consumer=slow,
+        unique_prompts=not args.verbatim_prompts,
     )
 
 
