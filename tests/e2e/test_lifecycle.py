@@ -123,9 +123,10 @@ async def test_kv_budget_admission(engine_factory) -> None:
 async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
     engine = engine_factory("--max-sequences", "1", "--max-queue", "1")
     running = RawSseClient(engine.url, chat_body(STORY, max_tokens=300))
-    queued = RawSseClient(engine.url, chat_body(STORY, max_tokens=4))
+    queued = None
     try:
-        running.request_id()
+        running.request_id()  # it holds the only slot (and stays: nobody reads it)
+        queued = RawSseClient(engine.url, chat_body(STORY, max_tokens=4))
         await wait_until(
             lambda: engine.debug_streams()["requests_waiting"] == 1, what="a queued request"
         )
@@ -138,7 +139,8 @@ async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
                 assert (await r.json())["error"]["code"] == "queue_full"
     finally:
         running.close()
-        queued.close()
+        if queued is not None:
+            queued.close()
     assert counter(engine.metrics_text(), "admission_rejections", "queue_full") == 1
 
 

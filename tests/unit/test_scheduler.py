@@ -33,7 +33,7 @@ def run_prefill(scheduler: Scheduler) -> None:
 def test_a_sequence_reserves_prompt_plus_max_tokens_on_admission() -> None:
     scheduler = make_scheduler()
     seq = make_seq(20, max_tokens=30)
-    scheduler.add(seq)
+    scheduler.add(seq, 0.0)
     plan = scheduler.schedule(0.0)
     assert plan.started == [seq]
     assert seq.state is SequenceState.PREFILL
@@ -43,7 +43,7 @@ def test_a_sequence_reserves_prompt_plus_max_tokens_on_admission() -> None:
 def test_a_request_larger_than_the_whole_budget_is_refused_at_once() -> None:
     scheduler = make_scheduler(kv_tokens=100)
     with pytest.raises(KvBudgetNeverFits) as info:
-        scheduler.add(make_seq(60, max_tokens=50))
+        scheduler.add(make_seq(60, max_tokens=50), 0.0)
     assert info.value.status == 400
     assert info.value.extra["kv_tokens_needed"] == 110
 
@@ -51,8 +51,8 @@ def test_a_request_larger_than_the_whole_budget_is_refused_at_once() -> None:
 def test_a_request_that_fits_later_waits_in_the_queue() -> None:
     scheduler = make_scheduler(kv_tokens=100)
     first, second = make_seq(50, 40, "a"), make_seq(50, 40, "b")
-    scheduler.add(first)
-    scheduler.add(second)
+    scheduler.add(first, 0.0)
+    scheduler.add(second, 0.0)
     assert scheduler.schedule(0.0).started == [first]
     assert list(scheduler.waiting) == [second]
     scheduler.finish(first, SequenceState.DONE, 1.0)
@@ -61,29 +61,29 @@ def test_a_request_that_fits_later_waits_in_the_queue() -> None:
 
 def test_full_queue_rejects_with_queue_full_when_slots_are_busy() -> None:
     scheduler = make_scheduler(max_sequences=1, max_queue=1)
-    scheduler.add(make_seq(5, name="a"))
+    scheduler.add(make_seq(5, name="a"), 0.0)
     scheduler.schedule(0.0)
-    scheduler.add(make_seq(5, name="b"))
+    scheduler.add(make_seq(5, name="b"), 0.0)
     with pytest.raises(QueueFull) as info:
-        scheduler.add(make_seq(5, name="c"))
+        scheduler.add(make_seq(5, name="c"), 0.0)
     assert info.value.status == 503
 
 
 def test_full_queue_rejects_with_kv_budget_exceeded_when_kv_is_the_limit() -> None:
     scheduler = make_scheduler(max_sequences=4, max_queue=0, kv_tokens=100)
-    scheduler.add(make_seq(50, 40, "a"))
+    scheduler.add(make_seq(50, 40, "a"), 0.0)
     scheduler.schedule(0.0)
     with pytest.raises(KvBudgetExceeded):
-        scheduler.add(make_seq(50, 40, "b"))
+        scheduler.add(make_seq(50, 40, "b"), 0.0)
 
 
 def test_long_prompt_is_prefilled_in_chunks_and_a_short_one_goes_first() -> None:
     scheduler = make_scheduler(chunk=8)
     long_seq, short_seq = make_seq(40, name="long"), make_seq(3, name="short")
-    scheduler.add(long_seq)
+    scheduler.add(long_seq, 0.0)
     run_prefill(scheduler)
     assert long_seq.n_prefilled == 8
-    scheduler.add(short_seq)
+    scheduler.add(short_seq, 0.0)
     plan = scheduler.schedule(0.0)
     by_name = {chunk.seq.id: chunk for chunk in plan.chunks}
     assert by_name["short"].tokens == [0, 1, 2]
@@ -95,8 +95,8 @@ def test_long_prompt_is_prefilled_in_chunks_and_a_short_one_goes_first() -> None
 def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
     scheduler = make_scheduler()
     a, b = make_seq(4, name="a"), make_seq(4, name="b")
-    scheduler.add(a)
-    scheduler.add(b)
+    scheduler.add(a, 0.0)
+    scheduler.add(b, 0.0)
     run_prefill(scheduler)
     assert a.state is b.state is SequenceState.DECODING
     a.add_pause(PauseCause.CLIENT, 0.0)
@@ -107,7 +107,7 @@ def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
 def test_finish_returns_slot_and_reservation_and_reports_the_slot_once() -> None:
     scheduler = make_scheduler()
     seq = make_seq(10)
-    scheduler.add(seq)
+    scheduler.add(seq, 0.0)
     run_prefill(scheduler)
     slot = seq.slot
     scheduler.finish(seq, SequenceState.CANCELLED, 2.0)
@@ -124,3 +124,16 @@ def test_kv_cursor_counts_prompt_and_tokens_fed_back() -> None:
     assert seq.kv_tokens == 10
     seq.n_generated = 5
     assert seq.kv_tokens == 14
+
+
+def test_requests_are_admitted_on_arrival_not_at_the_next_step() -> None:
+    """A long decode step must not fill the queue while slots and KV are free."""
+    scheduler = make_scheduler(max_sequences=3, max_queue=0)
+    seqs = [make_seq(5, name=str(i)) for i in range(3)]
+    for seq in seqs:
+        scheduler.add(seq, 0.0)
+    assert scheduler.num_running == 3
+    assert scheduler.num_waiting == 0
+    assert scheduler.schedule(0.0).started == seqs
+    with pytest.raises(QueueFull):
+        scheduler.add(make_seq(5, name="late"), 0.0)

@@ -152,7 +152,7 @@ class Engine:
         with self._lock:
             self._supersede(request.session)
             try:
-                self.scheduler.add(seq)
+                self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
                 self.metrics.rejections.labels(exc.code).inc()
                 self.events("rejected", seq.id, code=exc.code, n_prompt_tokens=seq.n_prompt)

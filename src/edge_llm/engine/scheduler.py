@@ -6,8 +6,8 @@ to ``prefill_chunk_tokens``. A long prompt is therefore prefilled over many
 steps while the others keep decoding, and a short request that arrives during
 it gets its first token after one chunk, not after the whole prompt.
 
-Admission is FIFO and needs a free slot plus a KV reservation of
-prompt + max_tokens. Freed slots are handed to the engine (``take_released``)
+Admission needs a free slot plus a KV reservation of prompt + max_tokens; it
+happens on arrival when both are free, else the request waits in a bounded FIFO. Freed slots are handed to the engine (``take_released``)
 so it can free their KV cells before the next decode.
 """
 
@@ -57,6 +57,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self._free_slots = list(range(limits.max_sequences - 1, -1, -1))
         self._released: list[int] = []
+        self._started: list[Sequence] = []  # admitted since the last step
 
     @property
     def num_waiting(self) -> int:
@@ -72,8 +73,9 @@ class Scheduler:
     def reservation(seq: Sequence) -> int:
         return seq.n_prompt + seq.request.max_tokens
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new sequence, or raise the admission error the client gets."""
+    def add(self, seq: Sequence, now: float) -> None:
+        """Admit a new sequence at once if a slot and its KV are free, else queue
+        it; or raise the admission error the client gets."""
         need = self.reservation(seq)
         if not self.kv.could_ever_fit(need):
             raise KvBudgetNeverFits(
@@ -83,7 +85,11 @@ class Scheduler:
                 kv_tokens_needed=need,
                 kv_tokens_budget=self.kv.capacity_tokens,
             )
-        if self._can_start_now(need) or len(self.waiting) < self.limits.max_queue:
+        if not self.waiting and self._free_slots and self.kv.can_allocate(need):
+            self._admit(seq, now)
+            self._started.append(seq)
+            return
+        if len(self.waiting) < self.limits.max_queue:
             self.waiting.append(seq)
             return
         if self._free_slots:
@@ -97,30 +103,31 @@ class Scheduler:
             retry_after_s=2,
         )
 
-    def _can_start_now(self, need: int) -> bool:
-        return not self.waiting and bool(self._free_slots) and self.kv.can_allocate(need)
+    def _admit(self, seq: Sequence, now: float) -> None:
+        need = self.reservation(seq)
+        self.kv.allocate(need)
+        seq.kv_reserved_tokens = need
+        seq.slot = self._free_slots.pop()
+        seq.state = SequenceState.PREFILL
+        seq.admitted_at = now
+        self.running.append(seq)
 
     def _admit_waiting(self, now: float) -> list[Sequence]:
         started = []
         while self.waiting and self._free_slots:
             seq = self.waiting[0]
-            need = self.reservation(seq)
-            if not self.kv.can_allocate(need):
+            if not self.kv.can_allocate(self.reservation(seq)):
                 break  # FIFO: a large request is not starved by smaller ones behind it
             self.waiting.popleft()
-            self.kv.allocate(need)
-            seq.kv_reserved_tokens = need
-            seq.slot = self._free_slots.pop()
-            seq.state = SequenceState.PREFILL
-            seq.admitted_at = now
-            self.running.append(seq)
+            self._admit(seq, now)
             started.append(seq)
         return started
 
     # -- the step -----------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
-        plan = StepPlan(started=self._admit_waiting(now))
+        started, self._started = self._started, []
+        plan = StepPlan(started=[*started, *self._admit_waiting(now)])
         plan.chunks.extend(
             ScheduledChunk(seq, [seq.last_token], seq.kv_tokens, sample=True)
             for seq in self.running
