@@ -7,8 +7,9 @@ steps while the others keep decoding, and a short request that arrives during
 it gets its first token after one chunk, not after the whole prompt.
 
 Admission needs a free slot plus a KV reservation of prompt + max_tokens; it
-happens on arrival when both are free, else the request waits in a bounded FIFO. Freed slots are handed to the engine (``take_released``)
-so it can free their KV cells before the next decode.
+happens on arrival when both are free, else the request waits in a bounded
+FIFO. Freed slots are handed to the engine (``take_released``) so it can free
+their KV cells before the next decode.
 """
 
 from __future__ import annotations
