@@ -21,6 +21,8 @@ MARGIN_TOP = 28
 MARGIN_BOTTOM = 40
 LANE_HEIGHT = 14
 LABEL_WIDTH = 150
+LEGEND_MIN_WIDTH = 150
+LEGEND_CHAR_WIDTH = 6.2
 
 
 def color(index: int) -> str:
@@ -152,7 +154,8 @@ def _polyline(axes: _Axes, series: Series) -> str:
 
 def _legend(series: Sequence[Series], width: int) -> list[str]:
     parts = []
-    x = width - MARGIN_RIGHT - 150
+    longest = max((len(item.name) for item in series), default=0)
+    x = width - MARGIN_RIGHT - max(LEGEND_MIN_WIDTH, 20 + LEGEND_CHAR_WIDTH * longest)
     for i, item in enumerate(series):
         y = MARGIN_TOP + 12 + 14 * i
         parts.append(f'<rect x="{x}" y="{y - 8}" width="10" height="10" fill="{item.color}"/>')
