@@ -35,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Send the same prompts to every target, taking turns (A, B, A, B ...), "
         "and report TTFR, TTFT, ITL, TPOT, E2EL, decode rate, throughput and errors per "
         "target and concurrency level.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -77,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--requests", type=int, default=8, help="requests per target and level")
     parser.add_argument("--concurrency", type=_levels, default=(1,), help="levels, e.g. 1,2,4")
-    parser.add_argument("--max-tokens", type=_positive_int, default=64)
+    parser.add_argument("--max-tokens", type=_positive_int, default=64, help="per request")
     parser.add_argument("--temperature", type=float, default=0.0, help="(default 0: greedy)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per target")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request (s)")
@@ -93,14 +94,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     slow.add_argument("--stall-after", type=_positive_int, default=8, help="chunks before stall")
     slow.add_argument("--stall-seconds", type=float, default=4.0, help="how long to stop reading")
     slow.add_argument("--rcvbuf", type=_positive_int, default=4096, help="SO_RCVBUF (bytes)")
-    slow.add_argument("--slow-max-tokens", type=_positive_int, default=400)
+    slow.add_argument(
+        "--slow-max-tokens", type=_positive_int, default=400, help="max_tokens of the probe"
+    )
     slow.add_argument(
         "--stall-until-paused",
         action="store_true",
         help="keep stalling an edge-llm target until /debug/streams shows the pause "
         "(at most --max-stall-seconds); other targets stall --stall-seconds",
     )
-    slow.add_argument("--max-stall-seconds", type=float, default=60.0)
+    slow.add_argument(
+        "--max-stall-seconds", type=float, default=60.0, help="bound for --stall-until-paused"
+    )
     parser.add_argument("--json", metavar="OUT", help="write config, records and summaries")
     parser.add_argument("--report", metavar="OUT.html", help="write the HTML report")
 
