@@ -198,3 +198,14 @@ async def test_a_stream_paused_too_long_is_cancelled_and_its_kv_freed(engine_of)
     assert stalled.seq.n_generated == 4
     assert engine.kv_used_bytes == 0
     assert engine.metrics.cancellations.labels("pause_timeout")._value.get() == 1
+
+
+async def test_without_pause_on_socket_full_a_slow_reader_gets_everything(engine_of) -> None:
+    """Regression: a full ring used to kill the engine thread (RingOverflow)."""
+    engine = engine_of(pause_on_socket_full=False, outbound_buffer_tokens=4)
+    handle = engine.submit(request(max_tokens=30))
+    await handle.wait_done()  # generated to the end with nobody reading
+    assert engine.alive
+    assert handle.seq.pauses == 0
+    assert handle.ring.write_cursor == 30
+    assert await drain(engine, handle) == "".join(f"t{t} " for t in range(10, 40))

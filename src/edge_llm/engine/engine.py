@@ -146,9 +146,7 @@ class Engine:
             raise EngineUnavailable(f"engine unavailable: {reason}", retry_after_s=5)
         now = self.clock()
         seq = Sequence(request, request.request_id or self.new_request_id(), now)
-        handle = StreamHandle(
-            seq, TokenRing(self.settings.outbound_buffer_tokens), request.sampling.stop
-        )
+        handle = StreamHandle(seq, self._new_ring(request.max_tokens), request.sampling.stop)
         with self._lock:
             self._supersede(request.session)
             try:
@@ -171,6 +169,13 @@ class Engine:
             )
         self._wake.set()
         return handle
+
+    def _new_ring(self, max_tokens: int) -> TokenRing:
+        capacity = self.settings.outbound_buffer_tokens
+        if self.settings.pause_on_socket_full:
+            return TokenRing(capacity)
+        # Not pausing: a slow reader's tokens wait in the ring, at most all of them.
+        return TokenRing(capacity, hard_limit=max_tokens)
 
     def _supersede(self, session: str | None) -> None:
         old = self._sessions.get(session) if session else None

@@ -20,10 +20,14 @@ class RingOverflow(RuntimeError):
 class TokenRing:
     """Thread-safe single-producer, single-consumer token ring."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, hard_limit: int | None = None) -> None:
+        """``capacity`` is what counts as full (the engine pauses there);
+        ``hard_limit`` (default: capacity) is what the ring may ever hold — larger
+        only when pausing is off, and then bounded by the request's max_tokens."""
         if capacity < 1:
             raise ValueError("ring capacity must be at least 1")
         self.capacity = capacity
+        self.hard_limit = max(capacity, hard_limit or capacity)
         self._pieces: deque[str] = deque()
         self._write = 0
         self._read = 0
@@ -49,8 +53,8 @@ class TokenRing:
     def push(self, text: str) -> None:
         """Engine side: append one token's text."""
         with self._lock:
-            if self._write - self._read >= self.capacity:
-                raise RingOverflow(f"ring of {self.capacity} tokens is full")
+            if self._write - self._read >= self.hard_limit:
+                raise RingOverflow(f"ring of {self.hard_limit} tokens is full")
             self._pieces.append(text)
             self._write += 1
 
