@@ -19,28 +19,8 @@ then
     exit 0
 fi
 
-cpu_flags() {
-    local arch
-    arch=$(uname -m)
-    if [ "$arch" != "x86_64" ]; then
-        echo "-DGGML_NATIVE=ON"
-        return
-    fi
-    local have
-    have=$(grep -m1 '^flags' /proc/cpuinfo || true)
-    local args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    flag() { if grep -qw "$1" <<<"$have"; then args="$args -D$2=ON"; else args="$args -D$2=OFF"; fi; }
-    flag avx GGML_AVX
-    flag avx2 GGML_AVX2
-    flag fma GGML_FMA
-    flag f16c GGML_F16C
-    flag bmi2 GGML_BMI2
-    flag avx512f GGML_AVX512
-    flag avx512_vnni GGML_AVX512_VNNI
-    flag avx512vbmi GGML_AVX512_VBMI
-    flag avx512_bf16 GGML_AVX512_BF16
-    echo "$args"
-}
+# shellcheck source=scripts/cpu-flags.sh
+source "$(dirname "$0")/cpu-flags.sh"
 
 export CMAKE_ARGS="$(cpu_flags)"
 key=$(echo "$version $CMAKE_ARGS" | sha256sum | cut -c1-16)

