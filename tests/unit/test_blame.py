@@ -18,10 +18,10 @@ from edge_llm.observability.blame import (
     Thresholds,
     blame,
     build_timelines,
-    parse_lines,
     split_sources,
 )
 from edge_llm.observability.blame_render import format_event, render_text, report_json
+from edge_llm.observability.events import parse_event_lines
 
 DATA = Path(__file__).parent.parent / "data" / "blame"
 T0 = 1767225600.0
@@ -87,8 +87,8 @@ def rules_of(report: RequestReport) -> list[str]:
 
 
 def load_pair(name: str) -> BlameReport:
-    engine, _ = parse_lines((DATA / name / "engine.jsonl").read_text().splitlines())
-    client, _ = parse_lines((DATA / name / "client.jsonl").read_text().splitlines())
+    engine, _ = parse_event_lines((DATA / name / "engine.jsonl").read_text().splitlines())
+    client, _ = parse_event_lines((DATA / name / "client.jsonl").read_text().splitlines())
     return blame(engine, client, have_engine_log=True, have_client_log=True)
 
 

@@ -20,11 +20,11 @@ from edge_llm.observability.blame import (
     ENGINE,
     Thresholds,
     blame,
-    parse_lines,
     select,
     split_sources,
 )
 from edge_llm.observability.blame_render import render_text, report_json
+from edge_llm.observability.events import parse_event_lines
 
 NO_LOG = "-"
 
@@ -133,7 +133,7 @@ def load_logs(engine_path: str | None, client_path: str | None) -> Logs:
 def read_log(path: str) -> tuple[list[dict[str, Any]], int]:
     try:
         with open(path, encoding="utf-8") as fh:
-            events, skipped = parse_lines(fh)
+            events, skipped = parse_event_lines(fh)
     except (OSError, UnicodeDecodeError) as exc:
         raise LogError(f"cannot read {path}: {exc}") from exc
     if skipped and not events:

@@ -29,7 +29,6 @@ assume both sides ran on the same host or on synchronised clocks.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,25 +162,6 @@ def _ms(seconds: float) -> str:
 
 
 # -- reading -------------------------------------------------------------------------------
-
-
-def parse_lines(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
-    """JSON objects with an ``event`` key, and how many non-blank lines were not."""
-    events: list[dict[str, Any]] = []
-    skipped = 0
-    for raw in lines:
-        text = raw.strip()
-        if not text:
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError:
-            record = None
-        if isinstance(record, dict) and "event" in record:
-            events.append(record)
-        else:
-            skipped += 1
-    return events, skipped
 
 
 def split_sources(

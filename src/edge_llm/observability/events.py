@@ -20,7 +20,7 @@ import json
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,18 +78,26 @@ def null_sink(event: str, request_id: str | None = None, **fields: Any) -> None:
     """Event sink used when no log file is configured."""
 
 
+def parse_event_lines(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
+    """JSON objects with an ``event`` key, and how many non-blank lines were not."""
+    events: list[dict[str, Any]] = []
+    skipped = 0
+    for raw in lines:
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError:
+            record = None
+        if isinstance(record, dict) and "event" in record:
+            events.append(record)
+        else:
+            skipped += 1
+    return events, skipped
+
+
 def read_events(path: str | Path) -> list[dict[str, Any]]:
     """Parse a JSONL event log, skipping blank or broken lines."""
-    events: list[dict[str, Any]] = []
     with open(path, encoding="utf-8") as fh:
-        for raw in fh:
-            text = raw.strip()
-            if not text:
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "event" in record:
-                events.append(record)
-    return events
+        return parse_event_lines(fh)[0]
