@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -15,14 +15,37 @@ from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
 from edge_llm.server.sse_writer import SseWriter
 
-ChunkFactory = Callable[[str, str | None], dict[str, Any]]
-UsageFactory = Callable[[], dict[str, Any]]
+
+@dataclass(frozen=True)
+class _Shape:
+    """How one endpoint's objects look (chat or text completion)."""
+
+    chat: bool
+
+    def chunk(self, ids: _Ids, text: str, finish_reason: str | None) -> dict[str, Any]:
+        if self.chat:
+            return openai.chat_chunk(*ids, content=text, finish_reason=finish_reason)
+        return openai.completion_chunk(*ids, text=text, finish_reason=finish_reason)
+
+    def first(self, ids: _Ids) -> dict[str, Any] | None:
+        """The role-only chunk chat streams start with."""
+        return openai.chat_chunk(*ids, role="assistant", content="") if self.chat else None
+
+    def whole(
+        self, ids: _Ids, text: str, finish_reason: str, usage: dict[str, int]
+    ) -> dict[str, Any]:
+        build = openai.chat_completion if self.chat else openai.text_completion
+        return build(ids[0], ids[1], text, finish_reason, usage)
+
+
+_Ids = tuple[str, str, int]  # request id, model, created
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
-    body = await read_json(request, ctx.connection)
-    req = openai.parse_request(openai.ChatCompletionRequest, body)
+    req = openai.parse_request(
+        openai.ChatCompletionRequest, await read_json(request, ctx.connection)
+    )
     ctx.service.check_model(req.model)
     handle = await ctx.service.start_chat(
         req.chat_messages(),
@@ -30,32 +53,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         sampling=req.sampling(),
         session=session_of(request, req.user),
     )
-    model, created = ctx.service.model_id, int(time.time())
-
-    def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
-        return openai.chat_chunk(
-            handle.id, model, created, content=text, finish_reason=finish_reason
-        )
-
-    def usage() -> dict[str, Any]:
-        return openai.usage_chunk(handle.id, model, created, handle.usage(), chat=True)
-
-    first = openai.chat_chunk(handle.id, model, created, role="assistant", content="")
-    with ctx.guard(handle):
-        if req.stream:
-            usage_factory = usage if req.include_usage else None
-            return await _stream_sse(request, ctx, handle, chunk, first=first, usage=usage_factory)
-        text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings)
-        return web.json_response(
-            openai.chat_completion(handle.id, model, text, finish_reason, handle.usage()),
-            headers={"X-Request-Id": handle.id},
-        )
+    return await _respond(request, ctx, handle, req, _Shape(chat=True))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
-    body = await read_json(request, ctx.connection)
-    req = openai.parse_request(openai.CompletionRequest, body)
+    req = openai.parse_request(openai.CompletionRequest, await read_json(request, ctx.connection))
     ctx.service.check_model(req.model)
     handle = await ctx.service.start_text(
         req.prompt_text(),
@@ -63,23 +66,25 @@ async def completions(request: web.Request) -> web.StreamResponse:
         sampling=req.sampling(),
         session=session_of(request, req.user),
     )
-    model, created = ctx.service.model_id, int(time.time())
+    return await _respond(request, ctx, handle, req, _Shape(chat=False))
 
-    def chunk(text: str, finish_reason: str | None) -> dict[str, Any]:
-        return openai.completion_chunk(
-            handle.id, model, created, text=text, finish_reason=finish_reason
-        )
 
-    def usage() -> dict[str, Any]:
-        return openai.usage_chunk(handle.id, model, created, handle.usage(), chat=False)
-
+async def _respond(
+    request: web.Request,
+    ctx: ServerContext,
+    handle: StreamHandle,
+    req: openai.ChatCompletionRequest | openai.CompletionRequest,
+    shape: _Shape,
+) -> web.StreamResponse:
+    ids: _Ids = (handle.id, ctx.service.model_id, int(time.time()))
     with ctx.guard(handle):
         if req.stream:
-            usage_factory = usage if req.include_usage else None
-            return await _stream_sse(request, ctx, handle, chunk, first=None, usage=usage_factory)
+            return await _stream_sse(
+                request, ctx, handle, ids, shape, include_usage=req.include_usage
+            )
         text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings)
         return web.json_response(
-            openai.text_completion(handle.id, model, text, finish_reason, handle.usage()),
+            shape.whole(ids, text, finish_reason, handle.usage()),
             headers={"X-Request-Id": handle.id},
         )
 
@@ -93,26 +98,27 @@ async def _stream_sse(
     request: web.Request,
     ctx: ServerContext,
     handle: StreamHandle,
-    chunk: ChunkFactory,
+    ids: _Ids,
+    shape: _Shape,
     *,
-    first: dict[str, Any] | None,
-    usage: UsageFactory | None,
+    include_usage: bool,
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, handle.id)
+    first = shape.first(ids)
     async for event in pump(ctx.engine, handle, ctx.pump_settings):
         if isinstance(event, Delta):
             prefix = b""
             if first is not None:
                 prefix, first = sse.encode_data(first), None
-            await writer.send(prefix + sse.encode_data(chunk(event.text, None)))
+            await writer.send(prefix + sse.encode_data(shape.chunk(ids, event.text, None)))
         elif isinstance(event, Heartbeat):
             await writer.send(sse.PING)
         elif isinstance(event, Finished):
             outcome = event.outcome
             if outcome.error is not None:
                 return await writer.fail(outcome.error, sse.encode_data(outcome.error.to_dict()))
-            tail = [chunk("", outcome.finish_reason or "stop")]
-            if usage is not None:
-                tail.append(usage())
+            tail = [shape.chunk(ids, "", outcome.finish_reason or "stop")]
+            if include_usage:
+                tail.append(openai.usage_chunk(*ids, handle.usage(), chat=shape.chat))
             await writer.send(b"".join(sse.encode_data(c) for c in tail) + sse.DONE)
     return await writer.finish()
