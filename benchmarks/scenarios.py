@@ -31,6 +31,10 @@ PREFILL_SENTENCES = 28  # about 500 prompt tokens
 STALLED_READER_TOKENS = 2048
 STALLED_RCVBUF = 4096
 STALL_AFTER_CHUNKS = 4
+# The scenario measures the others while the stalled stream sits stalled: its reader
+# stops, then both servers get this long (the same for each) before the fast readers
+# start, time for the client's and the server's socket buffers to fill.
+STALL_SETTLE_S = 3.0
 PREFILL_HEAD_START_S = 0.3
 RSS_SAMPLE_S = 0.05
 MIB = 1 << 20
@@ -125,8 +129,9 @@ async def _fast_readers(ctx: Context, first_index: int) -> list[RequestRecord]:
 
 
 async def stalled_reader(ctx: Context) -> Figures:
-    """Three fast readers alone, then the same three beside a reader that stops reading
-    after a few chunks (its own small-SO_RCVBUF socket) until they finish."""
+    """Three fast readers alone, then the same three beside a reader that stopped
+    reading after a few chunks (its own small-SO_RCVBUF socket) STALL_SETTLE_S
+    before they start, and stays stalled until they finish."""
     alone = aggregate_decode_rate(await _fast_readers(ctx, 0))
     prompt = story(ctx, 9)
     record = ctx.record(prompt, 9)
@@ -138,6 +143,7 @@ async def stalled_reader(ctx: Context) -> Figures:
         if await stalled.open(ctx.epoch):
             while record.n_chunks < STALL_AFTER_CHUNKS and await stalled.read_some():
                 pass
+            await asyncio.sleep(STALL_SETTLE_S)
         beside = aggregate_decode_rate(await _fast_readers(ctx, 3))
     finally:
         stalled.close()
