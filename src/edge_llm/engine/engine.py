@@ -351,10 +351,10 @@ class Engine:
 
     def _start(self, started: list[Sequence]) -> None:
         for seq in started:
-            assert seq.slot is not None
-            self._deferred_slots.discard(seq.slot)
-            self._kv_unreleased.pop(seq.slot, None)
-            self.backend.start_sequence(seq.slot, seq.request.sampling)
+            slot = seq.require_slot()
+            self._deferred_slots.discard(slot)
+            self._kv_unreleased.pop(slot, None)
+            self.backend.start_sequence(slot, seq.request.sampling)
             if seq.admitted_at is not None:
                 self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
             self.events(
@@ -414,7 +414,7 @@ class Engine:
     def _decode_chunks(
         self, chunks: list[ScheduledChunk]
     ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
-        items = [BatchItem(c.seq.slot or 0, c.tokens, c.start_pos, c.sample) for c in chunks]
+        items = [BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample) for c in chunks]
         sampled = iter(self.backend.decode(items))
         return [(c, next(sampled) if c.sample else None, None) for c in chunks]
 

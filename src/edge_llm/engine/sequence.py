@@ -61,6 +61,12 @@ class Sequence:
     backpressure_peak: int = 0
     tokens_while_paused: int = 0
 
+    def require_slot(self) -> int:
+        """The slot of an admitted sequence (the scheduler gives one on admission)."""
+        if self.slot is None:
+            raise RuntimeError(f"sequence {self.id} has no slot: it was never admitted")
+        return self.slot
+
     @property
     def session(self) -> str | None:
         return self.request.session
