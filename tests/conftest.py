@@ -116,8 +116,10 @@ EngineFactory = Callable[..., EngineProcess]
 
 @pytest.fixture(scope="session")
 def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
-    """One engine with the seed's configuration, shared by the session."""
-    engine = start_engine(tmp_path_factory.mktemp("engine"))
+    """One engine with the seed's configuration, shared by the session. Paused
+    streams are kept long enough for tests on a loaded machine (max_pause_ms is
+    not a seed key)."""
+    engine = start_engine(tmp_path_factory.mktemp("engine"), "--max-pause-ms", "600000")
     yield engine
     engine.stop()
 
