@@ -62,10 +62,13 @@ class StreamHandle:
 
     async def wait_changed(self, timeout: float | None) -> bool:
         """Wait until the engine signals; returns False on timeout."""
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            return False
+        if not self._changed.is_set():
+            try:
+                # asyncio.timeout, unlike wait_for, creates no task: this runs per token.
+                async with asyncio.timeout(timeout):
+                    await self._changed.wait()
+            except TimeoutError:
+                return False
         self._changed.clear()
         return True
 
