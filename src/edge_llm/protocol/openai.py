@@ -7,7 +7,6 @@ out-of-range numbers give :class:`InvalidRequest` naming the field, never a 500.
 from __future__ import annotations
 
 import math
-import time
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -203,12 +202,18 @@ def usage_chunk(
 
 
 def chat_completion(
-    request_id: str, model: str, text: str, finish_reason: str, usage: dict[str, int]
+    request_id: str,
+    model: str,
+    created: int,
+    *,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, int],
 ) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "chat.completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [
             {
@@ -223,12 +228,18 @@ def chat_completion(
 
 
 def text_completion(
-    request_id: str, model: str, text: str, finish_reason: str, usage: dict[str, int]
+    request_id: str,
+    model: str,
+    created: int,
+    *,
+    text: str,
+    finish_reason: str,
+    usage: dict[str, int],
 ) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "text_completion",
-        "created": int(time.time()),
+        "created": created,
         "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
         "usage": usage,

@@ -35,7 +35,7 @@ class _Shape:
         self, ids: _Ids, text: str, finish_reason: str, usage: dict[str, int]
     ) -> dict[str, Any]:
         build = openai.chat_completion if self.chat else openai.text_completion
-        return build(ids[0], ids[1], text, finish_reason, usage)
+        return build(*ids, text=text, finish_reason=finish_reason, usage=usage)
 
 
 _Ids = tuple[str, str, int]  # request id, model, created
