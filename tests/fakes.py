@@ -37,6 +37,7 @@ class FakeBackend:
             n_vocab=1000,
         )
         self.kv_capacity_tokens = kv_capacity_tokens
+        self.kv_sequence_tokens = kv_capacity_tokens
         self.max_sequences = max_sequences
         self.script = list(script)
         self.fail_slots: set[int] = set()

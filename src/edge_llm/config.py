@@ -68,6 +68,11 @@ class SchedulerConfig(_Section):
     prefill_chunk_tokens: int = Field(
         128, ge=8, le=4096, description="Prompt tokens prefilled per engine step"
     )
+    kv_unified: bool = Field(
+        True,
+        description="One KV pool for all sequences; false: each slot gets budget / "
+        "max_sequences (faster attention with several streams, less room for one)",
+    )
     max_queue: int = Field(
         16, ge=0, description="Requests allowed to wait for a slot; beyond: 503 queue_full"
     )

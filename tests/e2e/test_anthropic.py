@@ -18,7 +18,7 @@ from edge_llm.client.sse import SSEParser
 
 pytestmark = pytest.mark.e2e
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 FOREIGN_MODEL = "claude-sonnet-4-5"  # what Claude Code sends unless ANTHROPIC_MODEL is set
 # This SDK version has no temperature parameter; it is still sent as a body field.
 GREEDY = {"temperature": 0}

@@ -17,7 +17,7 @@ from support import wait_until
 
 pytestmark = pytest.mark.e2e
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake."}]
 
 
@@ -136,7 +136,7 @@ def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_pat
 
 def test_chat_sse_one_shot_and_failure_exit_code(engine_server: Any, tmp_path: Path) -> None:
     model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
-    question = "What is the capital of France?"
+    question = "Name the capital of France."
     ok = run_cli("--base-url", engine_server.base_url + "/", "--model", model_id,
                  "--max-tokens", "16", "--temperature", "0", question)  # fmt: skip
     assert ok.returncode == 0, ok.stderr

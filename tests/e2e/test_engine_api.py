@@ -13,7 +13,7 @@ from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
-QUESTION = "What is the capital of France?"
+QUESTION = "Name the capital of France."
 
 
 def test_openai_sdk_streaming_and_not(engine_server) -> None:
@@ -37,6 +37,23 @@ def test_openai_sdk_streaming_and_not(engine_server) -> None:
     assert "Paris" in text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
     assert text == reply.choices[0].message.content  # same greedy answer either way
+
+
+def test_chat_uses_the_models_own_template_with_its_default_system_prompt(engine_server) -> None:
+    """SmolLM2's template adds "You are a helpful AI assistant named SmolLM..." when
+    the request has no system message (llama.cpp's built-in ChatML renderer does not)."""
+    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
+
+    def prompt_tokens(messages: list[dict[str, str]]) -> int:
+        reply = client.chat.completions.create(
+            model="SmolLM2-135M-Instruct", messages=messages, temperature=0, max_tokens=1
+        )
+        return reply.usage.prompt_tokens
+
+    user = {"role": "user", "content": "hi"}
+    with_default = prompt_tokens([user])
+    with_own = prompt_tokens([{"role": "system", "content": "x"}, user])
+    assert with_default >= with_own + 10
 
 
 def test_completions_endpoint(engine_server) -> None:

@@ -120,6 +120,26 @@ async def test_kv_budget_admission(engine_factory) -> None:
             first.close()
 
 
+async def test_per_sequence_kv_layout_serves_and_caps_one_sequence(engine_factory) -> None:
+    engine = engine_factory("--no-kv-unified", "--max-sequences", "4", "--max-kv-cache-mb", "32")
+    debug = engine.debug_streams()
+    share = debug["kv_budget_bytes"] // debug["kv_bytes_per_token"] // 4
+    assert share >= 256
+    async with aiohttp.ClientSession() as session:
+        url = engine.base_url + "/chat/completions"
+        async with session.post(url, json=chat_body("Hi", max_tokens=share)) as r:
+            assert r.status == 400  # the prompt does not fit beside share tokens
+            assert (await r.json())["error"]["code"] == "kv_budget_exceeded"
+        requests = [
+            session.post(url, json=chat_body(STORY, max_tokens=24, stream=False)) for _ in range(4)
+        ]
+        replies = await asyncio.gather(*requests)
+        for reply in replies:
+            assert reply.status == 200
+            assert (await reply.json())["usage"]["completion_tokens"] == 24
+    await wait_until(lambda: kv_idle(engine), timeout=5, what="KV freed")
+
+
 async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
     engine = engine_factory("--max-sequences", "1", "--max-queue", "1")
     running = RawSseClient(engine.url, chat_body(STORY, max_tokens=300))

@@ -48,6 +48,16 @@ def test_a_request_larger_than_the_whole_budget_is_refused_at_once() -> None:
     assert info.value.extra["kv_tokens_needed"] == 110
 
 
+def test_with_per_sequence_kv_a_request_larger_than_one_share_is_refused() -> None:
+    scheduler = Scheduler(SchedulerLimits(2, 2, 8), KvBudget(1000, 10, sequence_tokens=500))
+    scheduler.add(make_seq(100, max_tokens=400), 0.0)  # exactly one share
+    with pytest.raises(KvBudgetNeverFits) as info:
+        scheduler.add(make_seq(100, max_tokens=401), 0.0)
+    assert info.value.status == 400
+    assert info.value.extra["kv_tokens_budget"] == 500
+    assert "kv_unified = false" in str(info.value)
+
+
 def test_a_request_that_fits_later_waits_in_the_queue() -> None:
     scheduler = make_scheduler(kv_tokens=100)
     first, second = make_seq(50, 40, "a"), make_seq(50, 40, "b")

@@ -27,7 +27,7 @@ LONG_PROMPT_SENTENCES = 58
 MAX_PROMPTS = 100_000
 
 _SHORT = (
-    "What is the capital of France?",
+    "Name the capital of France.",
     "Give me three tips for staying focused while studying.",
     "Explain what a hash table is in two sentences.",
     "Write a haiku about autumn rain.",

@@ -63,6 +63,7 @@ class ModelInfo:
 class Backend(Protocol):
     info: ModelInfo
     kv_capacity_tokens: int
+    kv_sequence_tokens: int  # most cells one sequence may hold
     max_sequences: int
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:

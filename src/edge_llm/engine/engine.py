@@ -71,7 +71,9 @@ class Engine:
         limits = SchedulerLimits(
             backend.max_sequences, settings.max_queue, settings.prefill_chunk_tokens
         )
-        self.kv = KvBudget(backend.kv_capacity_tokens, backend.info.kv_bytes_per_token)
+        self.kv = KvBudget(
+            backend.kv_capacity_tokens, backend.info.kv_bytes_per_token, backend.kv_sequence_tokens
+        )
         self.scheduler = Scheduler(limits, self.kv)
         self._lock = threading.RLock()
         self._wake = threading.Event()

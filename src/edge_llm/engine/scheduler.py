@@ -80,11 +80,11 @@ class Scheduler:
         need = self.reservation(seq)
         if not self.kv.could_ever_fit(need):
             raise KvBudgetNeverFits(
-                f"prompt + max_tokens needs {need} KV tokens but the whole budget holds "
-                f"{self.kv.capacity_tokens}; lower max_tokens or raise max_kv_cache_mb",
+                f"prompt + max_tokens needs {need} KV tokens but {self._never_fits_limit()}; "
+                "lower max_tokens or raise max_kv_cache_mb",
                 param="max_tokens",
                 kv_tokens_needed=need,
-                kv_tokens_budget=self.kv.capacity_tokens,
+                kv_tokens_budget=self.kv.sequence_tokens,
             )
         if not self.waiting and self._free_slots and self.kv.can_allocate(need):
             self._admit(seq, now)
@@ -103,6 +103,11 @@ class Scheduler:
             f"{len(self.running)} sequences running and {len(self.waiting)} waiting",
             retry_after_s=2,
         )
+
+    def _never_fits_limit(self) -> str:
+        if self.kv.sequence_tokens < self.kv.capacity_tokens:
+            return f"one sequence may hold at most {self.kv.sequence_tokens} (kv_unified = false)"
+        return f"the whole budget holds {self.kv.capacity_tokens}"
 
     def _admit(self, seq: Sequence, now: float) -> None:
         need = self.reservation(seq)

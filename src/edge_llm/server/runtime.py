@@ -49,6 +49,7 @@ def load_backend(config: EngineConfig) -> Backend:
         max_sequences=sched.max_sequences,
         max_batch_tokens=sched.max_sequences + sched.prefill_chunk_tokens,
         n_threads=config.model.n_threads,
+        kv_unified=sched.kv_unified,
         model_id=config.model.model_id,
         verbose=config.model.verbose,
     )
