@@ -19,6 +19,7 @@ from pathlib import Path
 import jinja2
 import jinja2.sandbox
 import llama_cpp as llama
+import numpy as np
 
 from edge_llm.engine.backend import (
     BackendError,
@@ -33,6 +34,16 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _F16_BYTES = 2
 _NO_SEED = 0xFFFFFFFF
 _KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
+
+
+def _discard_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    return None
+
+
+# llama.cpp's log callback is process-wide and keeps only a pointer, so the ctypes
+# callback must outlive every backend: a per-instance one crashed the process when
+# a backend that set it was collected and a later one logged (seen in the tests).
+_DISCARD_LOGS = llama.llama_log_callback(_discard_log)
 
 
 def default_model_path() -> Path:
@@ -98,7 +109,8 @@ class LlamaBackend:
         model_id: str | None = None,
         verbose: bool = False,
     ) -> None:
-        self._log_callback = self._silence_logs(verbose)
+        if not verbose:
+            llama.llama_log_set(_DISCARD_LOGS, ctypes.c_void_p(0))
         llama.llama_backend_init()
         path = Path(model_path) if model_path else default_model_path()
         if not path.is_file():
@@ -107,29 +119,21 @@ class LlamaBackend:
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
         self.info = self._describe(path, model_id)
-        self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
-        self._ctx = self._new_context(max_batch_tokens, n_threads, kv_unified)
+        try:
+            self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
+            self._ctx = self._new_context(max_batch_tokens, n_threads, kv_unified)
+        except BackendError:
+            llama.llama_model_free(self._model)
+            raise
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = _Batch(max_batch_tokens)
-        self._samplers: dict[int, ctypes.c_void_p] = {}
+        self._samplers: dict[int, ctypes.c_void_p | None] = {}  # None: greedy
         self._pieces: dict[int, bytes] = {}
         self._chat_template = self._read_chat_template()
         self._jinja = _compile_jinja(self._chat_template) if self._chat_template else None
 
     # -- set-up -------------------------------------------------------------
-
-    @staticmethod
-    def _silence_logs(verbose: bool) -> object | None:
-        if verbose:
-            return None
-
-        def discard(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-            return None
-
-        callback = llama.llama_log_callback(discard)
-        llama.llama_log_set(callback, ctypes.c_void_p(0))
-        return callback  # the C side keeps only a pointer: keep the object alive
 
     @staticmethod
     def _load_model(path: Path) -> ctypes.c_void_p:
@@ -267,7 +271,7 @@ class LlamaBackend:
 
     def start_sequence(self, slot: int, params: SamplingParams) -> None:
         self.release(slot)
-        self._samplers[slot] = _new_sampler(params)
+        self._samplers[slot] = None if params.greedy else _new_sampler(params)
 
     def decode(self, items: Sequence[BatchItem]) -> list[int]:
         sample_at = self._batch.fill(items)
@@ -278,9 +282,17 @@ class LlamaBackend:
             raise BackendError(f"llama_decode failed with code {code}")
         sampled = [item for item in items if item.sample]
         return [
-            llama.llama_sampler_sample(self._samplers[item.slot], self._ctx, index)
-            for item, index in zip(sampled, sample_at, strict=True)
+            self._sample(item.slot, index) for item, index in zip(sampled, sample_at, strict=True)
         ]
+
+    def _sample(self, slot: int, index: int) -> int:
+        sampler = self._samplers[slot]
+        if sampler is not None:
+            return int(llama.llama_sampler_sample(sampler, self._ctx, index))
+        # Greedy: argmax over the logits in place, ten times cheaper than a sampler
+        # chain, which first copies the whole vocabulary into candidate structs.
+        logits = llama.llama_get_logits_ith(self._ctx, index)
+        return int(np.ctypeslib.as_array(logits, shape=(self.info.n_vocab,)).argmax())
 
     def release(self, slot: int) -> None:
         llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
@@ -302,9 +314,6 @@ class LlamaBackend:
 
 def _new_sampler(params: SamplingParams) -> ctypes.c_void_p:
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
-    if params.greedy:
-        llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_greedy())
-        return chain  # type: ignore[no-any-return]
     if params.top_k > 0:
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))
     if params.top_p < 1.0:

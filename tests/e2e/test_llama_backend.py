@@ -1,0 +1,64 @@
+"""The llama.cpp backend alone, with the real model: sampling and KV layouts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import llama_cpp as llama
+import pytest
+
+from edge_llm.engine.backend import BackendError, BatchItem, SamplingParams
+from edge_llm.engine.llama_backend import LlamaBackend
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS = ("Write a story about a lighthouse.", "List three colors.")
+
+
+@pytest.fixture(scope="module")
+def backend() -> Iterator[LlamaBackend]:
+    be = LlamaBackend(
+        None, kv_budget_bytes=32 << 20, max_sequences=2, max_batch_tokens=64, n_threads=2
+    )
+    yield be
+    be.close()
+
+
+def test_greedy_fast_path_picks_what_llama_cpps_greedy_sampler_picks(
+    backend: LlamaBackend,
+) -> None:
+    reference = llama.llama_sampler_init_greedy()
+    try:
+        prompts = [backend.tokenize(text, add_special=True) for text in PROMPTS]
+        for slot in range(2):
+            backend.start_sequence(slot, SamplingParams(temperature=0.0))
+        tokens = backend.decode([BatchItem(s, p, 0, True) for s, p in enumerate(prompts)])
+        positions = [len(p) for p in prompts]
+        for _ in range(12):
+            for slot in range(2):  # the last decode's outputs, counted from the end
+                expected = llama.llama_sampler_sample(reference, backend._ctx, slot - 2)
+                assert tokens[slot] == expected
+            items = [BatchItem(s, [tokens[s]], positions[s], True) for s in range(2)]
+            tokens = backend.decode(items)
+            positions = [p + 1 for p in positions]
+    finally:
+        llama.llama_sampler_free(reference)
+        for slot in range(2):
+            backend.release(slot)
+
+
+def test_per_slot_kv_shares_are_whole_and_too_small_ones_are_refused() -> None:
+    split = LlamaBackend(
+        None, kv_budget_bytes=32 << 20, max_sequences=4, max_batch_tokens=64, n_threads=2,
+        kv_unified=False,
+    )  # fmt: skip
+    try:
+        assert split.kv_sequence_tokens * 4 == split.kv_capacity_tokens
+        assert split.kv_capacity_tokens * split.info.kv_bytes_per_token <= 32 << 20
+    finally:
+        split.close()
+    with pytest.raises(BackendError, match="lower max_sequences"):
+        LlamaBackend(
+            None, kv_budget_bytes=8 << 20, max_sequences=32, max_batch_tokens=64, n_threads=2,
+            kv_unified=False,
+        )  # fmt: skip
