@@ -63,6 +63,13 @@ from edge_llm.bench.targets import Target
 
 PARALLEL = 4
 SLOT_CTX = 2048
+# How edge-llm lays out its KV cache. "slots" mirrors llama-server -np PARALLEL: as
+# many slots, each with its own equal share of the same budget; "pool" is edge-llm's
+# default (32 slots sharing one pool, where one sequence may use all of it).
+EDGE_LAYOUTS = {
+    "slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"],
+    "pool": [],
+}
 MAX_PROMPT_TOKENS = 2048
 WIDE_OUTPUT = 160
 SCENARIO_TIMEOUT_S = 600.0
@@ -134,6 +141,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flood", type=int, default=200, help="connections in the flood")
     parser.add_argument("--flood-seconds", type=float, default=3.0)
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument(
+        "--edge-layout",
+        choices=sorted(EDGE_LAYOUTS),
+        default="slots",
+        help="edge-llm's KV layout: 'slots' as llama-server's (-np 4, a share each), "
+        "'pool' edge-llm's default (one shared pool)",
+    )
     return parser.parse_args(argv)
 
 
@@ -253,7 +267,11 @@ class Comparison:
             server.stop()
 
     def start(self) -> dict[str, Context]:
-        flags = ["--max-prompt-tokens", str(MAX_PROMPT_TOKENS)]
+        flags = [
+            "--max-prompt-tokens",
+            str(MAX_PROMPT_TOKENS),
+            *EDGE_LAYOUTS[self.args.edge_layout],
+        ]
         engine = start_engine(self.model, self.args.threads, flags)
         self.servers.append(engine)
         kv_budget, kv_per_token = kv_of_engine(engine)
@@ -284,7 +302,8 @@ class Comparison:
         self.console.print(
             f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
             f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}; edge-llm KV budget "
-            f"{self.kv_budget / (1 << 20):.0f} MiB"
+            f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
+            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'defaults'})"
         )
         for line in machine.lines():
             self.console.print(line)
@@ -298,6 +317,7 @@ class Comparison:
             "model": self.model,
             "threads": self.args.threads,
             "llama_server_ctx": self.ctx_tokens,
+            "edge_layout": self.args.edge_layout,
         }
         Path(self.args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
 

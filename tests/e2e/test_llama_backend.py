@@ -62,3 +62,19 @@ def test_per_slot_kv_shares_are_whole_and_too_small_ones_are_refused() -> None:
             None, kv_budget_bytes=8 << 20, max_sequences=32, max_batch_tokens=64, n_threads=2,
             kv_unified=False,
         )  # fmt: skip
+
+
+def test_results_follow_the_callers_order_whatever_the_slot_order(backend: LlamaBackend) -> None:
+    prompts = [backend.tokenize(text, add_special=True) for text in PROMPTS]
+
+    def first_tokens(slots: list[int]) -> dict[int, int]:
+        for slot in slots:
+            backend.start_sequence(slot, SamplingParams())
+        items = [BatchItem(slot, prompts[slot], 0, True) for slot in slots]
+        tokens = dict(zip(slots, backend.decode(items), strict=True))
+        for slot in slots:
+            backend.release(slot)
+        return tokens
+
+    assert first_tokens([0, 1]) == first_tokens([1, 0])
+    assert first_tokens([0, 1])[0] != first_tokens([0, 1])[1]  # different prompts, answers

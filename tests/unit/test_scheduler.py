@@ -147,3 +147,16 @@ def test_requests_are_admitted_on_arrival_not_at_the_next_step() -> None:
     assert scheduler.schedule(0.0).started == seqs
     with pytest.raises(QueueFull):
         scheduler.add(make_seq(5, name="late"), 0.0)
+
+
+def test_the_lowest_free_slot_is_reused_first() -> None:
+    scheduler = make_scheduler(max_sequences=4, max_queue=0)
+    seqs = [make_seq(4, name=f"s{i}") for i in range(4)]
+    for seq in seqs:
+        scheduler.add(seq, 0.0)
+    assert [seq.slot for seq in seqs] == [0, 1, 2, 3]
+    scheduler.finish(seqs[2], SequenceState.DONE, 1.0)
+    scheduler.finish(seqs[1], SequenceState.DONE, 1.0)
+    again = make_seq(4, name="again")
+    scheduler.add(again, 1.0)
+    assert again.slot == 1

@@ -69,26 +69,32 @@ class _Batch:
         self.raw = llama.llama_batch_init(capacity, 0, 1)
 
     def fill(self, items: Sequence[BatchItem]) -> list[int]:
-        """Write the items; return the batch index of each token to sample."""
+        """Write the items; return the batch index of each token to sample, in the
+        order of ``items``.
+
+        Tokens go in slot order: with per-slot KV (``kv_unified = False``) llama.cpp
+        splits a batch into one ubatch per run of consecutive seq ids, so slots
+        3, 2, 1, 0 would cost four decodes instead of one (measured: half speed).
+        """
         raw = self.raw
         n = 0
-        sample_at: list[int] = []
-        for item in items:
-            last = len(item.tokens) - 1
+        sample_at: dict[int, int] = {}
+        for position in sorted(range(len(items)), key=lambda i: items[i].slot):
+            item = items[position]
+            if n + len(item.tokens) > self.capacity:
+                raise BackendError(f"batch over capacity ({self.capacity} tokens)")
             for offset, token in enumerate(item.tokens):
-                if n >= self.capacity:
-                    raise BackendError(f"batch over capacity ({self.capacity} tokens)")
                 raw.token[n] = token
                 raw.pos[n] = item.start_pos + offset
                 raw.n_seq_id[n] = 1
                 raw.seq_id[n][0] = item.slot
-                wants_logits = item.sample and offset == last
-                raw.logits[n] = 1 if wants_logits else 0
-                if wants_logits:
-                    sample_at.append(n)
+                raw.logits[n] = 0
                 n += 1
+            if item.sample:
+                raw.logits[n - 1] = 1
+                sample_at[position] = n - 1
         raw.n_tokens = n
-        return sample_at
+        return [sample_at[i] for i in range(len(items)) if i in sample_at]
 
     def free(self) -> None:
         llama.llama_batch_free(self.raw)

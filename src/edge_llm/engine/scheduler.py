@@ -14,6 +14,7 @@ their KV cells before the next decode.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -56,7 +57,9 @@ class Scheduler:
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._free_slots = list(range(limits.max_sequences - 1, -1, -1))
+        # A heap: the lowest free slot goes first, keeping busy seq ids consecutive
+        # (with per-slot KV, llama.cpp decodes each run of consecutive ids apart).
+        self._free_slots = list(range(limits.max_sequences))
         self._released: list[int] = []
         self._started: list[Sequence] = []  # admitted since the last step
 
@@ -113,7 +116,7 @@ class Scheduler:
         need = self.reservation(seq)
         self.kv.allocate(need)
         seq.kv_reserved_tokens = need
-        seq.slot = self._free_slots.pop()
+        seq.slot = heapq.heappop(self._free_slots)
         seq.state = SequenceState.PREFILL
         seq.admitted_at = now
         self.running.append(seq)
@@ -186,7 +189,7 @@ class Scheduler:
             self.running.remove(seq)
         if seq.slot is not None:
             self._released.append(seq.slot)
-            self._free_slots.append(seq.slot)
+            heapq.heappush(self._free_slots, seq.slot)
         if seq.kv_reserved_tokens:
             self.kv.free(seq.kv_reserved_tokens)
             seq.kv_reserved_tokens = 0
