@@ -90,8 +90,33 @@ def story(ctx: Context, index: int = 0) -> Prompt:
 
 
 def aggregate_decode_rate(records: list[RequestRecord]) -> float | None:
-    """Tokens after each stream's first, over the span from the first first-token to the
-    last last-token (absolute times): the streams' combined decode rate."""
+    """The streams' combined decode rate while all of them were decoding: tokens that
+    arrived between the last stream's first token and the first stream's last token,
+    over that window (absolute times).
+
+    Servers stage concurrent prompts differently (llama-server prefills requests that
+    arrive together in one batch; edge-llm starts each on arrival and prefills later
+    ones beside decoding streams), so any window that starts at the first first-token
+    counts one server's prefill as decode time and not the other's. This one holds only
+    steps where every stream was live; ``span_decode_rate`` is that other figure.
+    """
+    ok = [r for r in records if r.ok and r.n_chunks >= 2]
+    if not ok:
+        return None
+    start = max(r.started_at + r.chunk_times[0] for r in ok)
+    end = min(r.started_at + r.chunk_times[-1] for r in ok)
+    if end <= start:
+        return None
+    tokens = 0.0
+    for r in ok:
+        inside = sum(1 for t in r.chunk_times if start < r.started_at + t <= end)
+        tokens += inside * r.n_output_tokens / r.n_chunks  # a chunk may carry several
+    return tokens / (end - start)
+
+
+def span_decode_rate(records: list[RequestRecord]) -> float | None:
+    """Tokens after each stream's first, over the span from the first first-token to
+    the last last-token: includes later streams' prefill and the tail."""
     ok = [r for r in records if r.ok and r.n_chunks >= 2]
     if not ok:
         return None
@@ -99,6 +124,17 @@ def aggregate_decode_rate(records: list[RequestRecord]) -> float | None:
     last = max(r.started_at + r.chunk_times[-1] for r in ok)
     tokens = sum(r.n_output_tokens - 1 for r in ok)
     return tokens / (last - first) if last > first else None
+
+
+def throughput(records: list[RequestRecord]) -> float | None:
+    """All output tokens over the time from the first request's start to the last
+    token: what the clients got overall, prefill included."""
+    ok = [r for r in records if r.ok and r.n_chunks]
+    if not ok:
+        return None
+    begin = min(r.started_at for r in ok)
+    last = max(r.started_at + r.chunk_times[-1] for r in ok)
+    return sum(r.n_output_tokens for r in ok) / (last - begin) if last > begin else None
 
 
 def _failures(records: list[RequestRecord]) -> dict[str, object]:
@@ -115,10 +151,13 @@ async def concurrent_decode(ctx: Context) -> Figures:
     records = await asyncio.gather(
         *(ctx.request(story(ctx, i), ctx.settings.decode_tokens, i) for i in range(4))
     )
-    rate = aggregate_decode_rate(list(records))
-    return Figures(
-        rate, {"tokens": sum(r.n_output_tokens for r in records), **_failures(list(records))}
-    )
+    done = list(records)
+    details: dict[str, object] = {
+        "tokens": sum(r.n_output_tokens for r in done),
+        "span_decode_tok_s": span_decode_rate(done),
+        "throughput_tok_s": throughput(done),
+    }
+    return Figures(aggregate_decode_rate(done), details | _failures(done))
 
 
 async def _fast_readers(ctx: Context, first_index: int) -> list[RequestRecord]:
