@@ -11,7 +11,6 @@ means closing the connection.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import aiohttp
 
@@ -21,6 +20,7 @@ from edge_llm.client.errors import NotStreamingError, ReadError, TtftTimeoutErro
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
 from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk
+from edge_llm.client.stream_request import StreamRequest
 
 EVENT_STREAM = "text/event-stream"
 NOT_STREAMING_PREVIEW_BYTES = 4096
@@ -53,30 +53,20 @@ class SSETransport:
 
     name = "sse"
 
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        *,
-        url: str,
-        body: dict[str, Any],
-        headers: dict[str, str],
-        queue: RenderQueue[str],
-    ) -> None:
-        self._session = session
-        self._url = url
-        self._body = body
-        self._headers = headers
-        self._queue = queue
+    def __init__(self, request: StreamRequest) -> None:
+        self._request = request
 
     async def run(self, attempt: Attempt) -> None:
         """Make one request and stream it to completion ([DONE] or a finish_reason
         and end of body). Raises a :class:`~edge_llm.client.errors.ClientError`."""
-        attempt.log.emit("request_sent", transport=self.name, attempt=attempt.number, url=self._url)
+        attempt.log.emit(
+            "request_sent", transport=self.name, attempt=attempt.number, url=self._request.url
+        )
         response = None
         try:
             response = await attempt.read(self._post)
             await self._check(response, attempt)
-            attempt.flow = ReadPause(attempt, self._queue)
+            attempt.flow = ReadPause(attempt, self._request.queue)
             await self._read_events(response, attempt)
         except TtftTimeoutError:
             attempt.cancelled("ttft_timeout", method="close")
@@ -85,20 +75,22 @@ class SSETransport:
             attempt.cancelled("client", method="close")
             raise
         except (aiohttp.ClientError, OSError) as exc:
-            raise transport_error(exc, url=self._url) from exc
+            raise transport_error(exc, url=self._request.url) from exc
         finally:
             attempt.flow = None
             if response is not None:
                 response.close()
 
     async def _post(self) -> aiohttp.ClientResponse:
-        return await self._session.post(self._url, json=self._body, headers=self._headers)
+        return await self._request.session.post(
+            self._request.url, json=self._request.body, headers=self._request.headers
+        )
 
     async def _check(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
         attempt.set_request_id(response.headers.get("X-Request-Id"))
         if response.status != 200:
             body = await attempt.read(lambda: read_bounded(response.content))
-            raise status_error(response.status, response.headers, body, url=self._url)
+            raise status_error(response.status, response.headers, body, url=self._request.url)
         content_type = response.headers.get("Content-Type", "")
         if not content_type.lower().startswith(EVENT_STREAM):
             preview = await attempt.read(
@@ -124,7 +116,7 @@ class SSETransport:
                     return
             if not data:
                 if attempt.finish_reason is None:
-                    raise ReadError(f"the stream from {self._url} ended before [DONE]")
+                    raise ReadError(f"the stream from {self._request.url} ended before [DONE]")
                 return
 
     async def _on_event(self, event: SSEEvent, attempt: Attempt) -> bool:

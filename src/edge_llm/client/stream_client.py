@@ -31,6 +31,7 @@ from edge_llm.client.result import StreamResult
 from edge_llm.client.retry import RetryPolicy
 from edge_llm.client.sse_transport import SSETransport
 from edge_llm.client.stream import ChatStream, Transport
+from edge_llm.client.stream_request import StreamRequest
 from edge_llm.client.ws_transport import WSTransport
 from edge_llm.observability.events import EventSink
 
@@ -132,14 +133,9 @@ class StreamClient:
         headers: dict[str, str],
         queue: RenderQueue[str],
     ) -> Transport:
-        session = self._get_session()
-        if name == "ws":
-            return WSTransport(
-                session, url=self.config.ws_url, body=body, headers=headers, queue=queue
-            )
-        return SSETransport(
-            session, url=self.config.chat_url, body=body, headers=headers, queue=queue
-        )
+        url = self.config.ws_url if name == "ws" else self.config.chat_url
+        request = StreamRequest(self._get_session(), url, body, headers, queue)
+        return WSTransport(request) if name == "ws" else SSETransport(request)
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

@@ -26,6 +26,7 @@ from edge_llm.client.errors import (
 )
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
+from edge_llm.client.stream_request import StreamRequest
 
 MAX_FRAME_BYTES = 1 << 20
 
@@ -69,20 +70,8 @@ class WSTransport:
 
     name = "ws"
 
-    def __init__(
-        self,
-        session: aiohttp.ClientSession,
-        *,
-        url: str,
-        body: dict[str, Any],
-        headers: dict[str, str],
-        queue: RenderQueue[str],
-    ) -> None:
-        self._session = session
-        self._url = url
-        self._body = body
-        self._headers = headers
-        self._queue = queue
+    def __init__(self, request: StreamRequest) -> None:
+        self._request = request
 
     async def run(self, attempt: Attempt) -> None:
         """Open a socket, start the stream and read frames until ``done``.
@@ -90,12 +79,12 @@ class WSTransport:
         ws = None
         try:
             ws = await attempt.read(self._connect)
-            await ws.send_json({"type": "start", "request": self._body})
+            await ws.send_json({"type": "start", "request": self._request.body})
             attempt.log.emit(
-                "request_sent", transport=self.name, attempt=attempt.number, url=self._url
+                "request_sent", transport=self.name, attempt=attempt.number, url=self._request.url
             )
             attempt.watchdog.arm()
-            attempt.flow = FramePause(ws, attempt, self._queue)
+            attempt.flow = FramePause(ws, attempt, self._request.queue)
             await self._read_frames(ws, attempt)
         except TtftTimeoutError:
             await self._cancel(ws, attempt, "ttft_timeout")
@@ -104,15 +93,18 @@ class WSTransport:
             await self._cancel(ws, attempt, "client")
             raise
         except (aiohttp.ClientError, OSError) as exc:
-            raise transport_error(exc, url=self._url) from exc
+            raise transport_error(exc, url=self._request.url) from exc
         finally:
             attempt.flow = None
             if ws is not None:
                 await ws.close()
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
-        return await self._session.ws_connect(
-            self._url, headers=self._headers, autoping=True, max_msg_size=MAX_FRAME_BYTES
+        return await self._request.session.ws_connect(
+            self._request.url,
+            headers=self._request.headers,
+            autoping=True,
+            max_msg_size=MAX_FRAME_BYTES,
         )
 
     async def _cancel(
