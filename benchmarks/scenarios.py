@@ -2,7 +2,8 @@
 
 Built on edge-llm's bench library (``edge_llm.bench``): every request is a
 :class:`ChatStream` whose content chunks are timestamped on arrival. Each repeat uses
-prompts no earlier request used (``variant``), so no server gets prompt-cache hits.
+prompts no earlier request used (``variant``), tagged at the start, so no server gets
+prompt-cache hits beyond the chat template's fixed system prompt.
 """
 
 from __future__ import annotations
@@ -20,12 +21,15 @@ from edge_llm.bench.prompts import Prompt, long_text
 from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.targets import Target
 
+# The unique tag comes first: llama-server reuses a slot's cached KV for a common
+# prefix, so a tag at the end would let it skip most of a repeated prompt's prefill
+# (measured: TTFT 150 ms instead of 590 for four 65-token prompts).
 STORY = (
-    "Write a very long story about a lighthouse keeper during a storm. "
-    "Make it at least 1000 words long. (Draft {variant}.)"
+    "(Draft {variant}.) Write a very long story about a lighthouse keeper during a "
+    "storm. Make it at least 1000 words long."
 )
-SHORT = "In one sentence, what is a lighthouse for? (Question {variant}.)"
-FLOOD_PROMPT = "Say hello. (Visitor {variant}.)"
+SHORT = "(Question {variant}.) In one sentence, what is a lighthouse for?"
+FLOOD_PROMPT = "(Visitor {variant}.) Say hello."
 LONG_SENTENCES = 58  # about 1,000 prompt tokens
 PREFILL_SENTENCES = 28  # about 500 prompt tokens
 STALLED_READER_TOKENS = 2048
