@@ -125,6 +125,7 @@ async def test_per_sequence_kv_layout_serves_and_caps_one_sequence(engine_factor
     debug = engine.debug_streams()
     share = debug["kv_budget_bytes"] // debug["kv_bytes_per_token"] // 4
     assert share >= 256
+    assert debug["kv_sequence_tokens"] == share
     async with aiohttp.ClientSession() as session:
         url = engine.base_url + "/chat/completions"
         async with session.post(url, json=chat_body("Hi", max_tokens=share)) as r:

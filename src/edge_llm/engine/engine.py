@@ -529,6 +529,7 @@ class Engine:
                 "kv_budget_bytes": self.kv.capacity_bytes,
                 "kv_reserved_bytes": self.kv.reserved_bytes,
                 "kv_bytes_per_token": self.kv.bytes_per_token,
+                "kv_sequence_tokens": self.kv.sequence_tokens,
                 "requests_running": self.scheduler.num_running,
                 "requests_waiting": self.scheduler.num_waiting,
                 "backpressure": self.backpressure,
