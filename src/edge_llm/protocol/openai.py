@@ -153,6 +153,19 @@ def _is_union_branch(part: object) -> bool:
 # -- responses ----------------------------------------------------------------------
 
 
+def _response(
+    kind: str, request_id: str, model: str, created: int, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The envelope every completion object and chunk shares."""
+    return {
+        "id": request_id,
+        "object": kind,
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+
+
 def chat_chunk(
     request_id: str,
     model: str,
@@ -167,38 +180,22 @@ def chat_chunk(
         delta["role"] = role
     if content is not None:
         delta["content"] = content
-    return {
-        "id": request_id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
-    }
+    choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    return _response("chat.completion.chunk", request_id, model, created, [choice])
 
 
 def completion_chunk(
     request_id: str, model: str, created: int, *, text: str, finish_reason: str | None = None
 ) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
-    }
+    choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    return _response("text_completion", request_id, model, created, [choice])
 
 
 def usage_chunk(
     request_id: str, model: str, created: int, usage: dict[str, int], *, chat: bool
 ) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [],
-        "usage": usage,
-    }
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return _response(kind, request_id, model, created, []) | {"usage": usage}
 
 
 def chat_completion(
@@ -210,21 +207,13 @@ def chat_completion(
     finish_reason: str,
     usage: dict[str, int],
 ) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish_reason,
-                "logprobs": None,
-            }
-        ],
-        "usage": usage,
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish_reason,
+        "logprobs": None,
     }
+    return _response("chat.completion", request_id, model, created, [choice]) | {"usage": usage}
 
 
 def text_completion(
@@ -236,14 +225,8 @@ def text_completion(
     finish_reason: str,
     usage: dict[str, int],
 ) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}],
-        "usage": usage,
-    }
+    choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    return _response("text_completion", request_id, model, created, [choice]) | {"usage": usage}
 
 
 def model_list(model_id: str, created: int) -> dict[str, Any]:
