@@ -94,7 +94,7 @@ class _Batch:
                 raw.logits[n - 1] = 1
                 sample_at[position] = n - 1
         raw.n_tokens = n
-        return [sample_at[i] for i in range(len(items)) if i in sample_at]
+        return [sample_at[position] for position in sorted(sample_at)]
 
     def free(self) -> None:
         llama.llama_batch_free(self.raw)
