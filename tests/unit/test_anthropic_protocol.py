@@ -396,8 +396,12 @@ async def test_prefill_continues_the_assistant_turn(serve_fake: Any) -> None:
     response = await served.client.post("/v1/messages", json=body(messages=turns))
     plain = await served.client.post("/v1/messages", json=body(messages=turns[:1]))
     with_prefill, without = await response.json(), await plain.json()
+
     # "<user>count<assistant>1, 2," against "<user>count<assistant>": five characters more
-    assert with_prefill["usage"]["input_tokens"] == without["usage"]["input_tokens"] + 5
+    def prompt(usage: dict[str, int]) -> int:  # cached tokens are counted apart, as Anthropic does
+        return usage["input_tokens"] + usage["cache_read_input_tokens"]
+
+    assert prompt(with_prefill["usage"]) == prompt(without["usage"]) + 5
 
 
 async def test_pings_flow_while_no_token_does(serve_fake: Any) -> None:

@@ -192,7 +192,7 @@ def completion_chunk(
 
 
 def usage_chunk(
-    request_id: str, model: str, created: int, usage: dict[str, int], *, chat: bool
+    request_id: str, model: str, created: int, usage: dict[str, Any], *, chat: bool
 ) -> dict[str, Any]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     return _response(kind, request_id, model, created, []) | {"usage": usage}
@@ -205,7 +205,7 @@ def chat_completion(
     *,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: dict[str, Any],
 ) -> dict[str, Any]:
     choice = {
         "index": 0,
@@ -223,7 +223,7 @@ def text_completion(
     *,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: dict[str, Any],
 ) -> dict[str, Any]:
     choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
     return _response("text_completion", request_id, model, created, [choice]) | {"usage": usage}

@@ -161,4 +161,5 @@ def _stop(handle: StreamHandle) -> tuple[str, str | None]:
 
 def _usage(handle: StreamHandle) -> dict[str, int]:
     counts = handle.usage()
-    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"])
+    cached = counts["prompt_tokens_details"]["cached_tokens"]
+    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"], cached)

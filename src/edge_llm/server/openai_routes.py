@@ -32,7 +32,7 @@ class _Shape:
         return openai.chat_chunk(*ids, role="assistant", content="") if self.chat else None
 
     def whole(
-        self, ids: _Ids, text: str, finish_reason: str, usage: dict[str, int]
+        self, ids: _Ids, text: str, finish_reason: str, usage: dict[str, Any]
     ) -> dict[str, Any]:
         build = openai.chat_completion if self.chat else openai.text_completion
         return build(*ids, text=text, finish_reason=finish_reason, usage=usage)
