@@ -82,25 +82,15 @@ async def test_a_request_sharing_only_the_system_prompt_reuses_exactly_it(engine
         {"role": "user", "content": "Name three long rivers."},
     ]
     other = [ask[0], {"role": "user", "content": "Which ocean is the largest?"}]
-    first = await complete(
-        engine.url, {**chat_body("", max_tokens=4, stream=False), "messages": ask}
-    )
-    second = await complete(
-        engine.url, {**chat_body("", max_tokens=4, stream=False), "messages": other}
-    )
-    # The rendered prompts share "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n";
-    # a prompt of just that prefix counts its tokens.
-    prefix_only = await complete(
-        engine.url,
-        {
-            **chat_body("", max_tokens=1, stream=False),
-            "messages": [ask[0], {"role": "user", "content": ""}],
-        },
-    )
-    shared = (
-        prefix_only["usage"]["prompt_tokens"] - 5
-    )  # minus "<|im_end|>\n<|im_start|>assistant\n"
-    assert cached(second) == shared
+    body = chat_body("", max_tokens=4, stream=False)
+    first = await complete(engine.url, {**body, "messages": ask})
+    second = await complete(engine.url, {**body, "messages": other})
+    # A request of the system message alone renders it plus "<|im_start|>assistant\n"
+    # (3 tokens). The two prompts above share the system message and "<|im_start|>user"
+    # (2 tokens), and the "\n" after it unless the tokenizer merged it with the text.
+    alone = await complete(engine.url, {**body, "messages": ask[:1]})
+    system_tokens = alone["usage"]["prompt_tokens"] - 3
+    assert cached(second) - system_tokens in (2, 3)
     assert cached(second) < first["usage"]["prompt_tokens"]
 
 
@@ -143,13 +133,15 @@ async def test_cache_is_evicted_so_a_new_request_fits(tmp_path: Path) -> None:
         tmp_path, "--max-kv-cache-mb", "6", "--max-queue", "0", "--ttft-timeout-ms", "0"
     )
     try:
-        assert small.debug_streams()["kv_budget_bytes"] // 23072 == 256
-        await complete(small.url, chat_body(unique(ESSAY), max_tokens=60, stream=False))
-        assert small.debug_streams()["kv_cached_bytes"] > 100 * 23072
+        snapshot = small.debug_streams()
+        per_token = snapshot["kv_bytes_per_token"]
+        assert snapshot["kv_budget_bytes"] // per_token == 256
+        await complete(small.url, chat_body(unique(ESSAY), max_tokens=20, stream=False))
+        assert small.debug_streams()["kv_cached_bytes"] > 100 * per_token
         # max_queue 0: without eviction this would be a 503.
         other = await complete(
             small.url,
-            chat_body(unique(ESSAY.replace("river", "glacier")), max_tokens=60, stream=False),
+            chat_body(unique(ESSAY.replace("river", "glacier")), max_tokens=20, stream=False),
         )
         assert other["usage"]["completion_tokens"] > 0
         assert counter(small.metrics_text(), "kv_cache_evictions") > 0

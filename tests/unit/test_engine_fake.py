@@ -212,3 +212,49 @@ async def test_without_pause_on_socket_full_a_slow_reader_gets_everything(engine
     assert handle.seq.pauses == 0
     assert handle.ring.write_cursor == 30
     assert await drain(engine, handle) == "".join(f"t{t} " for t in range(10, 40))
+
+
+async def offload_setup(engine_of, *, host_fits_one: bool = False):
+    """A KV budget for two running requests; two streams paused, two more waiting."""
+    backend = FakeBackend(kv_capacity_tokens=100, max_sequences=4)
+    engine = engine_of(backend, offload_paused_after_s=0.0)
+    paused = [engine.submit(request(max_tokens=40)) for _ in range(2)]
+    for handle in paused:
+        await wait_for(handle, lambda h=handle: h.seq.n_generated >= 3)
+        engine.pause(handle)
+    if host_fits_one:  # room for either paused stream's state, not for both
+        sizes = [backend.state_size(h.seq.slot) for h in paused]
+        engine.host.capacity_bytes = max(sizes) + min(sizes) - 1
+    waiting = [engine.submit(request(max_tokens=40)) for _ in range(2)]
+    return backend, engine, paused, waiting
+
+
+async def test_paused_streams_are_offloaded_for_waiting_ones_and_resume_token_exact(
+    engine_of,
+) -> None:
+    _, engine, paused, waiting = await offload_setup(engine_of)
+    expected = "".join(f"t{t} " for t in range(10, 50))
+    for handle in waiting:
+        assert await drain(engine, handle) == expected
+    assert all(h.seq.public_state() == "offloaded" for h in paused)
+    assert engine.snapshot()["kv_offloaded_bytes"] > 0
+    for handle in paused:
+        engine.resume(handle)
+    for handle in paused:
+        assert await drain(engine, handle) == expected  # the sampler came along
+    assert engine.metrics.kv_offloads._value.get() == 2
+    assert engine.metrics.kv_restores._value.get() == 2
+    assert engine.host.num_bytes == 0
+
+
+async def test_a_full_host_store_cancels_the_oldest_offloaded_stream(engine_of) -> None:
+    _, engine, paused, waiting = await offload_setup(engine_of, host_fits_one=True)
+    await paused[0].wait_done()
+    assert paused[0].outcome.error.code == "pause_timeout"
+    assert paused[1].seq.public_state() == "offloaded"
+    for handle in waiting:
+        await drain(engine, handle)
+    engine.resume(paused[1])
+    await drain(engine, paused[1])
+    assert paused[1].outcome.finish_reason == "length"
+    assert engine.metrics.cancellations.labels("pause_timeout")._value.get() == 1

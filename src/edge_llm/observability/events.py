@@ -8,7 +8,8 @@ inference thread never waits on the disk; lines that do not fit are counted in
 
 Engine events: ``admitted``, ``rejected``, ``prefill_progress``, ``first_token``,
 ``pause_received``, ``paused``, ``resume_received``, ``resumed``,
-``token_while_paused``, ``cancel``, ``kv_freed``, ``end``.
+``token_while_paused``, ``cancel``, ``kv_freed``, ``cache_hit``, ``cache_evicted``,
+``offloaded``, ``restored``, ``end``.
 Client events: ``request_sent``, ``first_byte``, ``first_token``, ``ttft_warn``,
 ``watermark_high``, ``watermark_low``, ``pause_sent``, ``resume_sent``,
 ``read_paused``, ``read_resumed``, ``cancel_sent``, ``retry``, ``error``, ``end``.

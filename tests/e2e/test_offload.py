@@ -1,0 +1,129 @@
+"""Offload of paused streams with the real model: their KV goes to host memory so that
+waiting requests run, and they come back token-exact; the host bound is enforced."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from conftest import EngineProcess, start_engine
+from support import chat_body, wait_until
+
+pytestmark = pytest.mark.e2e
+
+# 6 MiB hold 256 cells: two requests of this size (about 118 cells each, the
+# template's system prompt shared), never three.
+BUDGET = ("--max-kv-cache-mb", "6", "--ttft-timeout-ms", "0", "--offload-paused-after-ms", "200")
+PAUSED_MAX_TOKENS = 60
+WAITING_MAX_TOKENS = PAUSED_MAX_TOKENS  # equal sizes: each waiting one needs a paused one out
+TOPIC = "Tell a long story about a lighthouse keeper and a storm at sea, with many details."
+
+
+def prompt(n: int) -> str:
+    return f"[{uuid.uuid4().hex[:8]}-{n}] {TOPIC}"
+
+
+async def frame_of(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
+    while True:
+        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 300)
+        if frame["type"] in kinds:
+            return frame
+
+
+async def start_paused(session: aiohttp.ClientSession, engine: EngineProcess, text: str) -> Any:
+    """A WebSocket stream paused after its first tokens, alone on the engine."""
+    ws = await session.ws_connect(engine.base_url.replace("http", "ws") + "/stream")
+    body = chat_body(text, max_tokens=PAUSED_MAX_TOKENS)
+    await ws.send_json({"type": "start", "request": body})
+    await frame_of(ws, "delta")
+    await ws.send_json({"type": "pause"})
+    await frame_of(ws, "paused")
+    return ws
+
+
+async def finish(ws: aiohttp.ClientWebSocketResponse) -> tuple[str, dict[str, Any]]:
+    """Resume and read to the end: (text, final frame)."""
+    await ws.send_json({"type": "resume"})
+    text = []
+    while True:
+        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 300)
+        if frame["type"] == "delta":
+            text.append(frame["text"])
+        elif frame["type"] in ("done", "error"):
+            return "".join(text), frame
+
+
+def states(engine: EngineProcess) -> list[str]:
+    return [s["state"] for s in engine.debug_streams()["streams"]]
+
+
+async def complete(url: str, text: str, max_tokens: int) -> str:
+    body = chat_body(text, max_tokens=max_tokens, stream=False)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+            return str((await response.json())["choices"][0]["message"]["content"])
+
+
+async def test_paused_streams_are_offloaded_and_resume_token_exact(tmp_path: Path) -> None:
+    engine = start_engine(tmp_path, *BUDGET)
+    try:
+        texts = [prompt(1), prompt(2)]
+        async with aiohttp.ClientSession() as session:
+            paused = [await start_paused(session, engine, text) for text in texts]
+            waiting = [
+                asyncio.create_task(complete(engine.url, prompt(n), WAITING_MAX_TOKENS))
+                for n in (3, 4)
+            ]
+            # Both waiting requests run at once while both paused streams are offloaded.
+            await wait_until(
+                lambda: (
+                    sorted(states(engine)) == ["decoding", "decoding", "offloaded", "offloaded"]
+                ),
+                timeout=300,
+                what="two offloaded, two decoding",
+            )
+            assert engine.debug_streams()["kv_offloaded_bytes"] > 0
+            await asyncio.gather(*waiting)
+            results = [await finish(ws) for ws in paused]  # one at a time, as they ran
+            for ws in paused:
+                await ws.close()
+        for (text, frame), reference_prompt in zip(results, texts, strict=True):
+            assert frame["type"] == "done"
+            # The uninterrupted run (its prompt is in the cache: a regenerate, token-exact).
+            assert text == await complete(engine.url, reference_prompt, PAUSED_MAX_TOKENS)
+        events = [e["event"] for e in engine.events()]
+        assert events.count("offloaded") == 2
+        assert events.count("restored") == 2
+    finally:
+        engine.stop()
+
+
+async def test_the_host_bound_cancels_the_oldest_offloaded_stream(tmp_path: Path) -> None:
+    # One paused stream's state (about 60 cells of 23 KB) fits in 2 MiB, two do not.
+    engine = start_engine(tmp_path, *BUDGET, "--host-offload-mb", "2")
+    try:
+        async with aiohttp.ClientSession() as session:
+            oldest = await start_paused(session, engine, prompt(1))
+            newer = await start_paused(session, engine, prompt(2))
+            waiting = [
+                asyncio.create_task(complete(engine.url, prompt(n), WAITING_MAX_TOKENS))
+                for n in (3, 4)
+            ]
+            error = await frame_of(oldest, "error")
+            assert error["code"] == "pause_timeout"
+            await asyncio.gather(*waiting)
+            text, done = await finish(newer)
+            assert done["type"] == "done" and text
+            await oldest.close()
+            await newer.close()
+        streams = engine.debug_streams()
+        assert streams["kv_offloaded_bytes"] == 0
+        assert streams["engine_alive"]
+    finally:
+        engine.stop()
