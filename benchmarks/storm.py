@@ -7,6 +7,8 @@ Starts, on 127.0.0.1 with the same GGUF and threads, each under the same memory 
 - ``edge-off``: the contract switched off as far as configuration allows: no pause on a
   full socket, no KV release on cancel, no supersede of a session's older request, TTFT
   time-out 10 s;
+- ``edge-admission``: the contract plus deadline-aware admission (``--deadline-admission``:
+  a request predicted to miss the 6 s TTFT time-out gets 503 ``queue_full`` at once);
 - ``llama-server``: llama.cpp's server (``make bench-deps``), ``-np 4`` slots and a
   context of the same KV size as edge-llm's 256 MiB budget;
 
@@ -134,6 +136,7 @@ class Supervised:
     proc: subprocess.Popen[bytes] | None = None
     deaths: list[Death] = field(default_factory=list)
     peak_rss: int = 0
+    final_oom_kills: int | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _started_at: float = field(default_factory=time.monotonic)
 
@@ -179,6 +182,7 @@ class Supervised:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.final_oom_kills = self.ceiling.oom_kills()
         self.ceiling.remove()
 
 
@@ -212,7 +216,7 @@ def server_commands(args: argparse.Namespace, model: str) -> dict[str, list[str]
                "--n-threads", str(args.threads), *flags]
         for name, flags in EDGE_CONFIGS.items()
     }  # fmt: skip
-    if args.admission:
+    if not args.no_admission:
         commands["edge-admission"] = [*commands["edge-contract"], "--deadline-admission"]
     if not args.skip_llama:
         binary = find_llama_server(args.llama_server)
@@ -253,8 +257,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ttft-slo-ms", type=float, default=3000.0)
     parser.add_argument("--memory-mb", type=int, help="ceiling per server (default: model + "
                         "256 MiB KV + 256 MiB working memory)")  # fmt: skip
-    parser.add_argument("--admission", action="store_true",
-                        help="add edge-admission: contract + deadline admission")  # fmt: skip
+    parser.add_argument("--no-admission", action="store_true",
+                        help="leave out edge-admission")  # fmt: skip
     parser.add_argument("--skip-llama", action="store_true", help="edge-llm configurations only")
     parser.add_argument("--llama-server", help="path of the llama-server binary")
     parser.add_argument("--json", help="write the storm result plus deaths and ceilings")
@@ -324,10 +328,10 @@ def print_table(
     for summary in result.summaries:
         row = list(summary_row(summary))
         server = by_name[summary.target]
-        row[12] = f"{server.peak_rss / MIB:.0f}"  # sampled every 0.2 s, restarts included
-        kills = server.deaths[-1].oom_kills if server.deaths else server.ceiling.oom_kills()
+        row[13] = f"{server.peak_rss / MIB:.0f}"  # sampled every 0.2 s, restarts included
+        kills = server.final_oom_kills
         deaths = f"{kills if kills is not None else '?'} / {len(server.deaths)}"
-        table.add_row(*row[:13], deaths, row[13])
+        table.add_row(*row[:14], deaths, row[14])
     console.print(table)
 
 
@@ -338,6 +342,7 @@ def write_outputs(args: argparse.Namespace, result: StormResult, servers: list[S
             {
                 "name": s.name, "command": s.cmd, "ceiling": s.ceiling.kind,
                 "ceiling_bytes": s.ceiling.limit_bytes, "peak_rss_bytes": s.peak_rss,
+                "oom_kills": s.final_oom_kills,
                 "deaths": [vars(d) for d in s.deaths],
             }
             for s in servers

@@ -244,7 +244,7 @@ class TargetRun:
             new, read = rec.n_chunks - read, rec.n_chunks
             limit = turn.abandon_after_tokens
             if limit is not None and read >= limit and not stream.finished:
-                record.tokens_read = read
+                record.tokens_read = limit  # chunks that came with the last read go unread
                 self._end(record, "abandoned")
                 return True
             if profile.slow and new:
