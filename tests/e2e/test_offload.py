@@ -94,7 +94,7 @@ async def test_paused_streams_are_offloaded_and_resume_token_exact(tmp_path: Pat
             for ws in paused:
                 await ws.close()
         for (text, frame), reference_prompt in zip(results, texts, strict=True):
-            assert frame["type"] == "done"
+            assert frame["type"] == "done", frame
             # The uninterrupted run (its prompt is in the cache: a regenerate, token-exact).
             assert text == await complete(engine.url, reference_prompt, PAUSED_MAX_TOKENS)
         events = [e["event"] for e in engine.events()]
@@ -119,7 +119,7 @@ async def test_the_host_bound_cancels_the_oldest_offloaded_stream(tmp_path: Path
             assert error["code"] == "pause_timeout"
             await asyncio.gather(*waiting)
             text, done = await finish(newer)
-            assert done["type"] == "done" and text
+            assert done["type"] == "done" and text, done
             await oldest.close()
             await newer.close()
         streams = engine.debug_streams()

@@ -422,7 +422,7 @@ async def test_pings_flow_while_no_token_does(serve_fake: Any) -> None:
 
 async def test_error_after_the_stream_started_is_an_error_event(serve_fake: Any) -> None:
     backend = FakeBackend(FAKE_SCRIPT)
-    backend.gate = threading.Semaphore(1)  # the prefill step, which samples the first token
+    backend.gate = threading.Semaphore(2)  # prefill: two steps, the last prompt token alone
     served = await serve_fake(backend)
     session = {"metadata": {"user_id": "user-1"}, "stream": True, "max_tokens": 32}
     first = await served.client.post("/v1/messages", json=body(**session))

@@ -218,3 +218,18 @@ def test_random_traffic_keeps_the_books_equal_to_the_cells(seed: int) -> None:
         d.prefill(seq, len(prompt), chunk=rng.choice((4, 16)))
         d.generate(seq, rng.randrange(10))
         live.append((seq, len(prompt)))
+
+
+def test_a_request_sharing_part_of_one_cached_run_may_evict_the_rest_of_it() -> None:
+    """Regression: the whole run was counted as pinned, not only the shared part."""
+    d = Driver(capacity=256)
+    first = [*SYSTEM, *range(100, 197)]
+    seq, _ = d.admit(first, max_tokens=20)
+    d.prefill(seq, len(first), chunk=128)
+    d.generate(seq, 19)
+    d.release(seq)
+    second = [*SYSTEM, *range(300, 398)]
+    assert d.kv.can_admit(second, len(second) + 20)
+    admission = d.kv.admit(second, len(second) + 20)
+    d.apply(admission.ops)
+    assert admission.n_cached == len(SYSTEM)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from edge_llm.engine.admission import ServiceRates, predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.backend import Backend, BackendError, BatchItem
 from edge_llm.engine.kv_apply import KvApplier
 from edge_llm.engine.kv_cache import KvCache, KvOp
@@ -32,6 +33,7 @@ from edge_llm.errors import (
     EdgeLLMError,
     EngineUnavailable,
     PauseTimeout,
+    QueueFull,
     TtftTimeout,
 )
 from edge_llm.observability.events import EventSink, null_sink
@@ -57,6 +59,8 @@ class EngineSettings:
     prefix_cache: bool = True
     host_offload_bytes: int = 512 << 20  # 0: no offload
     offload_paused_after_s: float = 1.0
+    supersede_sessions: bool = True
+    deadline_admission: bool = False
 
 
 class Engine:
@@ -83,6 +87,7 @@ class Engine:
             backend, self.host, self.metrics, events, lambda: self.kv_used_bytes
         )
         self.scheduler = Scheduler(limits, self.kv)
+        self.rates = ServiceRates()  # measured service times, for deadline_admission
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -159,6 +164,7 @@ class Engine:
         with self._lock:
             self._supersede(request.session)
             try:
+                self._check_deadline(seq)
                 self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
                 self.metrics.rejections.labels(exc.code).inc()
@@ -179,6 +185,32 @@ class Engine:
         self._wake.set()
         return handle
 
+    def _check_deadline(self, seq: Sequence) -> None:
+        """Lock held: with ``deadline_admission``, refuse at once (503 ``queue_full``) a
+        request whose predicted TTFT exceeds ``ttft_timeout`` (engine/admission.py)."""
+        deadline = self.settings.ttft_timeout_s
+        if not (self.settings.deadline_admission and deadline):
+            return
+        sched = self.scheduler
+        admitted_now = (
+            not sched.waiting and sched.num_running < sched.limits.max_sequences and sched.fits(seq)
+        )
+        running = [
+            (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
+            for s in sched.running
+        ]
+        waiting = [s.n_prompt for s in sched.waiting]
+        to_prefill = seq.n_prompt - self.kv.cached_length(seq.request.prompt_tokens)
+        view = queue_view(to_prefill, admitted_now, running, waiting)
+        predicted = predict_ttft_s(view, self.rates)
+        if predicted > deadline:
+            raise QueueFull(
+                f"predicted time to first token {predicted:.1f} s exceeds ttft_timeout_ms "
+                f"({deadline * 1000:.0f}): {view.prefill_ahead_tokens} prompt tokens ahead",
+                retry_after_s=retry_after_s(predicted, deadline),
+                predicted_ttft_ms=round(predicted * 1000.0),
+            )
+
     def _new_ring(self, max_tokens: int) -> TokenRing:
         capacity = self.settings.outbound_buffer_tokens
         if self.settings.pause_on_socket_full:
@@ -187,6 +219,8 @@ class Engine:
         return TokenRing(capacity, hard_limit=max_tokens)
 
     def _supersede(self, session: str | None) -> None:
+        if not self.settings.supersede_sessions:
+            return  # switched off: a session's requests run side by side
         old = self._sessions.get(session) if session else None
         if old is not None:
             self._finish(old, Cancelled("superseded"), SequenceState.CANCELLED)
@@ -345,7 +379,10 @@ class Engine:
             self._wake.wait(idle_timeout)
             return
         self._start(plan.started)
+        n_prefill = sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
+        began = self.clock()
         results = self._decode(plan)
+        self.rates.observe(n_prefill, len(plan.chunks), self.clock() - began)
         with self._lock:
             self._record(plan, results)
             ops = self._take_kv_work()

@@ -193,17 +193,24 @@ class KvCache:
     def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
         matched = self.cached_length(tokens)
-        path = self._lookup(tokens[:matched])[0].path() if matched else iter(())
-        return self._can_make_room(total_tokens - matched, {id(node) for node in path})
+        pinned = self._evictable_in_prefix(tokens[:matched]) if matched else 0
+        return self._can_make_room(total_tokens - matched, pinned)
 
     def can_restore(self, total_tokens: int) -> bool:
-        return self._can_make_room(total_tokens, set())
+        return self._can_make_room(total_tokens, 0)
 
-    def _can_make_room(self, need: int, pinned: set[int]) -> bool:
-        reclaimable = sum(len(n.tokens) for n in self._evictable_nodes() if id(n) not in pinned)
+    def _can_make_room(self, need: int, pinned: int) -> bool:
+        """``pinned``: evictable cells the new sequence itself would hold."""
+        reclaimable = sum(len(n.tokens) for n in self._evictable_nodes()) - pinned
         reclaimable += sum(h.private for h in self._holders.values() if not h.running)
         has_id = bool(self._free_ids) or any(not h.running for h in self._holders.values())
         return has_id and need <= self.num_free + reclaimable
+
+    def _evictable_in_prefix(self, prefix: Sequence[int]) -> int:
+        node, offset = self._lookup(prefix)
+        nodes = list(node.path())
+        lengths = [offset, *(len(n.tokens) for n in nodes[1:])]
+        return sum(n for n, node in zip(lengths, nodes, strict=True) if _evictable(node))
 
     def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
         """Attach the longest cached prefix of ``tokens`` to a new sequence id that
@@ -387,7 +394,7 @@ class KvCache:
             stack.extend(node.children.values())
 
     def _evictable_nodes(self) -> Iterator[_Node]:
-        return (n for n in self._nodes() if not n.running_refs and n.owner is None)
+        return (n for n in self._nodes() if _evictable(n))
 
     def _lookup(self, tokens: Sequence[int]) -> tuple[_Node, int]:
         """The deepest node sharing a prefix with ``tokens`` and how many of its
@@ -431,6 +438,10 @@ class KvCache:
         holder.last_used = self._tick
         for node in holder.node.path():
             node.last_used = self._tick
+
+
+def _evictable(node: _Node) -> bool:
+    return not node.running_refs and node.owner is None
 
 
 def _common_prefix(run: list[int], tokens: Sequence[int], pos: int) -> int:

@@ -82,7 +82,8 @@ class Scheduler:
     def _has_slot(self) -> bool:
         return len(self.running) < self.limits.max_sequences
 
-    def _fits(self, seq: Sequence) -> bool:
+    def fits(self, seq: Sequence) -> bool:
+        """A slot aside, whether KV for ``seq`` can be had now (evicting cache)."""
         return self.kv.can_admit(seq.request.prompt_tokens, self.reservation(seq))
 
     def add(self, seq: Sequence, now: float) -> None:
@@ -97,12 +98,7 @@ class Scheduler:
                 kv_tokens_needed=need,
                 kv_tokens_budget=self.kv.sequence_tokens,
             )
-        if (
-            not self.waiting
-            and not self._resumed_offloaded()
-            and self._has_slot
-            and self._fits(seq)
-        ):
+        if not self.waiting and not self._resumed_offloaded() and self._has_slot and self.fits(seq):
             self._admit(seq, now)
             self._started.append(seq)
             return
@@ -139,7 +135,7 @@ class Scheduler:
         started = []
         while self.waiting and self._has_slot and not self._resumed_offloaded():
             seq = self.waiting[0]
-            if not self._fits(seq):
+            if not self.fits(seq):
                 break  # FIFO: a large request is not starved by smaller ones behind it
             self.waiting.popleft()
             self._admit(seq, now)
@@ -149,7 +145,7 @@ class Scheduler:
     @property
     def head_blocked(self) -> bool:
         """A request waits although the queue would move if KV or a slot were free."""
-        return bool(self.waiting) and not (self._has_slot and self._fits(self.waiting[0]))
+        return bool(self.waiting) and not (self._has_slot and self.fits(self.waiting[0]))
 
     # -- offload ---------------------------------------------------------------------
 
