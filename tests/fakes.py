@@ -6,16 +6,21 @@ import json
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from edge_llm.engine.backend import (
     BackendError,
     BatchItem,
     KvSlotUnavailable,
     ModelInfo,
+    Sampled,
     SamplingParams,
+    TokenLogprob,
 )
+from edge_llm.errors import InvalidRequest
 
 EOG = 0
+_JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 # Tokens 1 and 2 together spell one CJK character split across two tokens.
 SPLIT_CHAR = {1: "中".encode()[:2], 2: "中".encode()[2:]}
 
@@ -61,6 +66,7 @@ class FakeBackend:
         self.generated: dict[str, int] = {}  # sampler key -> tokens sampled
         self.decode_calls: list[list[tuple[int, int]]] = []
         self.released: list[int] = []
+        self.params: dict[str, SamplingParams] = {}  # each sequence's sampling, as started
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
@@ -76,6 +82,18 @@ class FakeBackend:
     def is_end_of_generation(self, token: int) -> bool:
         return token == EOG
 
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """Not GBNF: the schema itself, for tests to see what reached the engine;
+        refuses a ``type`` JSON schema does not know, as the real converter does."""
+        if schema is not None and schema.get("type", "object") not in _JSON_TYPES:
+            raise InvalidRequest(f"unsupported JSON schema type {schema.get('type')!r}")
+        return "fake-grammar " + json.dumps(schema)
+
+    @property
+    def last_params(self) -> SamplingParams:
+        """The sampling of the sequence started last."""
+        return list(self.params.values())[-1]
+
     @property
     def cells(self) -> dict[int, int]:
         """Cells each slot sees."""
@@ -87,11 +105,12 @@ class FakeBackend:
 
     def start_sequence(self, key: str, params: SamplingParams) -> None:
         self.generated[key] = 0
+        self.params[key] = params
 
     def end_sequence(self, key: str) -> None:
         self.generated.pop(key, None)
 
-    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+    def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         if self.gate is not None:
             self.gate.acquire()
         if self.step_delay_s:
@@ -112,10 +131,16 @@ class FakeBackend:
                 self._next_cell += 1
         return [self._next(item.sampler) for item in items if item.sample]
 
-    def _next(self, key: str) -> int:
+    def _next(self, key: str) -> Sampled:
         index = self.generated[key]
         self.generated[key] = index + 1
-        return self.script[index] if index < len(self.script) else EOG
+        token = self.script[index] if index < len(self.script) else EOG
+        k = self.params[key].n_logprobs
+        if k is None:
+            return Sampled(token)
+        # The script's token is the most likely, then the ids after it.
+        top = tuple((token + i, -0.25 * (i + 1)) for i in range(k))
+        return Sampled(token, TokenLogprob(token, -0.25, top))
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
         if self.kv.get(dst):

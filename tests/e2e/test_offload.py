@@ -18,7 +18,10 @@ pytestmark = pytest.mark.e2e
 
 # 6 MiB hold 256 cells: two requests of this size (about 118 cells each, the
 # template's system prompt shared), never three.
-BUDGET = ("--max-kv-cache-mb", "6", "--ttft-timeout-ms", "0", "--offload-paused-after-ms", "200")
+BUDGET = (
+    "--max-kv-cache-mb", "6", "--ttft-timeout-ms", "0", "--offload-paused-after-ms", "200",
+    "--max-pause-ms", "600000",
+)  # fmt: skip
 PAUSED_MAX_TOKENS = 60
 WAITING_MAX_TOKENS = PAUSED_MAX_TOKENS  # equal sizes: each waiting one needs a paused one out
 TOPIC = "Tell a long story about a lighthouse keeper and a storm at sea, with many details."
