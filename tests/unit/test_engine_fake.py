@@ -270,3 +270,16 @@ async def test_a_full_host_store_cancels_the_oldest_offloaded_stream(engine_of) 
     await drain(engine, paused[1])
     assert paused[1].outcome.finish_reason == "length"
     assert engine.metrics.cancellations.labels("pause_timeout")._value.get() == 1
+
+
+async def test_a_resumed_offloaded_stream_gets_the_kv_of_a_stream_paused_since(engine_of) -> None:
+    _, engine, paused, waiting = await offload_setup(engine_of)
+    for handle in waiting:  # both run to the end while the paused ones are offloaded
+        await drain(engine, handle)
+    blockers = [engine.submit(request(max_tokens=40)) for _ in range(2)]  # the KV is theirs
+    for blocker in blockers:
+        await wait_for(blocker, lambda b=blocker: b.seq.n_generated >= 3)
+        engine.pause(blocker)
+    engine.resume(paused[1])  # no room: the paused blocker paused first makes it
+    assert await drain(engine, paused[1]) == "".join(f"t{t} " for t in range(10, 50))
+    assert blockers[0].seq.public_state() == "offloaded"

@@ -144,7 +144,11 @@ class Scheduler:
 
     @property
     def head_blocked(self) -> bool:
-        """A request waits although the queue would move if KV or a slot were free."""
+        """The next in line (a resumed offloaded stream, else the queue's head) waits
+        for KV or a slot."""
+        resumed = self._resumed_offloaded()
+        if resumed:
+            return not (self._has_slot and self.kv.can_restore(self.reservation(resumed[0])))
         return bool(self.waiting) and not (self._has_slot and self.fits(self.waiting[0]))
 
     # -- offload ---------------------------------------------------------------------
