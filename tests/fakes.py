@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from edge_llm.engine.backend import BackendError, BatchItem, ModelInfo, SamplingParams
 
 EOG = 0
 # Tokens 1 and 2 together spell one CJK character split across two tokens.
 SPLIT_CHAR = {1: "中".encode()[:2], 2: "中".encode()[2:]}
+# Tokens from here on stand for one character each (see text_script).
+TEXT_BASE = 100_000
+
+
+def text_script(text: str) -> list[int]:
+    """A script that generates exactly ``text``, one character per token."""
+    return [TEXT_BASE + ord(ch) for ch in text]
 
 
 class FakeBackend:
@@ -39,6 +48,7 @@ class FakeBackend:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_sequence_tokens = kv_capacity_tokens
         self.max_sequences = max_sequences
+        self.template_has_tools = False
         self.script = list(script)
         self.fail_slots: set[int] = set()
         self.gate: threading.Semaphore | None = None
@@ -47,24 +57,34 @@ class FakeBackend:
         self.generated: dict[int, int] = {}
         self.decode_calls: list[list[tuple[int, int]]] = []
         self.released: list[int] = []
+        self.params: dict[int, SamplingParams] = {}
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        return "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + "<assistant>"
 
     def token_bytes(self, token: int) -> bytes:
         if token in SPLIT_CHAR:
             return SPLIT_CHAR[token]
+        if token >= TEXT_BASE:
+            return chr(token - TEXT_BASE).encode()
         return f"t{token} ".encode()
 
     def is_end_of_generation(self, token: int) -> bool:
         return token == EOG
 
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """Not GBNF: the schema itself, for tests to see what reached the engine."""
+        return "fake-grammar " + json.dumps(schema)
+
     def start_sequence(self, slot: int, params: SamplingParams) -> None:
         self.release(slot)
         self.generated[slot] = 0
+        self.params[slot] = params
 
     def decode(self, items: Sequence[BatchItem]) -> list[int]:
         if self.gate is not None:

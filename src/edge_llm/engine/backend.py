@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class BackendError(RuntimeError):
@@ -29,6 +29,11 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    grammar: str | None = None  # GBNF text, root rule ``root``
+    n_logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's and top k
 
     @property
     def greedy(self) -> bool:
@@ -65,13 +70,17 @@ class Backend(Protocol):
     kv_capacity_tokens: int
     kv_sequence_tokens: int  # most cells one sequence may hold
     max_sequences: int
+    template_has_tools: bool  # the chat template renders ``tools`` itself
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         """Token ids of ``text``; special tokens in the text are parsed."""
         ...
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The model's own chat template applied, ending with the assistant turn."""
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        """The model's own chat template applied, ending with the assistant turn;
+        ``tools`` (Chat Completions' shape) only when ``template_has_tools``."""
         ...
 
     def token_bytes(self, token: int) -> bytes:
@@ -87,6 +96,12 @@ class Backend(Protocol):
     def decode(self, items: Sequence[BatchItem]) -> list[int]:
         """Run one ``llama_decode`` over all items; return the sampled tokens of
         the items with ``sample`` set, in order. Raises :class:`BackendError`."""
+        ...
+
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """GBNF (root rule ``root``) for JSON text valid against ``schema``; None
+        means any JSON object. Raises ``InvalidRequest`` for a schema it cannot
+        convert (the caller names its own field). Any thread."""
         ...
 
     def release(self, slot: int) -> None:

@@ -16,7 +16,13 @@ from edge_llm.errors import (
     NotFound,
     TooManyConnections,
 )
-from edge_llm.server import anthropic_routes, debug_routes, openai_routes, ws_route
+from edge_llm.server import (
+    anthropic_routes,
+    debug_routes,
+    openai_routes,
+    responses_routes,
+    ws_route,
+)
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
 from edge_llm.server.http import error_response
 
@@ -35,6 +41,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/messages", anthropic_routes.messages)
+    app.router.add_post("/v1/responses", responses_routes.create_response)
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
     app.router.add_get("/health", debug_routes.health)
