@@ -10,7 +10,7 @@ How a request's tools reach the model and how its answer becomes tool calls:
 - A template without tools (SmolLM2) gets the tools as a system text that asks
   for one JSON object ``{"name": ..., "arguments": {...}}``; earlier calls in the
   history are rendered in that same form and tool results as user turns
-  ``{"tool_response": ...}`` (what llama.cpp's template polyfills do).
+  ``Result of NAME: ...`` (plain text: a small model repeats a JSON envelope).
 - ``tool_choice`` ``required`` or a named function constrains sampling with a
   grammar built from the tools' JSON schemas, so the answer is always one call
   whose ``arguments`` validate against the function's ``parameters``. Its
@@ -34,6 +34,7 @@ from edge_llm.errors import InvalidRequest
 ChoiceMode = Literal["none", "auto", "required"]
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 _HERMES_OPEN = "<tool_call>"
+_RESULT_PREFIX = "Result of "
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 # The forced form's head, up to where the arguments value starts.
 _NAME_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*(?=\S)')
@@ -143,8 +144,9 @@ def template_messages(
         tools = [t.openai_dict() for t in setup.offered()] if setup and active else None
         return [_with_parsed_arguments(m) for m in messages], tools
     out: list[dict[str, Any]] = []
+    names = _call_names(messages)
     for message in messages:
-        _append_plain(out, _plain_turn(message))
+        _append_plain(out, _plain_turn(message, names))
     if setup is not None and active:
         _add_system_text(out, setup.instructions())
     return out, None
@@ -163,13 +165,20 @@ def _with_parsed_arguments(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": parsed}
 
 
-def _plain_turn(message: dict[str, Any]) -> dict[str, str]:
+def _call_names(messages: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Function name of every call id in the history (tool results name only the id)."""
+    return {
+        call["id"]: call["function"]["name"]
+        for message in messages
+        for call in message.get("tool_calls") or []
+    }
+
+
+def _plain_turn(message: dict[str, Any], names: dict[str, str]) -> dict[str, str]:
     role, content = message["role"], message.get("content") or ""
     if role == "tool":
-        response = {"tool_call_id": message.get("tool_call_id"), "content": content}
-        if message.get("name"):
-            response["name"] = message["name"]
-        return {"role": "user", "content": json.dumps({"tool_response": response})}
+        name = message.get("name") or names.get(message.get("tool_call_id") or "", "the tool")
+        return {"role": "user", "content": f"{_RESULT_PREFIX}{name}: {content}"}
     calls = message.get("tool_calls") or []
     lines = [content] if content else []
     for call in calls:
@@ -184,8 +193,8 @@ def _append_plain(out: list[dict[str, Any]], turn: dict[str, str]) -> None:
     alternating roles refuse two in a row)."""
     previous = out[-1] if out else None
     if previous is not None and previous["role"] == turn["role"] == "user":
-        both = previous["content"].startswith('{"tool_response"')
-        if both and turn["content"].startswith('{"tool_response"'):
+        both = previous["content"].startswith(_RESULT_PREFIX)
+        if both and turn["content"].startswith(_RESULT_PREFIX):
             out[-1] = {"role": "user", "content": previous["content"] + "\n" + turn["content"]}
             return
     out.append(turn)
@@ -243,7 +252,9 @@ class ToolOutputParser:
         self.new_id = new_id
         self.calls: list[ToolCall] = []
         self.text = ""
-        self._mode = "text" if setup is None or not setup.active else "hold"
+        # plain: no tools; hold: may be a call; text: text that may still open a
+        # <tool_call> block; forced: a call, streamed as it comes.
+        self._mode = "plain" if setup is None or not setup.active else "hold"
         if setup is not None and setup.forced:
             self._mode = "forced"
         self._buffer = ""
@@ -251,36 +262,50 @@ class ToolOutputParser:
         self._scan = _ValueScanner()
 
     def feed(self, text: str) -> list[OutputEvent]:
-        if self._mode == "text":
-            self.text += text
-            return [TextOut(text)] if text else []
+        if self._mode == "plain":
+            return self._emit_text(text)
         self._buffer += text
         if self._mode == "forced":
             return self._forced_progress()
-        if not _may_be_call(self._buffer):
+        if self._mode == "hold":
+            if _may_be_call(self._buffer):
+                return []
             self._mode = "text"
-            held, self._buffer = self._buffer, ""
-            self.text += held
-            return [TextOut(held)]
-        return []
+        return self._text_until_block()
 
     def finish(self) -> list[OutputEvent]:
-        if self._mode == "text":
+        if self._mode == "plain":
             return []
         if self._mode == "forced" and self.calls:
             return []  # streamed already (cut short only if max_tokens was reached)
-        parsed = parse_calls(self._buffer, self.setup.names() if self.setup else frozenset())
+        held, self._buffer = self._buffer, ""
+        if self._mode == "text":
+            return self._emit_text(held)
+        parsed = parse_calls(held, self.setup.names() if self.setup else frozenset())
         if parsed is None:
-            self.text += self._buffer
-            return [TextOut(self._buffer)] if self._buffer else []
+            return self._emit_text(held)
         text, calls = parsed
-        events: list[OutputEvent] = [TextOut(text)] if text else []
-        self.text += text
+        events = self._emit_text(text)
         for name, arguments in calls:
             events += self._new_call(name)
             self.calls[-1] = ToolCall(self.calls[-1].id, name, arguments)
             events.append(ArgumentsOut(len(self.calls) - 1, arguments))
         return events
+
+    def _emit_text(self, text: str) -> list[OutputEvent]:
+        self.text += text
+        return [TextOut(text)] if text else []
+
+    def _text_until_block(self) -> list[OutputEvent]:
+        """Text streams, except what may open a ``<tool_call>`` block: from there
+        on the answer is held and parsed at the end."""
+        at = self._buffer.find(_HERMES_OPEN)
+        if at >= 0:
+            self._mode = "hold"
+        else:
+            at = len(self._buffer) - _open_tag_suffix(self._buffer)
+        out, self._buffer = self._buffer[:at], self._buffer[at:]
+        return self._emit_text(out)
 
     def _new_call(self, name: str) -> list[OutputEvent]:
         self.calls.append(ToolCall(self.new_id(), name, ""))
@@ -311,6 +336,14 @@ def _may_be_call(buffer: str) -> bool:
     if not head:
         return True
     return head.startswith("{") or head.startswith("[") or _HERMES_OPEN.startswith(head[:11])
+
+
+def _open_tag_suffix(text: str) -> int:
+    """Length of the longest end of ``text`` that begins ``<tool_call>``."""
+    for size in range(min(len(_HERMES_OPEN) - 1, len(text)), 0, -1):
+        if _HERMES_OPEN.startswith(text[-size:]):
+            return size
+    return 0
 
 
 class _ValueScanner:

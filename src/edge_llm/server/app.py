@@ -41,6 +41,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/messages", anthropic_routes.messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
     app.router.add_post("/v1/responses", responses_routes.create_response)
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
