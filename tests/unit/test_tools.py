@@ -188,5 +188,5 @@ def test_history_for_a_template_with_tools_is_kept() -> None:
 def test_tool_choice_none_hides_the_tools() -> None:
     setup = ToolSetup((WEATHER,), ToolChoice("none"))
     turns, tools = template_messages(HISTORY[:2], setup, template_has_tools=False)
-    assert turns == HISTORY[:2]
+    assert (turns, tools) == (HISTORY[:2], None)
     assert template_messages(HISTORY[:2], setup, template_has_tools=True)[1] is None
