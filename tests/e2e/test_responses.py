@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import openai
@@ -15,20 +14,6 @@ pytestmark = pytest.mark.e2e
 
 QUESTION = "Name the capital of France."
 STORY = "Write a very long story about a dragon and a knight."
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather of a city",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 40},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-}
 
 
 def sdk(engine: Any) -> openai.OpenAI:
@@ -37,14 +22,6 @@ def sdk(engine: Any) -> openai.OpenAI:
 
 def served_model(engine: Any) -> str:
     return str(engine.get_json("/v1/models")["data"][0]["id"])
-
-
-def assert_weather_arguments(arguments: str) -> None:
-    """Valid against WEATHER's parameters (checked by hand: two fields)."""
-    parsed = json.loads(arguments)
-    assert set(parsed) == {"city", "unit"}
-    assert isinstance(parsed["city"], str) and len(parsed["city"]) <= 40
-    assert parsed["unit"] in ("celsius", "fahrenheit")
 
 
 def test_text_create_and_stream_agree(engine_server: Any) -> None:
@@ -114,73 +91,6 @@ def test_previous_response_id_continues_the_stored_conversation(engine_server: A
     error = missing.value.body
     assert isinstance(error, dict)
     assert error["param"] == "previous_response_id"
-
-
-def test_forced_function_call_create_and_stream(engine_server: Any) -> None:
-    model = served_model(engine_server)
-    ask = {
-        "model": model,
-        "input": "What is the weather in Paris?",
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "temperature": 0,
-        "max_output_tokens": 64,
-    }
-    with sdk(engine_server) as client:
-        whole = client.responses.create(**ask)
-        with client.responses.stream(**ask) as stream:
-            events = list(stream)
-            final = stream.get_final_response()
-    call = whole.output[0]
-    assert call.type == "function_call"
-    assert call.name == "get_weather"
-    assert call.call_id.startswith("call_")
-    assert_weather_arguments(call.arguments)
-    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
-    assert len(deltas) > 1  # streamed as generated, not in one piece
-    done = next(e for e in events if e.type == "response.function_call_arguments.done")
-    assert "".join(deltas) == done.arguments == call.arguments
-    streamed = final.output[0]
-    assert streamed.type == "function_call"
-    assert streamed.arguments == call.arguments
-    assert [e.type for e in events][-1] == "response.completed"
-
-
-def test_function_call_round_trip(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
-        asked = client.responses.create(
-            input="What is the weather in Paris?",
-            tools=[WEATHER],
-            tool_choice={"type": "function", "name": "get_weather"},
-            temperature=0,
-            max_output_tokens=64,
-        )
-        call = asked.output[0]
-        assert call.type == "function_call"
-        result = {"type": "function_call_output", "call_id": call.call_id, "output": "22 C, sunny"}
-        # Once from the stored conversation, once with the whole history as input.
-        chained = client.responses.create(
-            input=[result],
-            previous_response_id=asked.id,
-            tools=[WEATHER],
-            tool_choice="none",
-            temperature=0,
-            max_output_tokens=32,
-        )
-        history = [
-            {"role": "user", "content": "What is the weather in Paris?"},
-            call.model_dump(exclude_none=True),
-            result,
-        ]
-        explicit = client.responses.create(
-            input=history, tools=[WEATHER], tool_choice="none", temperature=0, max_output_tokens=32
-        )
-    for answer in (chained, explicit):
-        assert [item.type for item in answer.output] == ["message"]
-        assert answer.output_text.strip()
-    assert chained.output_text == explicit.output_text
-    assert chained.usage is not None and explicit.usage is not None
-    assert chained.usage.input_tokens == explicit.usage.input_tokens
 
 
 async def test_stalled_reader_pauses_and_disconnect_frees_kv(engine_server: Any) -> None:

