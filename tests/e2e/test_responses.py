@@ -117,3 +117,16 @@ async def test_stalled_reader_pauses_and_disconnect_frees_kv(engine_server: Any)
     await wait_until(
         lambda: engine_server.debug_streams()["kv_used_bytes"] == 0, what="its KV freed"
     )
+
+
+def test_same_session_supersedes_a_running_response(engine_server: Any) -> None:
+    ask = {"input": STORY, "temperature": 0, "max_output_tokens": 200, "user": "e2e-responses"}
+    with sdk(engine_server) as client:
+        with client.responses.stream(model=served_model(engine_server), **ask) as stream:
+            events = iter(stream)
+            while next(events).type != "response.output_text.delta":
+                pass
+            newer = client.responses.create(**{**ask, "max_output_tokens": 1})
+            rest = [event.type for event in events]
+    assert newer.status == "incomplete"  # it ran: one token
+    assert rest[-2:] == ["error", "response.failed"]

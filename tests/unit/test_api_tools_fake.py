@@ -279,3 +279,19 @@ async def test_anthropic_tool_history_and_count_tokens(served: Served) -> None:
     bad = await client.post("/v1/messages/count_tokens", json={"model": "m", "messages": []})
     assert bad.status == 400
     assert (await bad.json())["type"] == "error"
+
+
+async def test_responses_text_format_reaches_the_sampler_as_a_grammar(served: Served) -> None:
+    client, backend = await served('{"a": 1}')
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "name": "thing", "schema": schema, "strict": True}
+    response = await client.post("/v1/responses", json={"input": "x", "text": {"format": fmt}})
+    body = await response.json()
+    assert body["text"]["format"] == fmt
+    assert body["output"][0]["content"][0]["text"] == '{"a": 1}'
+    (params,) = backend.params.values()
+    assert params.grammar == "fake-grammar " + json.dumps(schema)
+    missing = await client.post(
+        "/v1/responses", json={"input": "x", "text": {"format": {"type": "json_schema"}}}
+    )
+    assert (await missing.json())["error"]["param"] == "text.format.schema"

@@ -234,6 +234,16 @@ class ChatCompletionRequest(_Sampling):
                     raise ValueError(f"tool type {kind!r} is not supported (function only)")
         return value
 
+    @field_validator("n", mode="before")
+    @classmethod
+    def _one_choice(cls, value: object) -> object:
+        """See the README: n requests give the same, each with its own backpressure."""
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            raise ValueError(
+                "n > 1 is not supported: send n requests (they stream and pause independently)"
+            )
+        return value
+
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
