@@ -113,7 +113,7 @@ async def test_stalled_reader_pauses_and_disconnect_frees_kv(engine_server: Any)
         what="the abandoned stream to be cancelled",
     )
     assert ended["cancel_reason"] == "disconnect"
-    assert b"event: response.output_text.delta" in slow.received
+    assert ended["n_generated"] == stalled["n_generated"] > 0
     await wait_until(
         lambda: engine_server.debug_streams()["kv_used_bytes"] == 0, what="its KV freed"
     )

@@ -295,3 +295,14 @@ async def test_responses_text_format_reaches_the_sampler_as_a_grammar(served: Se
         "/v1/responses", json={"input": "x", "text": {"format": {"type": "json_schema"}}}
     )
     assert (await missing.json())["error"]["param"] == "text.format.schema"
+
+
+async def test_websocket_refuses_tools_it_cannot_frame(served: Served) -> None:
+    client, _ = await served("ok")
+    async with client.ws_connect("/v1/stream") as ws:
+        request = {"messages": USER, "tools": [TOOL]}
+        await ws.send_json({"type": "start", "request": request})
+        frame = await ws.receive_json(timeout=30)
+        assert frame["type"] == "error" and "tools" in frame["message"]
+        await ws.send_json({"type": "start", "request": {**request, "tool_choice": "none"}})
+        assert (await ws.receive_json(timeout=30))["type"] == "started"

@@ -10,7 +10,7 @@ from aiohttp import WSMsgType, web
 
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import EdgeLLMError
+from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.protocol import openai
 from edge_llm.protocol.ws import (
     CancelStream,
@@ -77,6 +77,7 @@ class _Connection:
         try:
             req = openai.parse_request(openai.ChatCompletionRequest, body)
             service.check_model(req.model)
+            _no_tools(req)
             session = self.request.headers.get("X-Session-Id") or req.user
             handle = await service.start_chat(
                 req.chat_messages(),
@@ -146,3 +147,14 @@ async def stream_socket(request: web.Request) -> web.WebSocketResponse:
     with contextlib.suppress(ConnectionResetError):
         return await connection.serve()
     return connection.ws
+
+
+def _no_tools(req: openai.ChatCompletionRequest) -> None:
+    """Frames carry text only: a request that could answer with a call is refused."""
+    setup = req.tool_setup()
+    if setup is not None and setup.active:
+        raise InvalidRequest(
+            "tools are not supported over /v1/stream (its deltas are text): "
+            "use POST /v1/chat/completions or /v1/responses",
+            param="tools",
+        )
