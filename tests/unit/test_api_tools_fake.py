@@ -187,7 +187,11 @@ async def test_responses_store_and_previous_response_id(served: Served) -> None:
     [
         ({"input": [{"type": "input_image"}]}, "input"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input.0.content"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}, "tools"),
+        (
+            {"input": "x", "tools": [{"type": "web_search"}], "tool_choice": "required"},
+            "tool_choice",
+        ),
         ({"input": "x", "tool_choice": "required"}, "tool_choice"),
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "colour": 1}, "colour"),
@@ -306,3 +310,21 @@ async def test_websocket_refuses_tools_it_cannot_frame(served: Served) -> None:
         assert frame["type"] == "error" and "tools" in frame["message"]
         await ws.send_json({"type": "start", "request": {**request, "tool_choice": "none"}})
         assert (await ws.receive_json(timeout=30))["type"] == "started"
+
+
+async def test_responses_codex_tool_kinds(served: Served) -> None:
+    client, backend = await served(CALL)
+    namespace = {
+        "type": "namespace",
+        "name": "weather_tools",
+        "description": "Weather",
+        "tools": [{**RESPONSES_TOOL, "strict": False}],
+    }
+    hosted = {"type": "web_search", "external_web_access": False}
+    body = {"input": "x", "tools": [namespace, hosted], "tool_choice": "required"}
+    response = await client.post("/v1/responses", json=body)
+    assert response.headers["X-Edge-LLM-Ignored"] == "tools.web_search"
+    output = (await response.json())["output"]
+    assert [(o["type"], o["name"]) for o in output] == [("function_call", "get_weather")]
+    (params,) = backend.params.values()
+    assert params.grammar is not None and "web_search" not in params.grammar

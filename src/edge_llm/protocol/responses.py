@@ -8,7 +8,9 @@ What a request may hold:
   ``function_call_output`` items; ``reasoning`` items are accepted and skipped
   (this model does not reason). Image, file and audio parts: 400.
 - ``instructions`` (a system message), ``max_output_tokens``, ``temperature``,
-  ``top_p``, ``tools`` (``function`` only), ``tool_choice``,
+  ``top_p``, ``tools`` (``function``; a ``namespace`` of functions is flattened;
+  tools OpenAI hosts, such as ``web_search``, are accepted and not offered to the
+  model, and the ``X-Edge-LLM-Ignored`` header names them), ``tool_choice``,
   ``parallel_tool_calls``, ``text.format`` (``text``, ``json_object``,
   ``json_schema``: enforced by a grammar), ``stream``.
 - ``previous_response_id``: the conversation of a stored response continues
@@ -28,9 +30,9 @@ import json
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.protocol.openai import (
@@ -50,6 +52,17 @@ from edge_llm.protocol.tools import (
     ToolSetup,
 )
 
+HostedToolType = Literal[
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "mcp",
+]
+HOSTED_TOOLS: tuple[str, ...] = get_args(HostedToolType)
+_TOOL_TYPES = ("function", "namespace", *HOSTED_TOOLS)
 _ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
 _PART_TYPES = ("input_text", "output_text", "refusal", "text")
 _UNSUPPORTED_PARTS = {
@@ -142,6 +155,22 @@ class FunctionToolParam(Strict):
     strict: bool | None = None
 
 
+class NamespaceTool(Strict):
+    """A group of functions (Codex sends its sub-agent tools so); flattened."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[FunctionToolParam]
+
+
+class HostedTool(BaseModel):
+    """A tool OpenAI runs on its side (web search, ...): not offered to the model."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    type: HostedToolType
+
+
 class NamedFunction(Strict):
     type: Literal["function"]
     name: str
@@ -167,7 +196,7 @@ class ResponsesRequest(Strict):
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    tools: list[FunctionToolParam] | None = None
+    tools: list[FunctionToolParam | NamespaceTool | HostedTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
@@ -208,20 +237,37 @@ class ResponsesRequest(Strict):
         if isinstance(value, list):
             for tool in value:
                 kind = tool.get("type") if isinstance(tool, dict) else None
-                if kind is not None and kind != "function":
-                    raise ValueError(f"tool type {kind!r} is not supported (function only)")
+                if kind is not None and kind not in _TOOL_TYPES:
+                    raise ValueError(
+                        f"tool type {kind!r} is not supported (function, namespace; "
+                        f"hosted tools are accepted and not offered: {', '.join(HOSTED_TOOLS)})"
+                    )
         return value
 
+    def functions(self) -> list[FunctionToolParam]:
+        """The function tools, namespaces flattened; hosted tools left out."""
+        out: list[FunctionToolParam] = []
+        for tool in self.tools or []:
+            if isinstance(tool, FunctionToolParam):
+                out.append(tool)
+            elif isinstance(tool, NamespaceTool):
+                out += tool.tools
+        return out
+
+    def hosted_tools(self) -> list[str]:
+        return [t.type for t in self.tools or [] if isinstance(t, HostedTool)]
+
     def tool_setup(self) -> ToolSetup | None:
-        if not self.tools:
+        functions = self.functions()
+        if not functions:
             if isinstance(self.tool_choice, NamedFunction) or self.tool_choice == "required":
-                raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+                raise InvalidRequest("tool_choice needs function tools", param="tool_choice")
             return None
         tools = tuple(
             FunctionTool(
                 t.name, t.description, t.parameters or {"type": "object", "properties": {}}
             )
-            for t in self.tools
+            for t in functions
         )
         if isinstance(self.tool_choice, NamedFunction):
             choice = ToolChoice("required", self.tool_choice.name)

@@ -51,11 +51,14 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         responses.response_id(handle.id), ctx.service.model_id, int(time.time()), req
     )
     parser = ToolOutputParser(setup, openai.new_call_id)
+    headers = {"X-Request-Id": handle.id}
+    if req.hosted_tools():
+        headers["X-Edge-LLM-Ignored"] = ",".join(f"tools.{t}" for t in req.hosted_tools())
     with ctx.guard(handle):
         if req.stream:
-            response = await _stream(request, ctx, handle, builder, parser)
+            response = await _stream(request, ctx, handle, builder, parser, headers=headers)
         else:
-            response = await _reply(ctx, handle, builder, parser)
+            response = await _reply(ctx, handle, builder, parser, headers=headers)
     if req.stores and builder.status in ("completed", "incomplete"):
         ctx.responses.put(builder.id, history + builder.output_messages())
     return response
@@ -106,6 +109,8 @@ async def _reply(
     handle: StreamHandle,
     builder: responses.ResponseBuilder,
     parser: ToolOutputParser,
+    *,
+    headers: dict[str, str],
 ) -> web.Response:
     async for event in pump(ctx.engine, handle, ctx.pump_settings):
         if isinstance(event, Delta):
@@ -117,7 +122,7 @@ async def _reply(
             for out in parser.finish():
                 builder.on(out)
             builder.finish(event.outcome.finish_reason or "stop", handle.usage())
-    return web.json_response(builder.snapshot(), headers={"X-Request-Id": handle.id})
+    return web.json_response(builder.snapshot(), headers=headers)
 
 
 async def _stream(
@@ -126,8 +131,11 @@ async def _stream(
     handle: StreamHandle,
     builder: responses.ResponseBuilder,
     parser: ToolOutputParser,
+    *,
+    headers: dict[str, str],
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, handle.id)
+    writer.response.headers.update(headers)
     opening = _encode(builder.opening())
     async for event in pump(ctx.engine, handle, ctx.pump_settings):
         if isinstance(event, Delta):
