@@ -176,7 +176,7 @@ class NamedFunction(Strict):
     name: str
 
 
-class TextFormat(Strict):
+class ResponsesTextFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
     schema_: Annotated[dict[str, Any] | None, Field(alias="schema")] = None
@@ -185,7 +185,7 @@ class TextFormat(Strict):
 
 
 class TextConfig(Strict):
-    format: TextFormat | None = None
+    format: ResponsesTextFormat | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
