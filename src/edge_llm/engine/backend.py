@@ -39,6 +39,36 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits: a bare argmax picks the token."""
+        return (
+            self.greedy
+            and self.grammar is None
+            and not self.logit_bias
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+        )
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The model's log-probability of a sampled token and of its ``top`` alternatives
+    (token id, logprob), most likely first; from the raw logits, before sampling
+    (temperature, penalties, bias and grammar do not change it)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One sampled token; ``logprob`` only when the sequence asked for logprobs."""
+
+    token: int
+    logprob: TokenLogprob | None = None
+
 
 @dataclass
 class BatchItem:
@@ -93,7 +123,7 @@ class Backend(Protocol):
         """Prepare ``slot`` (empty KV) to generate with ``params``."""
         ...
 
-    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+    def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         """Run one ``llama_decode`` over all items; return the sampled tokens of
         the items with ``sample`` set, in order. Raises :class:`BackendError`."""
         ...

@@ -25,7 +25,7 @@ from aiohttp import web
 
 from edge_llm.engine.backend import SamplingParams
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import InvalidRequest, NotFound
+from edge_llm.errors import NotFound
 from edge_llm.protocol import openai, responses, sse
 from edge_llm.protocol.tools import ToolOutputParser
 from edge_llm.server.context import ServerContext, context_of
@@ -97,11 +97,7 @@ def _sampling(ctx: ServerContext, req: responses.ResponsesRequest) -> SamplingPa
     constrained, schema = req.format_schema()
     if not constrained:
         return sampling
-    try:
-        grammar = ctx.service.backend.json_schema_grammar(schema)
-    except InvalidRequest as exc:
-        raise InvalidRequest(f"text.format: {exc.message}", param="text.format") from exc
-    return replace(sampling, grammar=grammar)
+    return replace(sampling, grammar=ctx.service.json_grammar(schema, param="text.format"))
 
 
 async def _reply(

@@ -22,6 +22,7 @@ from edge_llm.protocol.ws import (
 )
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import tune_connection
+from edge_llm.server.openai_routes import request_sampling
 from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
 
 
@@ -78,11 +79,15 @@ class _Connection:
             req = openai.parse_request(openai.ChatCompletionRequest, body)
             service.check_model(req.model)
             _no_tools(req)
+            if req.logprobs:
+                raise InvalidRequest(
+                    "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
+                )
             session = self.request.headers.get("X-Session-Id") or req.user
             handle = await service.start_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
-                sampling=req.sampling(),
+                sampling=request_sampling(self.ctx, req),
                 session=session,
             )
         except EdgeLLMError as exc:
