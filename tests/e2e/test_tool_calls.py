@@ -6,12 +6,15 @@ trip (call, result, answer) works on every API."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import jsonschema
 import openai
 import pytest
+
+from conftest import EngineProcess, start_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -34,6 +37,15 @@ ANTHROPIC_TOOL = {"name": "get_weather", "description": DESCRIPTION, "input_sche
 QUESTION = "What is the weather in Paris?"
 RESULT = "22 C, sunny"
 GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """Tools make prompts of some 150 tokens: no TTFT timeout, so that a loaded
+    machine (slow prefill) cannot fail these tests with a 504."""
+    engine = start_engine(tmp_path_factory.mktemp("tools"), "--ttft-timeout-ms", "0")
+    yield engine
+    engine.stop()
 
 
 def openai_sdk(engine: Any) -> openai.OpenAI:
