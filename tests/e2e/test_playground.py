@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 from conftest import EngineFactory, EngineProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "playground"
@@ -32,7 +32,7 @@ CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
-TIMEOUT_MS = 180_000
+TIMEOUT_MS = 300_000  # a page condition; decode ran at 0.2 tok/s under load here
 STORY = "Write a very long story about a dragon and a knight."
 FRANCE = "Name the capital of France."
 expect.set_options(timeout=TIMEOUT_MS)
@@ -148,7 +148,7 @@ def test_pause_stops_tokens_and_resume_completes_the_same_text(
 ) -> None:
     open_playground(page, engine_server)
     pane = pane_of(page, 0)
-    send(pane, STORY, max_tokens=48)
+    send(pane, STORY, max_tokens=24)
     wait_received(page, 0, 2)
     role(pane, "pause").click()
     expect(pane).to_have_attribute("data-state", "paused")
@@ -165,8 +165,8 @@ def test_pause_stops_tokens_and_resume_completes_the_same_text(
 
     role(pane, "resume").click()
     expect(pane).to_have_attribute("data-complete", "true")
-    assert generated < 48
-    expect(role(pane, "output")).to_have_text(uninterrupted_answer(engine_server, STORY, 48))
+    assert generated < 24
+    expect(role(pane, "output")).to_have_text(uninterrupted_answer(engine_server, STORY, 24))
     expect(role(pane, "stats")).to_contain_text("pauses 1")
 
 
@@ -202,7 +202,7 @@ def test_a_slow_renderer_pauses_the_stream_by_itself(
 ) -> None:
     open_playground(page, engine_server)
     pane = pane_of(page, 0)
-    send(pane, STORY, max_tokens=80, speed="0")  # stalled: slower than any engine
+    send(pane, STORY, max_tokens=40, speed="0")  # stalled: slower than any engine
     stream_id = stream_id_of(pane)
     expect(pane).to_have_attribute("data-paused-by", "queue")
     row = row_of(page, stream_id)
@@ -242,7 +242,7 @@ def test_two_panes_side_by_side(page: Page, engine_server: EngineProcess) -> Non
     send(fast, "Write a poem about the sea.", max_tokens=200)
     slow_id, fast_id = stream_id_of(slow), stream_id_of(fast)
     expect(row_of(page, slow_id)).to_have_attribute("data-state", "paused")
-    wait_received(page, 1, 40)
+    wait_received(page, 1, 12)
     expect(row_of(page, fast_id)).to_have_attribute("data-state", "decoding")
     wait_panel_polls(page, 1)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
