@@ -324,7 +324,8 @@ def print_table(
                "wasted prefill", "peak KV MiB", "peak run/wait/paused", "peak RSS MiB",
                "OOM kills / deaths", "errors")  # fmt: skip
     for header in headers:
-        table.add_column(header, justify="left" if header in ("server", "errors") else "right")
+        left = header in ("server", "errors")
+        table.add_column(header, justify="left" if left else "right", no_wrap=header == "server")
     for summary in result.summaries:
         row = list(summary_row(summary))
         server = by_name[summary.target]
