@@ -23,6 +23,7 @@ from edge_llm.server import (
     debug_routes,
     openai_routes,
     playground_routes,
+    responses_routes,
     ws_route,
 )
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
@@ -46,6 +47,8 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/messages", anthropic_routes.messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
+    app.router.add_post("/v1/responses", responses_routes.create_response)
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
     app.router.add_get("/health", debug_routes.health)

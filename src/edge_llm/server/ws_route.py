@@ -83,6 +83,7 @@ class _Connection:
         try:
             req = openai.parse_request(openai.ChatCompletionRequest, body)
             service.check_model(req.model)
+            _no_tools(req)
             if req.logprobs:
                 raise InvalidRequest(
                     "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
@@ -171,3 +172,14 @@ async def stream_socket(request: web.Request) -> web.WebSocketResponse:
     with contextlib.suppress(ConnectionResetError):
         return await connection.serve()
     return connection.ws
+
+
+def _no_tools(req: openai.ChatCompletionRequest) -> None:
+    """Frames carry text only: a request that could answer with a call is refused."""
+    setup = req.tool_setup()
+    if setup is not None and setup.active:
+        raise InvalidRequest(
+            "tools are not supported over /v1/stream (its deltas are text): "
+            "use POST /v1/chat/completions or /v1/responses",
+            param="tools",
+        )
