@@ -146,7 +146,9 @@ class LlamaBackend:
         self._model = self._load_model(path)
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
-        self.num_seq_ids = min(_LLAMA_MAX_SEQ, 2 * max_sequences) if kv_unified else max_sequences
+        # Spare ids keep cached prefixes; llama.cpp needs a batch as large as n_seq_max.
+        spare = min(_LLAMA_MAX_SEQ, 2 * max_sequences, max(max_sequences, max_batch_tokens))
+        self.num_seq_ids = spare if kv_unified else max_sequences
         self.info = self._describe(path, model_id)
         try:
             self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
