@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from edge_llm.engine.backend import SamplingDefaults
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol.openai import ChatCompletionRequest, CompletionRequest, parse_request
 
@@ -91,8 +92,8 @@ def test_text_parts_and_developer_role_map_onto_the_template() -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "ab"},
     ]
-    assert request.sampling().stop == ("x",)
-    assert request.sampling().greedy
+    assert request.sampling(SamplingDefaults()).stop == ("x",)
+    assert request.sampling(SamplingDefaults()).greedy
 
 
 def test_completion_takes_exactly_one_prompt() -> None:

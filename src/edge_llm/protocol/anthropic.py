@@ -11,6 +11,10 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
   ``stop_reason: "max_tokens"``.
 - Content is text only (a string or ``text`` blocks); other block types
   (image, document, tool_use, tool_result, ...) get a 400 naming the block.
+- A ``system`` message inside ``messages`` (Claude Code sends them mid-conversation)
+  is a system turn at that place, after the top-level ``system``.
+- ``thinking`` (``adaptive``, ``enabled`` with ``budget_tokens``, ``disabled``) is
+  accepted and ignored: the model has no separate reasoning to show.
 - A trailing ``assistant`` message is a prefill: the answer continues it.
 - Fields of Anthropic's API that do not change what this engine generates are
   accepted and have no effect: ``tools``, ``thinking``, ``cache_control`` (top
@@ -34,7 +38,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from edge_llm.engine.backend import SamplingParams
+from edge_llm.engine.backend import SamplingDefaults, SamplingParams
 from edge_llm.errors import (
     AuthenticationFailed,
     BodyTooLarge,
@@ -96,7 +100,8 @@ def _text_only(value: object) -> object:
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: Claude Code's mid-conversation system turns.
+    role: Literal["user", "assistant", "system"]
     content: str | list[TextBlock]
 
     @field_validator("content", mode="before")
@@ -108,6 +113,15 @@ class Message(_Strict):
         if isinstance(self.content, str):
             return self.content
         return "".join(block.text for block in self.content)
+
+
+class Thinking(BaseModel):
+    """Extended thinking: accepted and ignored (this engine's models do not reason
+    apart from their answer); only its kind is checked."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    type: Literal["adaptive", "enabled", "disabled"]
+    budget_tokens: Annotated[int, Field(ge=0)] | None = None
 
 
 class Metadata(_Strict):
@@ -129,7 +143,7 @@ class MessagesRequest(_Strict):
     output_config: dict[str, Any] | None = None
     # Accepted, no effect here (see the module docstring); any JSON value.
     tools: Any = None
-    thinking: Any = None
+    thinking: Thinking | None = None
     cache_control: Any = None
     service_tier: Any = None
     speed: Any = None
@@ -192,11 +206,13 @@ class MessagesRequest(_Strict):
         head = [{"role": "system", "content": system}] if system else []
         return head + [{"role": m.role, "content": m.text()} for m in turns]
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, defaults: SamplingDefaults) -> SamplingParams:
+        """The request's sampling; ``defaults`` fill each field it leaves out."""
         return SamplingParams(
-            temperature=self.temperature if self.temperature is not None else 1.0,
-            top_p=self.top_p if self.top_p is not None else 1.0,
-            top_k=self.top_k or 0,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=defaults.min_p,
             stop=self.stops,
         )
 

@@ -25,6 +25,7 @@ from edge_llm.protocol.sse import encode_event
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 
 _PING = encode_event("ping", anthropic.ping())
@@ -60,10 +61,11 @@ async def _start(
     ctx: ServerContext, req: anthropic.MessagesRequest, session: str | None
 ) -> StreamHandle:
     service = ctx.service
-    max_tokens = min(req.max_tokens, service.limits.max_tokens_cap)
+    max_tokens = req.max_tokens
+    sampling = req.sampling(service.sampling_defaults)
     if req.prefill is None:
         return await service.start_chat(
-            req.chat_messages(), max_tokens=max_tokens, sampling=req.sampling(), session=session
+            req.chat_messages(), max_tokens=max_tokens, sampling=sampling, session=session
         )
     turns = req.chat_messages()
     if len(turns) + 1 > service.limits.max_messages:
@@ -72,12 +74,12 @@ async def _start(
         )
     prompt = service.backend.render_chat(turns) + req.prefill
     return await service.start_text(
-        prompt, max_tokens=max_tokens, sampling=req.sampling(), session=session
+        prompt, max_tokens=max_tokens, sampling=sampling, session=session
     )
 
 
 def _headers(handle: StreamHandle, req: anthropic.MessagesRequest) -> dict[str, str]:
-    headers = {"X-Request-Id": handle.id}
+    headers = response_headers(handle)
     ignored = req.ignored()
     if ignored:
         headers["X-Edge-LLM-Ignored"] = ",".join(ignored)

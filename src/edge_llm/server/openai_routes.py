@@ -13,6 +13,7 @@ from edge_llm.protocol import openai, sse
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 
 
@@ -50,7 +51,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     handle = await ctx.service.start_chat(
         req.chat_messages(),
         max_tokens=req.requested_max_tokens,
-        sampling=req.sampling(),
+        sampling=req.sampling(ctx.service.sampling_defaults),
         session=session_of(request, req.user),
     )
     return await _respond(request, ctx, handle, req, _Shape(chat=True))
@@ -63,7 +64,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     handle = await ctx.service.start_text(
         req.prompt_text(),
         max_tokens=req.requested_max_tokens,
-        sampling=req.sampling(),
+        sampling=req.sampling(ctx.service.sampling_defaults),
         session=session_of(request, req.user),
     )
     return await _respond(request, ctx, handle, req, _Shape(chat=False))
@@ -85,7 +86,7 @@ async def _respond(
         text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings)
         return web.json_response(
             shape.whole(ids, text, finish_reason, handle.usage()),
-            headers={"X-Request-Id": handle.id},
+            headers=response_headers(handle),
         )
 
 
@@ -103,7 +104,7 @@ async def _stream_sse(
     *,
     include_usage: bool,
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, handle.id)
+    writer = SseWriter(request, ctx, handle.id, response_headers(handle))
     first = shape.first(ids)
     async for event in pump(ctx.engine, handle, ctx.pump_settings):
         if isinstance(event, Delta):

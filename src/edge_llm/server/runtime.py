@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from edge_llm.config import EngineConfig
-from edge_llm.engine.backend import Backend
+from edge_llm.engine.backend import Backend, SamplingDefaults
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.observability.events import EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
@@ -116,8 +116,14 @@ def build_context(
         max_tokens_cap=sched.max_tokens_cap,
         max_messages=server.max_messages,
     )
+    defaults = SamplingDefaults(temperature=sched.default_temperature, top_p=sched.default_top_p)
     service = GenerationService(
-        engine, backend, limits, events=events, log_prompts=server.log_prompts
+        engine,
+        backend,
+        limits,
+        events=events,
+        log_prompts=server.log_prompts,
+        sampling_defaults=defaults,
     )
     return ServerContext(
         engine=engine,

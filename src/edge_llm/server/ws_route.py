@@ -81,7 +81,7 @@ class _Connection:
             handle = await service.start_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
-                sampling=req.sampling(),
+                sampling=req.sampling(service.sampling_defaults),
                 session=session,
             )
         except EdgeLLMError as exc:
