@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
@@ -236,11 +237,17 @@ def save_fixture(name: str, request: dict[str, Any]) -> None:
 
 
 def shape(body: dict[str, Any]) -> dict[str, Any]:
-    """What should stay put between captures of one CLI version: the fields sent,
-    the roles, and the tools' names (ids, dates and paths change every run)."""
+    """What stays put between captures of one CLI version on any machine: the
+    fields sent and the roles used (ids, dates, paths and, with the sandbox the
+    host offers, some tools change)."""
     turns = body.get("messages") or body.get("input") or []
     return {
         "fields": sorted(body),
-        "roles": [turn.get("role", turn.get("type")) for turn in turns],
-        "tools": [tool.get("name", tool.get("type")) for tool in body.get("tools") or []],
+        "roles": sorted({str(turn.get("role", turn.get("type"))) for turn in turns}),
     }
+
+
+def cli_version(headers: dict[str, str]) -> str:
+    """``2.1.197`` from ``claude-cli/2.1.197 (external, sdk-cli)``."""
+    found = re.search(r"/(\d+\.\d+\.\d+)", headers.get("user-agent", ""))
+    return found[1] if found else "unknown"

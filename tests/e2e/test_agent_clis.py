@@ -29,6 +29,7 @@ from agent_clis import (
     capture_server,
     claude_env,
     cli_path,
+    cli_version,
     fixture_path,
     load_fixture,
     run_cli,
@@ -59,7 +60,7 @@ def check_against_fixture(name: str, request: dict[str, Any]) -> None:
         save_fixture(name, request)
         return
     recorded = load_fixture(name)
-    assert request["headers"].get("user-agent") == recorded["headers"].get("user-agent"), (
+    assert cli_version(request["headers"]) == cli_version(recorded["headers"]), (
         f"the CLI version changed: refresh the fixtures with {REFRESH_ENV}=1"
     )
     assert shape(request["body"]) == shape(recorded["body"])
@@ -116,9 +117,12 @@ async def test_claude_code_round_trip_on_the_embedded_model(
     run = await run_cli(claude, args, claude_env(home, engine_server.url), cwd)
     assert run.returncode == 0, run.output
     assert run.stdout.strip(), run.output
-    clamped = [e for e in engine_server.events()[before:] if e["event"] == "max_tokens_clamped"]
+    events = engine_server.events()[before:]
+    clamped = [e for e in events if e["event"] == "max_tokens_clamped"]
     assert clamped and clamped[0]["requested"] == 32000, clamped
-    print(json.dumps({"claude_code_answer": run.stdout.strip()}))
+    admitted = [e for e in events if e["event"] == "admitted"]
+    report = {"answer": run.stdout.strip(), "n_prompt_tokens": admitted[0]["n_prompt_tokens"]}
+    print(json.dumps({"claude_code": report, "clamped": clamped[0]}))
 
 
 async def test_claude_code_shows_prompt_too_long_verbatim(

@@ -167,9 +167,9 @@ CLAUDE_CODE_NOTE = """\
 # Claude Code's default prompt (system prompt + 24 tools) is ~20,000 tokens: more
 # than a small model's context (SmolLM2-135M: 8,192) and than the engine's
 # max_prompt_tokens (512 by default): it gets 400 prompt_too_long. On a small model
-# use print mode without tools:
+# use print mode without tools (a few hundred tokens, within the default limit):
 #   claude -p "question" --bare --tools "" --system-prompt "You are a helpful assistant."
-# and serve with --max-prompt-tokens 2048; for agent work use a bigger model or --upstream.
+# Agent work with tools needs a bigger model (serve --model X.gguf --max-prompt-tokens N).
 """
 
 CODEX_NOTE = """\
