@@ -89,6 +89,12 @@ class SchedulerConfig(_Section):
     default_top_p: float = Field(
         0.9, gt=0.0, le=1.0, description="top_p when a request gives none and the model has none"
     )
+    deadline_admission: bool = Field(
+        False, description="Refuse at once (503 queue_full) a request predicted to miss ttft"
+    )
+    supersede_sessions: bool = Field(
+        True, description="A new request of a session cancels its running one (superseded)"
+    )
 
 
 class ModelConfig(_Section):

@@ -124,6 +124,15 @@ def test_thinking_kinds_are_accepted_and_ignored(thinking: dict[str, Any]) -> No
     assert req.ignored() == ["thinking", "context_management", "output_config"]
 
 
+def test_output_format_is_a_schema_to_enforce() -> None:
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    req = anthropic.parse_request(
+        body(output_config={"format": {"type": "json_schema", "schema": schema}})
+    )
+    assert req.output_schema == schema
+    assert req.ignored() == []  # honoured, not ignored
+
+
 def test_unknown_thinking_kind_is_named() -> None:
     assert invalid(thinking={"type": "deep"}).param == "thinking.type"
 
@@ -145,7 +154,8 @@ def test_any_model_id_is_accepted() -> None:
         ({"metadata": {"user_id": "u", "other": 1}}, "metadata.other"),
         ({"frobnicate": True}, "frobnicate"),
         ({"tool_choice": {"type": "any"}}, "tool_choice"),
-        ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config"),
+        ({"output_config": {"format": {"type": "json_object"}}}, "output_config"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config"),
     ],
 )
 def test_bad_fields_are_named(fields: dict[str, Any], param: str) -> None:

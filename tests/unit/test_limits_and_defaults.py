@@ -163,3 +163,17 @@ async def test_the_models_recommended_sampling_comes_first(serve: Any) -> None:
     first, second = served.backend.started
     assert (first.temperature, first.top_p, first.top_k) == (0.6, 0.9, 20)
     assert second.greedy  # temperature 0 stays greedy whatever the defaults
+
+
+async def test_anthropic_output_format_is_enforced_by_a_grammar(serve: Any) -> None:
+    served = await serve()
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    output_config = {"effort": "high", "format": {"type": "json_schema", "schema": schema}}
+    body = {**ANTHROPIC, "max_tokens": 2, "output_config": output_config}
+    response = await served.client.post("/v1/messages", json=body)
+    assert response.status == 200
+    assert served.backend.started[-1].grammar == "fake-grammar " + json.dumps(schema)
+    bad = {**output_config, "format": {"type": "json_schema", "schema": {"type": "tuple"}}}
+    refused = await served.client.post("/v1/messages", json={**body, "output_config": bad})
+    assert refused.status == 400
+    assert (await refused.json())["error"]["param"] == "output_config.format"

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from edge_llm.engine.backend import Backend, BackendError, BatchItem
+from edge_llm.engine.admission import ServiceRates, predict_ttft_s, queue_view, retry_after_s
+from edge_llm.engine.backend import Backend, BackendError, BatchItem, Sampled
 from edge_llm.engine.kv import KvBudget
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.scheduler import ScheduledChunk, Scheduler, SchedulerLimits, StepPlan
@@ -29,11 +30,14 @@ from edge_llm.errors import (
     EdgeLLMError,
     EngineUnavailable,
     PauseTimeout,
+    QueueFull,
     TtftTimeout,
 )
 from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 
+# A decoded chunk: its sampled token (when it samples) or the error that failed it.
+_ChunkResult = tuple[ScheduledChunk, Sampled | None, Exception | None]
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
 _IDLE_WAIT_S = 5.0
@@ -51,6 +55,8 @@ class EngineSettings:
     cancel_release_kv: bool = True
     ttft_timeout_s: float | None = 10.0
     max_pause_s: float | None = 60.0
+    supersede_sessions: bool = True
+    deadline_admission: bool = False
 
 
 class Engine:
@@ -75,6 +81,7 @@ class Engine:
             backend.kv_capacity_tokens, backend.info.kv_bytes_per_token, backend.kv_sequence_tokens
         )
         self.scheduler = Scheduler(limits, self.kv)
+        self.rates = ServiceRates()  # measured service times, for deadline_admission
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,6 +159,7 @@ class Engine:
         with self._lock:
             self._supersede(request.session)
             try:
+                self._check_deadline(seq)
                 self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
                 self.metrics.rejections.labels(exc.code).inc()
@@ -172,6 +180,33 @@ class Engine:
         self._wake.set()
         return handle
 
+    def _check_deadline(self, seq: Sequence) -> None:
+        """Lock held: with ``deadline_admission``, refuse at once (503 ``queue_full``) a
+        request whose predicted TTFT exceeds ``ttft_timeout`` (engine/admission.py)."""
+        deadline = self.settings.ttft_timeout_s
+        if not (self.settings.deadline_admission and deadline):
+            return
+        sched = self.scheduler
+        admitted_now = (
+            not sched.waiting
+            and sched.num_running < sched.limits.max_sequences
+            and self.kv.can_allocate(sched.reservation(seq))
+        )
+        running = [
+            (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
+            for s in sched.running
+        ]
+        waiting = [s.n_prompt for s in sched.waiting]
+        view = queue_view(seq.n_prompt, admitted_now, running, waiting)
+        predicted = predict_ttft_s(view, self.rates)
+        if predicted > deadline:
+            raise QueueFull(
+                f"predicted time to first token {predicted:.1f} s exceeds ttft_timeout_ms "
+                f"({deadline * 1000:.0f}): {view.prefill_ahead_tokens} prompt tokens ahead",
+                retry_after_s=retry_after_s(predicted, deadline),
+                predicted_ttft_ms=round(predicted * 1000.0),
+            )
+
     def _new_ring(self, max_tokens: int) -> TokenRing:
         capacity = self.settings.outbound_buffer_tokens
         if self.settings.pause_on_socket_full:
@@ -180,6 +215,8 @@ class Engine:
         return TokenRing(capacity, hard_limit=max_tokens)
 
     def _supersede(self, session: str | None) -> None:
+        if not self.settings.supersede_sessions:
+            return  # switched off: a session's requests run side by side
         old = self._sessions.get(session) if session else None
         if old is not None:
             self._finish(old, Cancelled("superseded"), SequenceState.CANCELLED)
@@ -333,7 +370,10 @@ class Engine:
             self._wake.wait(idle_timeout)
             return
         self._start(plan.started)
+        n_prefill = sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
+        began = self.clock()
         results = self._decode(plan)
+        self.rates.observe(n_prefill, len(plan.chunks), self.clock() - began)
         with self._lock:
             self._record(plan, results)
             released = self.scheduler.take_released()
@@ -403,7 +443,7 @@ class Engine:
             reason=reason,
         )
 
-    def _decode(self, plan: StepPlan) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+    def _decode(self, plan: StepPlan) -> list[_ChunkResult]:
         """Decode the whole plan; on failure, retry each chunk alone so one bad
         sequence fails by itself and the others go on."""
         try:
@@ -413,26 +453,20 @@ class Engine:
                 return [(plan.chunks[0], None, exc)]
         return [result for chunk in plan.chunks for result in self._decode_alone(chunk)]
 
-    def _decode_chunks(
-        self, chunks: list[ScheduledChunk]
-    ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+    def _decode_chunks(self, chunks: list[ScheduledChunk]) -> list[_ChunkResult]:
         items = [BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample) for c in chunks]
         sampled = iter(self.backend.decode(items))
         return [(c, next(sampled) if c.sample else None, None) for c in chunks]
 
-    def _decode_alone(
-        self, chunk: ScheduledChunk
-    ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+    def _decode_alone(self, chunk: ScheduledChunk) -> list[_ChunkResult]:
         try:
             return self._decode_chunks([chunk])
         except BackendError as exc:
             return [(chunk, None, exc)]
 
-    def _record(
-        self, plan: StepPlan, results: list[tuple[ScheduledChunk, int | None, Exception | None]]
-    ) -> None:
+    def _record(self, plan: StepPlan, results: list[_ChunkResult]) -> None:
         now = self.clock()
-        for chunk, token, error in results:
+        for chunk, sampled, error in results:
             handle = self._live.get(chunk.seq.id)
             if handle is None:
                 continue  # cancelled while the step ran: its cells are freed next step
@@ -443,8 +477,8 @@ class Engine:
             self.scheduler.complete(chunk)
             if was_prefill:
                 self._record_prefill(handle, chunk)
-            if token is not None:
-                self._record_token(handle, token, now)
+            if sampled is not None:
+                self._record_token(handle, sampled, now)
 
     def _record_prefill(self, handle: StreamHandle, chunk: ScheduledChunk) -> None:
         seq = handle.seq
@@ -454,8 +488,8 @@ class Engine:
         )
         self._touched.add(handle)
 
-    def _record_token(self, handle: StreamHandle, token: int, now: float) -> None:
-        seq = handle.seq
+    def _record_token(self, handle: StreamHandle, sampled: Sampled, now: float) -> None:
+        seq, token = handle.seq, sampled.token
         cause = seq.pause_cause
         if cause is not None:
             seq.tokens_while_paused += 1
@@ -470,7 +504,7 @@ class Engine:
             return
         text = handle.detokenizer.push(self.backend.token_bytes(token))
         text, hit_stop = handle.stop_matcher.push(text)
-        handle.ring.push(text)
+        handle.ring.push(text, sampled.logprob)
         if hit_stop:
             self._finish(handle, None, SequenceState.DONE, "stop")
         elif seq.n_generated >= seq.request.max_tokens:

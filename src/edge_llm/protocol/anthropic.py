@@ -23,7 +23,10 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
   ``inference_geo``, ``user_profile_id``, ``workspace_id``, ``output_config``
   (its ``effort``); the response header ``X-Edge-LLM-Ignored`` lists those given.
   What cannot be honoured is a 400: a ``tool_choice`` forcing a tool
-  (``any``/``tool``), an ``output_config.format`` (structured output).
+  (``any``/``tool``).
+- ``output_config.format`` (``{"type": "json_schema", "schema": {...}}``,
+  structured output) is enforced by a grammar built from the schema, as OpenAI's
+  ``response_format``; a schema that cannot be converted is a 400.
 - ``temperature``, ``top_p`` and ``top_k`` are honoured (recent SDKs send them
   only through ``extra_body``).
 - Unknown fields, wrong types and out-of-range numbers: 400 naming the field.
@@ -180,10 +183,21 @@ class MessagesRequest(_Strict):
 
     @field_validator("output_config")
     @classmethod
-    def _no_output_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("format") is not None:
-            raise ValueError("structured output (format) is not supported by this engine")
+    def _output_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        fmt = None if value is None else value.get("format")
+        if fmt is None:
+            return value
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise ValueError("format must be {'type': 'json_schema', 'schema': {...}}")
+        if not isinstance(fmt.get("schema"), dict) or set(fmt) - {"type", "schema"}:
+            raise ValueError("format needs a 'schema' object (and nothing else)")
         return value
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of ``output_config.format`` (structured output), if any."""
+        fmt = (self.output_config or {}).get("format")
+        return dict(fmt["schema"]) if fmt else None
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -219,6 +233,8 @@ class MessagesRequest(_Strict):
     def ignored(self) -> list[str]:
         """Fields given that have no effect on this engine."""
         names = [name for name in IGNORED_FIELDS if getattr(self, name) is not None]
+        if self.output_config is not None and set(self.output_config) <= {"format"}:
+            names.remove("output_config")  # a format alone is honoured
         if self._blocks_have("cache_control") and "cache_control" not in names:
             names.append("cache_control")
         if self._blocks_have("citations"):

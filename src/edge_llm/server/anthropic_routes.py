@@ -16,6 +16,8 @@ stream started is an ``error`` event, then the stream ends.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from aiohttp import web
 
 from edge_llm.engine.stream import StreamHandle
@@ -63,6 +65,9 @@ async def _start(
     service = ctx.service
     max_tokens = req.max_tokens
     sampling = req.sampling(service.sampling_defaults)
+    if req.output_schema is not None:
+        grammar = service.json_grammar(req.output_schema, param="output_config.format")
+        sampling = replace(sampling, grammar=grammar)
     if req.prefill is None:
         return await service.start_chat(
             req.chat_messages(), max_tokens=max_tokens, sampling=sampling, session=session
