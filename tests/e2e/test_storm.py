@@ -92,6 +92,7 @@ def test_deadline_admission_refuses_at_once_what_would_miss_the_ttft_timeout(
     assert refused.value.code == 503
     assert error["code"] == "queue_full" and "predicted time to first token" in error["message"]
     assert int(refused.value.headers["Retry-After"]) >= 1
+    assert error["predicted_ttft_ms"] > 2000
     # refused before admission: no stream, no prefill (not a 504 after the time-out)
     assert engine.debug_streams()["streams"] == []
     assert 'edge_llm_admission_rejections_total{reason="queue_full"} 1.0' in engine.metrics_text()
