@@ -37,7 +37,6 @@ SHORT_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 # sections (two small tools remain).
 CODEX_SMALL_PROMPT = (
     "features.shell_tool=false",
-    "include_apply_patch_tool=false",
     "web_search=disabled",
     "skills.include_instructions=false",
     "include_environment_context=false",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,20 +31,38 @@ from agent_clis import (
     claude_env,
     cli_path,
     cli_version,
+    codex_env,
+    codex_small_prompt_args,
     fixture_path,
     load_fixture,
     run_cli,
     save_fixture,
     shape,
 )
+from conftest import EngineProcess, start_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 CLAUDE_DEFAULT = "claude-code-default"
+CODEX_DEFAULT = "codex-default"
+CODEX_EXEC = ("exec", "--skip-git-repo-check", "--color", "never")
 PROMPT_TOO_LONG = re.compile(
     r"prompt has (\d+) tokens, more than max_prompt_tokens \((\d+)\); "
     r"shorten it, nothing is truncated"
 )
+
+
+@pytest.fixture(scope="module")
+def roomy_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """An engine whose prompt limit is raised past the model's context (8,192), so
+    that only the context can refuse a prompt."""
+    engine = start_engine(
+        tmp_path_factory.mktemp("roomy"),
+        "--max-prompt-tokens", "16384",
+        "--ttft-timeout-ms", "120000",  # a 500-token prefill on a loaded machine
+    )  # fmt: skip
+    yield engine
+    engine.stop()
 
 
 def workdir(tmp_path: Path) -> tuple[Path, Path]:
@@ -136,3 +155,63 @@ async def test_claude_code_shows_prompt_too_long_verbatim(
     assert found, run.output
     assert int(found[1]) > int(found[2]) == 512
     print(json.dumps({"claude_code_error": run.output.strip()}))
+
+
+# -- Codex ----------------------------------------------------------------------------------
+
+
+async def test_codex_default_request_is_recorded(tmp_path: Path) -> None:
+    codex = cli_path("codex")
+    home, cwd = workdir(tmp_path)
+    async with capture_server() as capture:
+        args = [*CODEX_EXEC, "Say hello."]
+        run = await run_cli(codex, args, codex_env(home, capture.url), cwd)
+    assert run.returncode != 0
+    assert "capture server: request recorded" in run.output
+    request = capture.first("/v1/responses")
+    body = request["body"]
+    for name in ("reasoning", "include", "prompt_cache_key", "client_metadata", "tools"):
+        assert name in body, name
+    assert body["store"] is False
+    assert {item.get("role") for item in body["input"]} >= {"developer", "user"}
+    check_against_fixture(CODEX_DEFAULT, request)
+
+
+async def test_recorded_codex_request_is_refused_only_for_its_length(
+    roomy_engine: EngineProcess,
+) -> None:
+    body = load_fixture(CODEX_DEFAULT)["body"]
+    status, payload = await post_json(roomy_engine.base_url + "/responses", body)
+    assert_only_the_token_limit_refuses(status, payload)
+    assert payload["error"]["max_prompt_tokens"] == 8191  # the context, not the setting
+
+
+async def test_codex_round_trip_on_the_embedded_model(
+    roomy_engine: EngineProcess, tmp_path: Path
+) -> None:
+    """Codex with its prompt shrunk to fit (short instructions, no shell, patch,
+    web, skills or environment sections) answers through /v1/responses."""
+    codex = cli_path("codex")
+    home, cwd = workdir(tmp_path)
+    args = [*CODEX_EXEC, *codex_small_prompt_args(home), "Say hello."]
+    before = len(roomy_engine.events())
+    run = await run_cli(codex, args, codex_env(home, roomy_engine.url), cwd)
+    assert run.returncode == 0, run.output
+    assert run.stdout.strip(), run.output
+    admitted = [e for e in roomy_engine.events()[before:] if e["event"] == "admitted"]
+    report = {"answer": run.stdout.strip(), "n_prompt_tokens": admitted[0]["n_prompt_tokens"]}
+    print(json.dumps({"codex": report}))
+
+
+async def test_codex_shows_prompt_too_long_verbatim(
+    roomy_engine: EngineProcess, tmp_path: Path
+) -> None:
+    codex = cli_path("codex")
+    home, cwd = workdir(tmp_path)
+    args = [*CODEX_EXEC, "Say hello."]
+    run = await run_cli(codex, args, codex_env(home, roomy_engine.url), cwd)
+    assert run.returncode != 0
+    found = PROMPT_TOO_LONG.search(run.output)
+    assert found, run.output
+    assert int(found[1]) > int(found[2]) == 8191
+    print(json.dumps({"codex_error": run.output.strip()[-400:]}))

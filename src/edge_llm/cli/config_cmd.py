@@ -176,7 +176,7 @@ CODEX_NOTE = """\
 # Codex's default prompt (~10,000 tokens) does not fit a small model's context; for
 # SmolLM2-135M shrink it (README: "Using edge-llm with Claude Code / Codex / Cline"):
 #   codex exec --skip-git-repo-check -c model_instructions_file=short.md \\
-#     -c features.shell_tool=false -c include_apply_patch_tool=false \\
+#     -c features.shell_tool=false \\
 #     -c web_search=disabled -c skills.include_instructions=false \\
 #     -c include_environment_context=false -c include_permissions_instructions=false \\
 #     -c features.multi_agent=false -c features.goals=false "question"
