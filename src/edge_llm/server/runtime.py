@@ -87,11 +87,16 @@ class RunningServer:
 async def start_server(config: EngineConfig, backend: Backend | None = None) -> RunningServer:
     """Load the model (unless given a backend), start the engine and listen."""
     server = config.server
-    event_log = EventLog(server.event_log, source="engine") if server.event_log else None
+    metrics = EngineMetrics()
+    event_log = None
+    if server.event_log:
+        event_log = EventLog(
+            server.event_log, source="engine", on_drop=metrics.count_event_log_drop
+        )
     events: EventSink = event_log.emit if event_log else null_sink
     if backend is None:
         backend = await asyncio.to_thread(load_backend, config)
-    engine = Engine(backend, engine_settings(config), metrics=EngineMetrics(), events=events)
+    engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
     runner = web.AppRunner(create_app(ctx), handler_cancellation=True, access_log=None)
