@@ -365,25 +365,31 @@ def finish_ws_stream(ws: RawWebSocket) -> dict[str, Any]:
 _REFUSING_CLOSE_CODES = (1007, 1009)
 
 
-def check_ws_frame(url: str, ws: RawWebSocket, frame: bytes) -> None:
+def check_ws_frame(url: str, ws: RawWebSocket, frame: bytes, *, then_stream: bool) -> None:
     """Send one hostile frame: the answer is an ``error`` frame in the documented
-    shape, a stream that ends, or a close with a refusing code; then a normal
-    stream must work (on the same socket unless it was closed)."""
-    ws.send(frame)
-    reply = ws.receive_json_or_close()
-    if isinstance(reply, int):
-        assert reply in _REFUSING_CLOSE_CODES, f"closed with {reply} after {frame[:200]!r}"
-        ws.close()
-        ws = RawWebSocket(url)
-    elif reply["type"] == "error":
-        assert isinstance(reply["code"], str), reply
-        assert isinstance(reply["message"], str), reply
-    else:
-        assert reply["type"] == "started", reply
-        finish_ws_stream(ws)
+    shape, a stream (cancelled here), or a close with a refusing code. Then the
+    socket (a new one if it was closed) must still answer: with ``then_stream``
+    a whole normal stream, else an out-of-order frame's ``error`` (no decode)."""
     try:
-        ws.send_json({"type": "start", "request": NORMAL_CHAT})
-        assert ws.receive_json()["type"] == "started"
-        assert finish_ws_stream(ws)["type"] == "done"
+        ws.send(frame)
+        reply = ws.receive_json_or_close()
+        if isinstance(reply, int):
+            assert reply in _REFUSING_CLOSE_CODES, f"closed with {reply} after {frame[:200]!r}"
+            ws.close()
+            ws = RawWebSocket(url)
+        elif reply["type"] == "error":
+            assert isinstance(reply["code"], str), reply
+            assert isinstance(reply["message"], str), reply
+        else:
+            assert reply["type"] == "started", reply
+            ws.send_json({"type": "cancel"})
+            finish_ws_stream(ws)
+        if then_stream:
+            ws.send_json({"type": "start", "request": NORMAL_CHAT})
+            assert ws.receive_json()["type"] == "started"
+            assert finish_ws_stream(ws)["type"] == "done"
+        else:
+            ws.send_json({"type": "resume"})
+            assert ws.receive_json()["code"] == "no_active_stream"
     finally:
         ws.close()

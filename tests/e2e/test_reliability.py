@@ -116,3 +116,17 @@ async def test_slowloris_body_cannot_hold_the_server(engine_factory) -> None:
         sock.close()
     assert reply.startswith("HTTP/1.1 400")
     assert "not received in time" in reply
+    for silent in (b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"):
+        await asyncio.to_thread(assert_closed_without_answer, host, int(port), silent)
+    async with aiohttp.ClientSession() as session:
+        chat_url = engine.base_url + "/chat/completions"
+        assert await read_sse(session, chat_url, chat_body("Still there?", max_tokens=2)) == 200
+
+
+def assert_closed_without_answer(host: str, port: int, sent: bytes) -> None:
+    """A client that sends nothing, or half a request head, is disconnected
+    after the body timeout instead of holding a connection forever."""
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(sent)
+        sock.settimeout(30)
+        assert sock.recv(4096) == b""  # closed by the server, nothing answered

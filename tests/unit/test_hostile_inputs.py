@@ -129,7 +129,7 @@ def test_no_body_on_any_endpoint_gets_a_5xx(server: FakeServer, data: st.DataObj
 def test_no_websocket_frame_breaks_the_socket_or_the_server(
     server: FakeServer, frame: bytes
 ) -> None:
-    check_ws_frame(server.url, RawWebSocket(server.url), frame)
+    check_ws_frame(server.url, RawWebSocket(server.url), frame, then_stream=True)
 
 
 def _json(body: object) -> HostileRequest:

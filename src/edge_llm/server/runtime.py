@@ -99,7 +99,14 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
-    runner = web.AppRunner(create_app(ctx), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        create_app(ctx),
+        handler_cancellation=True,
+        access_log=None,
+        # A connection that sends no complete request head (nothing, half the
+        # headers) or idles between requests is closed after the body timeout.
+        keepalive_timeout=ctx.connection.body_timeout_s,
+    )
     await runner.setup()
     aiohttp_server = runner.server
     if aiohttp_server is not None:
