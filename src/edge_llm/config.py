@@ -78,6 +78,12 @@ class SchedulerConfig(_Section):
     )
     default_max_tokens: int = Field(512, ge=1, description="max_tokens when the request gives none")
     max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens a request may ask")
+    deadline_admission: bool = Field(
+        False, description="Refuse at once (503 queue_full) a request predicted to miss ttft"
+    )
+    supersede_sessions: bool = Field(
+        True, description="A new request of a session cancels its running one (superseded)"
+    )
 
 
 class ModelConfig(_Section):

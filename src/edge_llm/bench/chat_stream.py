@@ -64,7 +64,8 @@ class ChatStream:
 
     Call :meth:`open`, then :meth:`read_some` until it returns False, then
     :meth:`close`. Errors are recorded on :attr:`record`, never raised.
-    ``rcvbuf``/``limit`` shape the socket for the slow-consumer probe.
+    ``rcvbuf``/``limit`` shape the socket for the slow-consumer probe; ``headers`` are
+    sent besides the target's (a storm user's ``X-Session-Id``).
     """
 
     def __init__(
@@ -77,8 +78,10 @@ class ChatStream:
         clock: Clock = time.perf_counter,
         rcvbuf: int | None = None,
         limit: int = DEFAULT_LIMIT,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.target = target
+        self.extra_headers = headers or {}
         self.prompt = prompt
         self.options = options
         self.record = record
@@ -106,6 +109,7 @@ class ChatStream:
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
             **self.target.headers(),
+            **self.extra_headers,
         }
         try:
             self.response = await open_request(

@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from html import escape
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
-WINDOW_COLORS = {"stall": "#bbbbbb", "pause": "#ffb347", "burst": "#7fc97f"}
+WINDOW_COLORS = {
+    "stall": "#bbbbbb",
+    "pause": "#ffb347",
+    "burst": "#7fc97f",
+    # storm outcomes
+    "completed": "#7fc97f",
+    "abandoned": "#ffb347",
+    "superseded": "#bbbbbb",
+    "failed": "#e06666",
+}
 MARGIN_LEFT = 64
 MARGIN_RIGHT = 16
 MARGIN_TOP = 28
@@ -45,6 +54,7 @@ class Series:
     points: Sequence[tuple[float, float]]
     color: str
     step: bool = False
+    dots: bool = False  # a scatter: one dot per point, no line
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +149,8 @@ def _svg(width: int, height: int, title: str, body: list[str]) -> str:
 
 
 def _polyline(axes: _Axes, series: Series) -> str:
+    if series.dots:
+        return _dots(axes, series)
     coords: list[str] = []
     previous: tuple[float, float] | None = None
     for x, y in series.points:
@@ -149,6 +161,15 @@ def _polyline(axes: _Axes, series: Series) -> str:
     return (
         f'<polyline fill="none" stroke="{series.color}" stroke-width="1.6" '
         f'points="{" ".join(coords)}"><title>{escape(series.name)}</title></polyline>'
+    )
+
+
+def _dots(axes: _Axes, series: Series) -> str:
+    circles = "".join(
+        f'<circle cx="{axes.x(x):.1f}" cy="{axes.y(y):.1f}" r="2.2"/>' for x, y in series.points
+    )
+    return (
+        f'<g fill="{series.color}" opacity="0.75"><title>{escape(series.name)}</title>{circles}</g>'
     )
 
 

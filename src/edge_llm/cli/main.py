@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from edge_llm import __version__
 
 # Each module exposes register(subparsers), which sets ``func`` to its run(args) -> int.
-SUBCOMMANDS = ("serve", "chat", "bench", "doctor", "blame", "top", "config")
+SUBCOMMANDS = ("serve", "chat", "bench", "storm", "doctor", "blame", "top", "config")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

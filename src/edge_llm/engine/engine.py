@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from edge_llm.engine.admission import ServiceRates, predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.backend import Backend, BackendError, BatchItem
 from edge_llm.engine.kv import KvBudget
 from edge_llm.engine.outbound import TokenRing
@@ -29,6 +30,7 @@ from edge_llm.errors import (
     EdgeLLMError,
     EngineUnavailable,
     PauseTimeout,
+    QueueFull,
     TtftTimeout,
 )
 from edge_llm.observability.events import EventSink, null_sink
@@ -51,6 +53,8 @@ class EngineSettings:
     cancel_release_kv: bool = True
     ttft_timeout_s: float | None = 10.0
     max_pause_s: float | None = 60.0
+    supersede_sessions: bool = True
+    deadline_admission: bool = False
 
 
 class Engine:
@@ -75,6 +79,7 @@ class Engine:
             backend.kv_capacity_tokens, backend.info.kv_bytes_per_token, backend.kv_sequence_tokens
         )
         self.scheduler = Scheduler(limits, self.kv)
+        self.rates = ServiceRates()  # measured service times, for deadline_admission
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,6 +157,7 @@ class Engine:
         with self._lock:
             self._supersede(request.session)
             try:
+                self._check_deadline(seq)
                 self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
                 self.metrics.rejections.labels(exc.code).inc()
@@ -172,6 +178,33 @@ class Engine:
         self._wake.set()
         return handle
 
+    def _check_deadline(self, seq: Sequence) -> None:
+        """Lock held: with ``deadline_admission``, refuse at once (503 ``queue_full``) a
+        request whose predicted TTFT exceeds ``ttft_timeout`` (engine/admission.py)."""
+        deadline = self.settings.ttft_timeout_s
+        if not (self.settings.deadline_admission and deadline):
+            return
+        sched = self.scheduler
+        admitted_now = (
+            not sched.waiting
+            and sched.num_running < sched.limits.max_sequences
+            and self.kv.can_allocate(sched.reservation(seq))
+        )
+        running = [
+            (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
+            for s in sched.running
+        ]
+        waiting = [s.n_prompt for s in sched.waiting]
+        view = queue_view(seq.n_prompt, admitted_now, running, waiting)
+        predicted = predict_ttft_s(view, self.rates)
+        if predicted > deadline:
+            raise QueueFull(
+                f"predicted time to first token {predicted:.1f} s exceeds ttft_timeout_ms "
+                f"({deadline * 1000:.0f}): {view.prefill_ahead_tokens} prompt tokens ahead",
+                retry_after_s=retry_after_s(predicted, deadline),
+                predicted_ttft_ms=round(predicted * 1000.0),
+            )
+
     def _new_ring(self, max_tokens: int) -> TokenRing:
         capacity = self.settings.outbound_buffer_tokens
         if self.settings.pause_on_socket_full:
@@ -180,6 +213,8 @@ class Engine:
         return TokenRing(capacity, hard_limit=max_tokens)
 
     def _supersede(self, session: str | None) -> None:
+        if not self.settings.supersede_sessions:
+            return  # switched off: a session's requests run side by side
         old = self._sessions.get(session) if session else None
         if old is not None:
             self._finish(old, Cancelled("superseded"), SequenceState.CANCELLED)
@@ -333,7 +368,10 @@ class Engine:
             self._wake.wait(idle_timeout)
             return
         self._start(plan.started)
+        n_prefill = sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
+        began = self.clock()
         results = self._decode(plan)
+        self.rates.observe(n_prefill, len(plan.chunks), self.clock() - began)
         with self._lock:
             self._record(plan, results)
             released = self.scheduler.take_released()

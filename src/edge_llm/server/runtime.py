@@ -36,6 +36,8 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         cancel_release_kv=bp.cancel_release_kv,
         ttft_timeout_s=bp.ttft_timeout_ms / 1000.0 if bp.ttft_timeout_ms else None,
         max_pause_s=bp.max_pause_ms / 1000.0 if bp.max_pause_ms else None,
+        supersede_sessions=sched.supersede_sessions,
+        deadline_admission=sched.deadline_admission,
     )
 
 

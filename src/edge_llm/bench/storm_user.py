@@ -1,0 +1,283 @@
+"""A storm user against one target: ask, lose patience, regenerate, read slowly, abandon.
+
+Each request ends in exactly one outcome, decided by the user:
+
+- ``completed``: read to ``[DONE]``;
+- ``abandoned``: the user closed it after reading some tokens (a planned abandonment);
+- ``superseded``: no first token within the user's patience, so the user pressed
+  regenerate (the same prompt, the same ``X-Session-Id``). The old connection stays open
+  and unread until the turn ends, as a UI that opened a new request would leave it;
+  whatever the server does with it (cancel it, pause it, keep generating) is its own;
+- ``failed``: an error (status and code, an error inside the stream, no answer within
+  ``timeout_s``). A 503 with ``Retry-After`` is retried once that time has passed (as the
+  SDK's retry policy does), as a new attempt of the same turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_llm.bench.chat_stream import ChatStream, Clock, RequestOptions
+from edge_llm.bench.connection import SMALL_LIMIT
+from edge_llm.bench.prompts import Prompt
+from edge_llm.bench.record import RequestRecord
+from edge_llm.bench.storm_load import (
+    StormSettings,
+    Turn,
+    UserProfile,
+    start_offset,
+    user_profile,
+    user_turn,
+)
+from edge_llm.bench.targets import Target
+
+OUTCOMES = ("completed", "abandoned", "superseded", "failed")
+MAX_RETRY_AFTER_S = 10.0
+
+
+@dataclass
+class StormRecord:
+    """One request of the storm. Times in seconds since the start of its target's run."""
+
+    target: str
+    round: int
+    user: int
+    turn: int
+    attempt: int
+    slow: bool
+    prompt_tokens_requested: int
+    turn_started_at: float
+    request: RequestRecord
+    outcome: str | None = None
+    tokens_read: int = 0
+
+    @property
+    def started_at(self) -> float:
+        return self.request.started_at
+
+    @property
+    def ttft(self) -> float | None:
+        return self.request.ttft
+
+    @property
+    def ended_at(self) -> float | None:
+        """Run-relative end, once ended."""
+        end = self.request.ended_at
+        return None if end is None else self.started_at + end
+
+    def to_json(self) -> dict[str, Any]:
+        request = self.request.to_json()
+        for name in ("target", "concurrency", "index"):
+            request.pop(name, None)
+        return {
+            "target": self.target,
+            "round": self.round,
+            "user": self.user,
+            "turn": self.turn,
+            "attempt": self.attempt,
+            "slow": self.slow,
+            "prompt_tokens_requested": self.prompt_tokens_requested,
+            "turn_started_at": self.turn_started_at,
+            "outcome": self.outcome,
+            "tokens_read": self.tokens_read,
+            **request,
+        }
+
+
+@dataclass
+class Counters:
+    """Requests per outcome so far, for the live view."""
+
+    started: int = 0
+    outcomes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+
+    @property
+    def live(self) -> int:
+        return self.started - sum(self.outcomes.values())
+
+
+class TargetRun:
+    """One target's share of one round: the users, their records and counters."""
+
+    def __init__(
+        self,
+        target: Target,
+        settings: StormSettings,
+        round_index: int,
+        tag: str,
+        *,
+        clock: Clock = time.perf_counter,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.target = target
+        self.settings = settings
+        self.round = round_index
+        self.tag = tag
+        self.clock = clock
+        self.on_change = on_change
+        self.epoch = clock()
+        self.records: list[StormRecord] = []
+        self.counters = Counters()
+        self.options = RequestOptions(
+            max_tokens=settings.max_tokens, temperature=0.0, timeout_s=settings.timeout_s
+        )
+
+    def now(self) -> float:
+        return self.clock() - self.epoch
+
+    async def run(self) -> list[StormRecord]:
+        """All users until ``duration_s``; turns under way then are finished, not cut."""
+        self.epoch = self.clock()
+        users = range(self.settings.users)
+        await asyncio.gather(*(self.user(u) for u in users))
+        return self.records
+
+    async def user(self, user: int) -> None:
+        settings = self.settings
+        profile = user_profile(settings, user)
+        await asyncio.sleep(start_offset(settings, user))
+        index = 0
+        while self.now() < settings.duration_s:
+            turn = user_turn(settings, user, index)
+            await self.turn(profile, turn)
+            index += 1
+            await asyncio.sleep(min(turn.think_s, max(0.0, settings.duration_s - self.now())))
+
+    async def turn(self, profile: UserProfile, turn: Turn) -> None:
+        prompt = turn.prompt(self.settings, f"{self.tag}-r{self.round}-u{turn.user}-t{turn.index}")
+        held: list[tuple[ChatStream, asyncio.Task[None]]] = []
+        turn_start = self.now()
+        try:
+            for attempt in range(self.settings.max_regenerates + 1):
+                last = attempt == self.settings.max_regenerates
+                record = self._new_record(profile, turn, attempt, turn_start)
+                stream = self._stream(profile, prompt, record)
+                waiter = asyncio.create_task(_until_first_token(stream, self.epoch))
+                patience = self.settings.timeout_s if last else profile.patience_s
+                done, _ = await asyncio.wait({waiter}, timeout=patience)
+                if not done:
+                    if last:
+                        await _cancel(waiter)
+                        stream.fail_timeout(patience)
+                        self._end(record, "failed")
+                        return
+                    self._end(record, "superseded")  # the user presses regenerate
+                    held.append((stream, waiter))
+                    continue
+                retry_after = await self._read(profile, turn, stream, record)
+                if retry_after is None or last:
+                    return
+                await asyncio.sleep(retry_after)
+        finally:
+            for stream, waiter in held:
+                await _cancel(waiter)
+                stream.close()
+
+    def _new_record(
+        self, profile: UserProfile, turn: Turn, attempt: int, turn_start: float
+    ) -> StormRecord:
+        request = RequestRecord(self.target.name, self.settings.users, len(self.records), "")
+        record = StormRecord(
+            target=self.target.name,
+            round=self.round,
+            user=profile.user,
+            turn=turn.index,
+            attempt=attempt,
+            slow=profile.slow,
+            prompt_tokens_requested=turn.prompt_tokens,
+            turn_started_at=turn_start,
+            request=request,
+        )
+        request.prompt_id = f"u{profile.user}-t{turn.index}-a{attempt}"
+        self.records.append(record)
+        self.counters.started += 1
+        self.on_change()
+        return record
+
+    def _stream(self, profile: UserProfile, prompt: Prompt, record: StormRecord) -> ChatStream:
+        slow = profile.slow
+        return ChatStream(
+            self.target,
+            prompt,
+            self.options,
+            record.request,
+            clock=self.clock,
+            rcvbuf=self.settings.slow_rcvbuf if slow else None,
+            limit=SMALL_LIMIT if slow else 64 * 1024,
+            headers={"X-Session-Id": f"{self.tag}-r{self.round}-{profile.session}"},
+        )
+
+    async def _read(
+        self, profile: UserProfile, turn: Turn, stream: ChatStream, record: StormRecord
+    ) -> float | None:
+        """Read the answer as this user does; the Retry-After of a 503, if any."""
+        rec = record.request
+        remaining = max(0.1, self.settings.timeout_s - (self.now() - record.started_at))
+        try:
+            async with asyncio.timeout(remaining):
+                if await self._render(profile, turn, stream, record):
+                    return None
+        except TimeoutError:
+            stream.fail_timeout(self.settings.timeout_s)
+        finally:
+            stream.close()
+        if rec.ok and rec.done:
+            record.tokens_read = rec.n_output_tokens
+            self._end(record, "completed")
+            return None
+        record.tokens_read = rec.n_chunks
+        self._end(record, "failed")
+        return _retry_after(stream)
+
+    async def _render(
+        self, profile: UserProfile, turn: Turn, stream: ChatStream, record: StormRecord
+    ) -> bool:
+        """Read to the end (False) or until the user abandons the stream (True)."""
+        rec = record.request
+        read = 0
+        while True:
+            new, read = rec.n_chunks - read, rec.n_chunks
+            limit = turn.abandon_after_tokens
+            if limit is not None and read >= limit and not stream.finished:
+                record.tokens_read = limit  # chunks that came with the last read go unread
+                self._end(record, "abandoned")
+                return True
+            if profile.slow and new:
+                await asyncio.sleep(new / self.settings.slow_tokens_per_s)
+            if not await stream.read_some():
+                return False
+
+    def _end(self, record: StormRecord, outcome: str) -> None:
+        if record.outcome is None:
+            record.outcome = outcome
+            self.counters.outcomes[outcome] += 1
+            self.on_change()
+
+
+async def _until_first_token(stream: ChatStream, epoch: float) -> None:
+    """Open the request and read until its first content chunk (or its end)."""
+    if await stream.open(epoch):
+        while not stream.record.chunk_times and await stream.read_some():
+            pass
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+def _retry_after(stream: ChatStream) -> float | None:
+    response = stream.response
+    if response is None or response.status != 503:
+        return None
+    try:
+        seconds = float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)

@@ -1,0 +1,192 @@
+"""``edge-llm storm``: simulated users who regenerate, abandon and read slowly.
+
+Example::
+
+    edge-llm storm --target edge=http://127.0.0.1:8000 \\
+        --target llama=http://127.0.0.1:8080 --pid edge=1234 --pid llama=5678 \\
+        --users 16 --duration 60 --json storm.json --report storm.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from edge_llm.bench.storm import LiveState, StormConfig, StormResult, run_storm
+from edge_llm.bench.storm_load import StormSettings, StormSettingsError
+from edge_llm.bench.storm_report import storm_table, write_html
+from edge_llm.bench.storm_user import OUTCOMES
+from edge_llm.bench.targets import TargetError, check_unique, parse_target
+
+WIDE_OUTPUT = 220
+MIB = 1024 * 1024
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "storm",
+        help="regenerate storm: users who lose patience, abandon and read slowly",
+        description="Simulated users send prompts of 128-1,024 tokens; a user whose first "
+        "token does not come within its patience presses regenerate (same prompt, same "
+        "X-Session-Id); some abandon streams mid-way, some read slowly through a small "
+        "receive buffer. Targets take turns under the same seeded load.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def _range(cast: Callable[[str], float]) -> Callable[[str], tuple[float, float]]:
+    def parse(text: str) -> tuple[float, float]:
+        low, sep, high = text.partition("-")
+        try:
+            values = (cast(low), cast(high)) if sep else (cast(text), cast(text))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"LOW-HIGH or one value expected: {text}") from None
+        if values[0] > values[1]:
+            raise argparse.ArgumentTypeError(f"LOW must not exceed HIGH: {text}")
+        return values
+
+    return parse
+
+
+def _pid(text: str) -> tuple[str, int]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"--pid must be NAME=PID: {text}")
+    return name.strip(), int(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = StormSettings()
+    parser.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="NAME=URL[,key=K,model=M]",
+        help="an OpenAI-compatible endpoint (repeatable)",
+    )
+    parser.add_argument("--pid", action="append", type=_pid, default=[], metavar="NAME=PID",
+                        help="server process of a target here: peak RSS")  # fmt: skip
+    parser.add_argument("--users", type=int, default=d.users, help="simulated users")
+    parser.add_argument("--duration", type=float, default=d.duration_s, help="seconds per run")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per target, order rotating")
+    parser.add_argument("--seed", type=int, default=d.seed, help="seed of users and prompts")
+    load = parser.add_argument_group("load model")
+    load.add_argument("--prompt-tokens", type=_range(int), default=d.prompt_tokens,
+                      metavar="LOW-HIGH", help="prompt length range (tokens)")  # fmt: skip
+    load.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per request")
+    load.add_argument("--patience", type=_range(float), default=d.patience_s, metavar="LOW-HIGH",
+                      help="seconds to first token before regenerate")  # fmt: skip
+    load.add_argument("--max-regenerates", type=int, default=d.max_regenerates,
+                      help="per turn; the last waits up to --timeout")  # fmt: skip
+    load.add_argument("--abandon-share", type=float, default=d.abandon_share,
+                      help="share of turns closed mid-stream")  # fmt: skip
+    load.add_argument("--abandon-after", type=_range(int), default=d.abandon_after_tokens,
+                      metavar="LOW-HIGH", help="tokens read before abandoning")  # fmt: skip
+    load.add_argument("--slow-share", type=float, default=d.slow_share,
+                      help="share of users who render slowly")  # fmt: skip
+    load.add_argument("--slow-rate", type=float, default=d.slow_tokens_per_s,
+                      help="tokens per second a slow user reads")  # fmt: skip
+    load.add_argument("--slow-rcvbuf", type=int, default=d.slow_rcvbuf,
+                      help="SO_RCVBUF of slow users' sockets (bytes)")  # fmt: skip
+    load.add_argument("--think", type=_range(float), default=d.think_s, metavar="LOW-HIGH",
+                      help="seconds between a user's turns")  # fmt: skip
+    load.add_argument("--timeout", type=float, default=d.timeout_s, help="per request (s)")
+    parser.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms,
+                        help="goodput counts completed requests with TTFT within this")  # fmt: skip
+    parser.add_argument("--sample-interval", type=float, default=0.5,
+                        help="seconds between looks at the server")  # fmt: skip
+    parser.add_argument("--json", metavar="OUT", help="write config, records, samples, summaries")
+    parser.add_argument("--report", metavar="OUT.html", help="write the HTML report")
+
+
+def build_config(args: argparse.Namespace) -> StormConfig:
+    """Raises TargetError, StormSettingsError or ValueError with a clear message."""
+    targets = [parse_target(spec) for spec in args.target]
+    check_unique(targets)
+    pids = dict(args.pid)
+    unknown = set(pids) - {t.name for t in targets}
+    if unknown:
+        raise ValueError(f"--pid names no target: {', '.join(sorted(unknown))}")
+    if args.rounds < 1 or args.sample_interval <= 0:
+        raise ValueError("--rounds must be >= 1 and --sample-interval > 0")
+    settings = StormSettings(
+        users=args.users,
+        duration_s=args.duration,
+        prompt_tokens=args.prompt_tokens,
+        max_tokens=args.max_tokens,
+        patience_s=args.patience,
+        max_regenerates=args.max_regenerates,
+        abandon_share=args.abandon_share,
+        abandon_after_tokens=args.abandon_after,
+        slow_share=args.slow_share,
+        slow_tokens_per_s=args.slow_rate,
+        slow_rcvbuf=args.slow_rcvbuf,
+        think_s=args.think,
+        ttft_slo_ms=args.ttft_slo_ms,
+        timeout_s=args.timeout,
+        seed=args.seed,
+    )
+    settings.check()
+    return StormConfig(tuple(targets), settings, args.rounds, pids, args.sample_interval)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)
+    try:
+        config = build_config(args)
+    except (TargetError, StormSettingsError, ValueError) as exc:
+        print(f"edge-llm storm: {exc}", file=sys.stderr)
+        return 2
+    result = run_with_live_view(config, Console(stderr=True))
+    console.print(storm_table(result))
+    try:
+        if args.json:
+            result.write_json(args.json)
+            console.print(f"JSON written to {args.json}")
+        if args.report:
+            write_html(result, args.report)
+            console.print(f"report written to {args.report}")
+    except OSError as exc:
+        print(f"edge-llm storm: cannot write output: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def run_with_live_view(config: StormConfig, console: Console) -> StormResult:
+    with Live(live_table(LiveState(), config), console=console, transient=True) as live:
+
+        def update(state: LiveState) -> None:
+            live.update(live_table(state, config))
+
+        return asyncio.run(run_storm(config, on_update=update))
+
+
+def live_table(state: LiveState, config: StormConfig) -> Table:
+    """The live view: per target its outcome counters and the last look at its server."""
+    duration = config.settings.duration_s
+    title = f"storm  round {state.round + 1}/{config.rounds}  {state.target or '-'}  "
+    title += f"{state.elapsed_s:5.1f}/{duration:g} s"
+    table = Table(title=title, title_justify="left")
+    for header in ("target", "started", "live", *OUTCOMES, "KV MiB", "run/wait/paused", "RSS MiB"):
+        table.add_column(header, justify="left" if header == "target" else "right")
+    for name, counters in state.counters.items():
+        sample = state.last_sample.get(name)
+        kv = rss = peaks = "-"
+        if sample is not None:
+            kv = "-" if sample.kv_used_bytes is None else f"{sample.kv_used_bytes / MIB:.1f}"
+            rss = "-" if sample.rss_bytes is None else f"{sample.rss_bytes / MIB:.0f}"
+            peaks = "/".join(
+                "-" if v is None else str(v)
+                for v in (sample.running, sample.waiting, sample.paused)
+            )
+        outcomes = [str(counters.outcomes[o]) for o in OUTCOMES]
+        table.add_row(name, str(counters.started), str(counters.live), *outcomes, kv, peaks, rss)
+    return table

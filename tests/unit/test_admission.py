@@ -1,0 +1,113 @@
+"""Deadline-aware admission: the TTFT prediction, and the engine refusing at once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+
+from edge_llm.engine.admission import (
+    ServiceRates,
+    predict_ttft_s,
+    queue_view,
+    retry_after_s,
+)
+from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.errors import QueueFull
+
+from fakes import FakeBackend
+
+
+def test_admitted_now_waits_only_for_shorter_prompts() -> None:
+    running = [(100, 50), (400, 50), (0, 20)]  # two prefilling, one decoding
+    view = queue_view(200, admitted_now=True, running=running, waiting_prompt_tokens=[])
+    assert view.prefill_ahead_tokens == 100  # the 400-token prompt goes after it
+    assert view.decode_steps_to_wait == 0
+
+
+def test_queued_waits_for_everything_ahead_and_a_slot() -> None:
+    running = [(100, 50), (400, 50), (0, 20)]
+    view = queue_view(200, admitted_now=False, running=running, waiting_prompt_tokens=[300, 50])
+    assert view.prefill_ahead_tokens == 100 + 400 + 300 + 50
+    assert view.decode_steps_to_wait == 20  # the sequence closest to its max_tokens
+
+
+def test_prediction_uses_the_measured_rates() -> None:
+    rates = ServiceRates(prefill_token_s=0.004, decode_step_s=0.02)
+    view = queue_view(250, admitted_now=False, running=[(0, 10)], waiting_prompt_tokens=[500])
+    assert predict_ttft_s(view, rates) == pytest.approx((500 + 250) * 0.004 + 10 * 0.02)
+
+
+def test_rates_follow_what_steps_take() -> None:
+    rates = ServiceRates(prefill_token_s=0.001, decode_step_s=0.01, weight=0.5)
+    rates.observe(n_prefill_tokens=100, n_decode_tokens=3, seconds=0.5)  # 5 ms per token
+    assert rates.prefill_token_s == pytest.approx(0.003)
+    rates.observe(n_prefill_tokens=0, n_decode_tokens=4, seconds=0.03)
+    assert rates.decode_step_s == pytest.approx(0.02)
+    rates.observe(n_prefill_tokens=0, n_decode_tokens=0, seconds=0.0)  # nothing learnt
+    assert rates.decode_step_s == pytest.approx(0.02)
+    for _ in range(50):
+        rates.observe(128, 0, 128 * 0.010)
+    assert rates.prefill_token_s == pytest.approx(0.010, rel=1e-3)
+
+
+def test_retry_after_is_bounded() -> None:
+    assert retry_after_s(12.2, 10.0) == 3
+    assert retry_after_s(10.01, 10.0) == 1
+    assert retry_after_s(500.0, 10.0) == 30
+
+
+def request(n_prompt: int, session: str | None = None) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=8, session=session)
+
+
+@pytest.fixture
+async def gated_engine() -> AsyncIterator[object]:
+    engines: list[Engine] = []
+
+    def make(**settings: object) -> Engine:
+        backend = FakeBackend()
+        backend.gate = threading.Semaphore(0)  # nothing is decoded until released
+        engine = Engine(backend, EngineSettings(**settings))  # type: ignore[arg-type]
+        engine.rates = ServiceRates(prefill_token_s=0.01)  # 100 prompt tokens per second
+        engine.start(asyncio.get_running_loop())
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.backend.gate.release(100_000)  # type: ignore[attr-defined]
+        await asyncio.to_thread(engine.stop)
+
+
+async def test_a_request_that_would_miss_the_deadline_is_refused_at_once(gated_engine) -> None:
+    engine = gated_engine(deadline_admission=True, ttft_timeout_s=5.0, prefill_chunk_tokens=128)
+    first = engine.submit(request(300))  # 3 s: admitted
+    with pytest.raises(QueueFull) as refused:
+        engine.submit(request(400))  # after the shorter 300: 7 s > 5 s
+    assert refused.value.retry_after_s == 2
+    assert refused.value.extra["predicted_ttft_ms"] == 7000
+    assert engine.metrics.rejections.labels("queue_full")._value.get() == 1
+    short = engine.submit(request(100))  # shortest first: 1 s, admitted
+    assert engine.num_live == 2
+    assert first.outcome is None and short.outcome is None
+
+
+async def test_off_by_default_and_without_a_ttft_timeout(gated_engine) -> None:
+    engine = gated_engine(ttft_timeout_s=5.0)
+    for _ in range(3):
+        engine.submit(request(400))
+    unlimited = gated_engine(deadline_admission=True, ttft_timeout_s=None)
+    for _ in range(3):
+        unlimited.submit(request(400))
+    assert engine.num_live == unlimited.num_live == 3
+
+
+async def test_a_regenerate_does_not_count_the_request_it_supersedes(gated_engine) -> None:
+    engine = gated_engine(deadline_admission=True, ttft_timeout_s=5.0)
+    engine.submit(request(400, session="s"))
+    again = engine.submit(request(400, session="s"))  # the old one is cancelled first
+    assert again.outcome is None and engine.num_live == 1
