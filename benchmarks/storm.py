@@ -53,6 +53,10 @@ from edge_llm.bench.storm import StormConfig, StormResult, run_storm
 from edge_llm.bench.storm_load import StormSettings
 from edge_llm.bench.storm_report import summary_row, write_html
 from edge_llm.bench.targets import Target
+from edge_llm.cli.storm import parse_range
+
+token_range = parse_range(int)
+seconds_range = parse_range(float)
 
 SEED_TOML = Path(__file__).parents[1] / "src" / "edge_llm" / "configs" / "engine.toml"
 CGROUP_V1 = Path("/sys/fs/cgroup/memory")
@@ -255,6 +259,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="runs per server, order rotating")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ttft-slo-ms", type=float, default=3000.0)
+    parser.add_argument("--prompt-tokens", type=token_range, default=(128, 1024),
+                        metavar="LOW-HIGH", help="prompt length range (tokens)")  # fmt: skip
+    parser.add_argument("--patience", type=seconds_range, default=(3.0, 8.0),
+                        metavar="LOW-HIGH", help="seconds before a user regenerates")  # fmt: skip
     parser.add_argument("--memory-mb", type=int, help="ceiling per server (default: model + "
                         "256 MiB KV + 256 MiB working memory)")  # fmt: skip
     parser.add_argument("--no-admission", action="store_true",
@@ -287,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = StormSettings(
             users=args.users, duration_s=args.duration, seed=args.seed,
-            ttft_slo_ms=args.ttft_slo_ms,
+            ttft_slo_ms=args.ttft_slo_ms, prompt_tokens=args.prompt_tokens,
+            patience_s=args.patience,
         )  # fmt: skip
         targets = tuple(Target(s.name, s.root) for s in servers)
         pids = {s.name: s.proc.pid for s in servers if s.proc is not None}
@@ -314,7 +323,9 @@ def print_table(
         f"storm benchmark {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {os.cpu_count()} cores, "
         f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}\n"
         f"command: {shlex.join([sys.executable, *sys.argv])}\n"
-        f"{args.users} users x {args.duration:g} s x {args.rounds} round(s), seed {args.seed}; "
+        f"{args.users} users x {args.duration:g} s x {args.rounds} round(s), seed {args.seed}, "
+        f"prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, patience "
+        f"{args.patience[0]:g}-{args.patience[1]:g} s; "
         f"memory ceiling {args.memory_mb} MiB per server ({ceiling}); goodput = completed "
         f"with TTFT <= {args.ttft_slo_ms:.0f} ms"
     )
@@ -324,7 +335,8 @@ def print_table(
                "wasted prefill", "peak KV MiB", "peak run/wait/paused", "peak RSS MiB",
                "OOM kills / deaths", "errors")  # fmt: skip
     for header in headers:
-        table.add_column(header, justify="left" if header in ("server", "errors") else "right")
+        left = header in ("server", "errors")
+        table.add_column(header, justify="left" if left else "right", no_wrap=header == "server")
     for summary in result.summaries:
         row = list(summary_row(summary))
         server = by_name[summary.target]

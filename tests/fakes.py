@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
-from edge_llm.engine.backend import BackendError, BatchItem, ModelInfo, SamplingParams
+from edge_llm.engine.backend import (
+    BackendError,
+    BatchItem,
+    ModelInfo,
+    Sampled,
+    SamplingParams,
+    TokenLogprob,
+)
+from edge_llm.errors import InvalidRequest
 
 EOG = 0
+_JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 # Tokens 1 and 2 together spell one CJK character split across two tokens.
 SPLIT_CHAR = {1: "中".encode()[:2], 2: "中".encode()[2:]}
 
@@ -47,6 +58,7 @@ class FakeBackend:
         self.generated: dict[int, int] = {}
         self.decode_calls: list[list[tuple[int, int]]] = []
         self.released: list[int] = []
+        self.params: dict[int, SamplingParams] = {}  # each slot's sampling, as started
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
@@ -62,11 +74,19 @@ class FakeBackend:
     def is_end_of_generation(self, token: int) -> bool:
         return token == EOG
 
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """Not GBNF: the schema itself, for tests to see what reached the engine;
+        refuses a ``type`` JSON schema does not know, as the real converter does."""
+        if schema is not None and schema.get("type", "object") not in _JSON_TYPES:
+            raise InvalidRequest(f"unsupported JSON schema type {schema.get('type')!r}")
+        return "fake-grammar " + json.dumps(schema)
+
     def start_sequence(self, slot: int, params: SamplingParams) -> None:
         self.release(slot)
         self.generated[slot] = 0
+        self.params[slot] = params
 
-    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+    def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         if self.gate is not None:
             self.gate.acquire()
         if self.step_delay_s:
@@ -81,10 +101,16 @@ class FakeBackend:
                 out.append(self._next(item.slot))
         return out
 
-    def _next(self, slot: int) -> int:
+    def _next(self, slot: int) -> Sampled:
         index = self.generated[slot]
         self.generated[slot] = index + 1
-        return self.script[index] if index < len(self.script) else EOG
+        token = self.script[index] if index < len(self.script) else EOG
+        k = self.params[slot].n_logprobs
+        if k is None:
+            return Sampled(token)
+        # The script's token is the most likely, then the ids after it.
+        top = tuple((token + i, -0.25 * (i + 1)) for i in range(k))
+        return Sampled(token, TokenLogprob(token, -0.25, top))
 
     def release(self, slot: int) -> None:
         if self.cells.pop(slot, None) is not None:

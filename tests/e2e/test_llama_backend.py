@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 
+import jsonschema
 import llama_cpp as llama
 import pytest
 
-from edge_llm.engine.backend import BackendError, BatchItem, SamplingParams
+from edge_llm.engine.backend import BackendError, BatchItem, Sampled, SamplingParams
 from edge_llm.engine.llama_backend import LlamaBackend
+from edge_llm.errors import InvalidRequest
 
 pytestmark = pytest.mark.e2e
 
@@ -18,7 +21,7 @@ PROMPTS = ("Write a story about a lighthouse.", "List three colors.")
 @pytest.fixture(scope="module")
 def backend() -> Iterator[LlamaBackend]:
     be = LlamaBackend(
-        None, kv_budget_bytes=32 << 20, max_sequences=2, max_batch_tokens=64, n_threads=2
+        None, kv_budget_bytes=32 << 20, max_sequences=2, max_batch_tokens=256, n_threads=2
     )
     yield be
     be.close()
@@ -32,14 +35,15 @@ def test_greedy_fast_path_picks_what_llama_cpps_greedy_sampler_picks(
         prompts = [backend.tokenize(text, add_special=True) for text in PROMPTS]
         for slot in range(2):
             backend.start_sequence(slot, SamplingParams(temperature=0.0))
-        tokens = backend.decode([BatchItem(s, p, 0, True) for s, p in enumerate(prompts)])
+        first = backend.decode([BatchItem(s, p, 0, True) for s, p in enumerate(prompts)])
+        tokens = [sampled.token for sampled in first]
         positions = [len(p) for p in prompts]
         for _ in range(12):
             for slot in range(2):  # the last decode's outputs, counted from the end
                 expected = llama.llama_sampler_sample(reference, backend._ctx, slot - 2)
                 assert tokens[slot] == expected
             items = [BatchItem(s, [tokens[s]], positions[s], True) for s in range(2)]
-            tokens = backend.decode(items)
+            tokens = [sampled.token for sampled in backend.decode(items)]
             positions = [p + 1 for p in positions]
     finally:
         llama.llama_sampler_free(reference)
@@ -71,10 +75,144 @@ def test_results_follow_the_callers_order_whatever_the_slot_order(backend: Llama
         for slot in slots:
             backend.start_sequence(slot, SamplingParams())
         items = [BatchItem(slot, prompts[slot], 0, True) for slot in slots]
-        tokens = dict(zip(slots, backend.decode(items), strict=True))
+        tokens = {slot: s.token for slot, s in zip(slots, backend.decode(items), strict=True)}
         for slot in slots:
             backend.release(slot)
         return tokens
 
     assert first_tokens([0, 1]) == first_tokens([1, 0])
     assert first_tokens([0, 1])[0] != first_tokens([0, 1])[1]  # different prompts, answers
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+ASK_JSON = "Describe a person called Tom who is 31 years old as JSON."
+
+
+def generate(
+    backend: LlamaBackend, params: Sequence[SamplingParams], prompt: str, n: int
+) -> list[list[Sampled]]:
+    """Decode one prompt in every slot together (one batch per step), each slot with
+    its own sampling, until end of generation or ``n`` tokens; the tokens per slot."""
+    tokens = backend.tokenize(
+        backend.render_chat([{"role": "user", "content": prompt}]), add_special=True
+    )
+    slots = range(len(params))
+    for slot in slots:
+        backend.start_sequence(slot, params[slot])
+    try:
+        out: list[list[Sampled]] = [
+            [s] for s in backend.decode([BatchItem(slot, tokens, 0, True) for slot in slots])
+        ]
+        live = [slot for slot in slots if not backend.is_end_of_generation(out[slot][-1].token)]
+        for step in range(n - 1):
+            if not live:
+                break
+            items = [
+                BatchItem(slot, [out[slot][-1].token], len(tokens) + step, True) for slot in live
+            ]
+            for slot, sampled in zip(live, backend.decode(items), strict=True):
+                out[slot].append(sampled)
+            live = [slot for slot in live if not backend.is_end_of_generation(out[slot][-1].token)]
+    finally:
+        for slot in slots:
+            backend.release(slot)
+    return out
+
+
+def text_of(backend: LlamaBackend, sampled: list[Sampled]) -> str:
+    pieces = [
+        backend.token_bytes(s.token) for s in sampled if not backend.is_end_of_generation(s.token)
+    ]
+    return b"".join(pieces).decode()
+
+
+def test_a_json_schema_grammar_keeps_greedy_and_sampled_output_valid(backend: LlamaBackend) -> None:
+    grammar = backend.json_schema_grammar(PERSON)
+    greedy = SamplingParams(grammar=grammar)
+    sampled = SamplingParams(temperature=1.0, seed=7, grammar=grammar)
+    for out in generate(backend, [greedy, sampled], ASK_JSON, 80):
+        assert backend.is_end_of_generation(out[-1].token)  # the grammar completed, then EOG
+        jsonschema.validate(json.loads(text_of(backend, out)), PERSON)
+
+
+def test_one_slots_grammar_does_not_change_the_other_slots_tokens(backend: LlamaBackend) -> None:
+    grammar = backend.json_schema_grammar(PERSON)
+    plain = SamplingParams()
+    beside_plain = generate(backend, [plain, plain], ASK_JSON, 24)[0]
+    beside_grammar = generate(backend, [plain, SamplingParams(grammar=grammar)], ASK_JSON, 24)[0]
+    assert [s.token for s in beside_grammar] == [s.token for s in beside_plain]
+    assert not text_of(backend, beside_plain).startswith("{")  # the grammar made a difference
+
+
+def test_logit_bias_bans_and_forces_tokens(backend: LlamaBackend) -> None:
+    (first,) = generate(backend, [SamplingParams()], ASK_JSON, 1)[0]
+    (banned,) = generate(
+        backend, [SamplingParams(logit_bias=((first.token, -100.0),))], ASK_JSON, 1
+    )[0]
+    assert banned.token != first.token
+    forced = 1000
+    out = generate(
+        backend,
+        [SamplingParams(temperature=0.8, seed=1, logit_bias=((forced, 100.0),))],
+        ASK_JSON,
+        3,
+    )[0]
+    assert [s.token for s in out] == [forced] * 3
+
+
+def test_frequency_penalty_breaks_repetition(backend: LlamaBackend) -> None:
+    prompt = "Repeat after me, many times: cat cat cat cat cat cat cat cat"
+    plain = generate(backend, [SamplingParams()], prompt, 24)[0]
+    penalized = generate(backend, [SamplingParams(frequency_penalty=2.0)], prompt, 24)[0]
+
+    def most_repeated(out: list[Sampled]) -> int:
+        tokens = [s.token for s in out]
+        return max(tokens.count(t) for t in tokens)
+
+    assert most_repeated(penalized) < most_repeated(plain)
+
+
+def test_logprobs_of_greedy_tokens_are_the_top_ones(backend: LlamaBackend) -> None:
+    out = generate(backend, [SamplingParams(n_logprobs=3)], ASK_JSON, 6)[0]
+    for sampled in out:
+        record = sampled.logprob
+        assert record is not None and record.token == sampled.token
+        assert len(record.top) == 3
+        assert record.top[0] == (sampled.token, record.logprob)  # greedy picks the top token
+        assert [lp for _, lp in record.top] == sorted((lp for _, lp in record.top), reverse=True)
+        assert sum(2.718281828**lp for _, lp in record.top) <= 1.0 + 1e-6
+
+
+def test_a_grammar_llama_cpp_cannot_parse_fails_that_slot_before_any_decode(
+    backend: LlamaBackend,
+) -> None:
+    tokens = backend.tokenize("Hello", add_special=True)
+    backend.start_sequence(0, SamplingParams())
+    backend.start_sequence(1, SamplingParams(grammar="root ::= undefined-rule"))
+    try:
+        with pytest.raises(BackendError, match="grammar"):
+            backend.decode([BatchItem(0, tokens, 0, True), BatchItem(1, tokens, 0, True)])
+        assert backend.kv_tokens(0) == 0  # nothing was decoded: the batch can be retried
+        assert len(backend.decode([BatchItem(0, tokens, 0, True)])) == 1
+    finally:
+        backend.release(0)
+        backend.release(1)
+
+
+def test_unconvertible_schemas_are_invalid_requests(backend: LlamaBackend) -> None:
+    for schema in (
+        {"type": "strnig"},
+        {"type": "string", "maxLength": 10**9},
+        {"$ref": "http://x"},
+    ):
+        with pytest.raises(InvalidRequest):
+            backend.json_schema_grammar(schema)
+    assert "root ::=" in backend.json_schema_grammar(None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,36 @@ def test_a_short_storm_accounts_for_every_request_exactly_once(
     assert summary["peak_running"] >= 1
     html = out_html.read_text()
     assert "KV cache in use" in html and "edge, round 1" in html
+
+
+def test_deadline_admission_refuses_at_once_what_would_miss_the_ttft_timeout(
+    engine_factory: Any,
+) -> None:
+    engine = engine_factory(
+        "--deadline-admission", "--ttft-timeout-ms", "2000", "--max-prompt-tokens", "1500"
+    )
+    long_prompt = " ".join(["The harbour town woke slowly, its boats rocking."] * 100)
+    body = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 4}
+    request = urllib.request.Request(
+        engine.base_url + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    error = json.loads(refused.value.read())["error"]
+    assert refused.value.code == 503
+    assert error["code"] == "queue_full" and "predicted time to first token" in error["message"]
+    assert int(refused.value.headers["Retry-After"]) >= 1
+    assert error["predicted_ttft_ms"] > 2000
+    # refused before admission: no stream, no prefill (not a 504 after the time-out)
+    assert engine.debug_streams()["streams"] == []
+    assert 'edge_llm_admission_rejections_total{reason="queue_full"} 1.0' in engine.metrics_text()
+    short = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 4}
+    request = urllib.request.Request(
+        engine.base_url + "/chat/completions",
+        data=json.dumps(short).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200

@@ -31,6 +31,12 @@ FIELDS = st.sampled_from(
         "n",
         "user",
         "model",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
     ]
 )
 VALID = {"messages": [{"role": "user", "content": "hi"}]}
@@ -99,3 +105,73 @@ def test_completion_takes_exactly_one_prompt() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(CompletionRequest, {"prompt": ["a", "b"]})
     assert info.value.param == "prompt"
+
+
+def test_sampling_fields_reach_the_sampling_params() -> None:
+    request = parse_request(
+        ChatCompletionRequest,
+        {
+            **VALID,
+            "presence_penalty": -2,
+            "frequency_penalty": 1.5,
+            "logit_bias": {"42": -100, "7": 3.5},
+            "logprobs": True,
+            "top_logprobs": 3,
+        },
+    )
+    sampling = request.sampling()
+    assert sampling.presence_penalty == -2.0
+    assert sampling.frequency_penalty == 1.5
+    assert sampling.logit_bias == ((42, -100.0), (7, 3.5))
+    assert sampling.n_logprobs == 3
+    assert not sampling.plain_greedy
+
+
+def test_logprobs_without_top_logprobs_asks_for_the_chosen_token_only() -> None:
+    request = parse_request(ChatCompletionRequest, {**VALID, "logprobs": True})
+    assert request.sampling().n_logprobs == 0
+    assert parse_request(ChatCompletionRequest, VALID).sampling().n_logprobs is None
+    completion = parse_request(CompletionRequest, {"prompt": "x", "logprobs": 2})
+    assert completion.sampling().n_logprobs == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -2.01),
+        ("logit_bias", {"abc": 1}),
+        ("logit_bias", {"-3": 1}),
+        ("logit_bias", {"5": 101}),
+        ("top_logprobs", 21),
+    ],
+)
+def test_out_of_range_sampling_fields_are_named(field: str, value: object) -> None:
+    body = {**VALID, "logprobs": True, field: value}
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, body)
+    assert info.value.param is not None and info.value.param.startswith(field)
+
+
+def test_top_logprobs_needs_logprobs() -> None:
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(ChatCompletionRequest, {**VALID, "top_logprobs": 2})
+    assert info.value.param == "top_logprobs"
+
+
+def test_response_format_kinds() -> None:
+    def parsed(response_format: object) -> ChatCompletionRequest:
+        return parse_request(ChatCompletionRequest, {**VALID, "response_format": response_format})
+
+    assert not parsed({"type": "text"}).wants_json
+    json_object = parsed({"type": "json_object"})
+    assert json_object.wants_json and json_object.output_schema is None
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    spec = {"name": "thing", "schema": schema, "strict": True}
+    with_schema = parsed({"type": "json_schema", "json_schema": spec})
+    assert with_schema.wants_json and with_schema.output_schema == schema
+    with pytest.raises(InvalidRequest) as info:
+        parsed({"type": "json_schema", "json_schema": {"schema": schema}})  # no name
+    assert info.value.param is not None and info.value.param.startswith("response_format")
+    with pytest.raises(InvalidRequest):
+        parsed({"type": "yaml"})

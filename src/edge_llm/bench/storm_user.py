@@ -55,6 +55,7 @@ class StormRecord:
     request: RequestRecord
     outcome: str | None = None
     tokens_read: int = 0
+    user_done_at: float | None = None  # when the user was done with it (rendered, closed)
 
     @property
     def started_at(self) -> float:
@@ -85,6 +86,7 @@ class StormRecord:
             "turn_started_at": self.turn_started_at,
             "outcome": self.outcome,
             "tokens_read": self.tokens_read,
+            "user_done_at": self.user_done_at,
             **request,
         }
 
@@ -249,12 +251,14 @@ class TargetRun:
                 return True
             if profile.slow and new:
                 await asyncio.sleep(new / self.settings.slow_tokens_per_s)
-            if not await stream.read_some():
+            if stream.finished:
                 return False
+            await stream.read_some()  # the last batch is rendered by the next iteration
 
     def _end(self, record: StormRecord, outcome: str) -> None:
         if record.outcome is None:
             record.outcome = outcome
+            record.user_done_at = self.now()
             self.counters.outcomes[outcome] += 1
             self.on_change()
 

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
-def _range(cast: Callable[[str], float]) -> Callable[[str], tuple[float, float]]:
+def parse_range(cast: Callable[[str], float]) -> Callable[[str], tuple[float, float]]:
     def parse(text: str) -> tuple[float, float]:
         low, sep, high = text.partition("-")
         try:
@@ -79,16 +79,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per target, order rotating")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of users and prompts")
     load = parser.add_argument_group("load model")
-    load.add_argument("--prompt-tokens", type=_range(int), default=d.prompt_tokens,
+    load.add_argument("--prompt-tokens", type=parse_range(int), default=d.prompt_tokens,
                       metavar="LOW-HIGH", help="prompt length range (tokens)")  # fmt: skip
     load.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per request")
-    load.add_argument("--patience", type=_range(float), default=d.patience_s, metavar="LOW-HIGH",
-                      help="seconds to first token before regenerate")  # fmt: skip
+    load.add_argument("--patience", type=parse_range(float), default=d.patience_s,
+                      metavar="LOW-HIGH", help="seconds before a regenerate")  # fmt: skip
     load.add_argument("--max-regenerates", type=int, default=d.max_regenerates,
                       help="per turn; the last waits up to --timeout")  # fmt: skip
     load.add_argument("--abandon-share", type=float, default=d.abandon_share,
                       help="share of turns closed mid-stream")  # fmt: skip
-    load.add_argument("--abandon-after", type=_range(int), default=d.abandon_after_tokens,
+    load.add_argument("--abandon-after", type=parse_range(int), default=d.abandon_after_tokens,
                       metavar="LOW-HIGH", help="tokens read before abandoning")  # fmt: skip
     load.add_argument("--slow-share", type=float, default=d.slow_share,
                       help="share of users who render slowly")  # fmt: skip
@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="tokens per second a slow user reads")  # fmt: skip
     load.add_argument("--slow-rcvbuf", type=int, default=d.slow_rcvbuf,
                       help="SO_RCVBUF of slow users' sockets (bytes)")  # fmt: skip
-    load.add_argument("--think", type=_range(float), default=d.think_s, metavar="LOW-HIGH",
+    load.add_argument("--think", type=parse_range(float), default=d.think_s, metavar="LOW-HIGH",
                       help="seconds between a user's turns")  # fmt: skip
     load.add_argument("--timeout", type=float, default=d.timeout_s, help="per request (s)")
     parser.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms,

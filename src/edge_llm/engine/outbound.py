@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from edge_llm.engine.backend import TokenLogprob
+
 
 class RingOverflow(RuntimeError):
     """The engine wrote into a full ring: a scheduling bug, never a client error."""
@@ -29,6 +31,7 @@ class TokenRing:
         self.capacity = capacity
         self.hard_limit = max(capacity, hard_limit or capacity)
         self._pieces: deque[str] = deque()
+        self._logprobs: deque[TokenLogprob | None] = deque()  # beside each piece
         self._write = 0
         self._read = 0
         self._lock = threading.Lock()
@@ -50,12 +53,13 @@ class TokenRing:
     def is_full(self) -> bool:
         return self._write - self._read >= self.capacity
 
-    def push(self, text: str) -> None:
-        """Engine side: append one token's text."""
+    def push(self, text: str, logprob: TokenLogprob | None = None) -> None:
+        """Engine side: append one token's text (and its logprob, if asked for)."""
         with self._lock:
             if self._write - self._read >= self.hard_limit:
                 raise RingOverflow(f"ring of {self.hard_limit} tokens is full")
             self._pieces.append(text)
+            self._logprobs.append(logprob)
             self._write += 1
 
     def peek(self, max_tokens: int) -> list[str]:
@@ -64,6 +68,13 @@ class TokenRing:
             n = min(max_tokens, len(self._pieces))
             return [self._pieces[i] for i in range(n)]
 
+    def peek_logprobs(self, max_tokens: int) -> list[TokenLogprob]:
+        """Connection side: the logprobs of the tokens :meth:`peek` returns (none
+        when the request did not ask for them)."""
+        with self._lock:
+            n = min(max_tokens, len(self._logprobs))
+            return [lp for i in range(n) if (lp := self._logprobs[i]) is not None]
+
     def commit(self, n_tokens: int) -> float:
         """Connection side: mark ``n_tokens`` as sent; returns the new fill."""
         with self._lock:
@@ -71,5 +82,6 @@ class TokenRing:
                 raise ValueError("cannot commit more tokens than were peeked")
             for _ in range(n_tokens):
                 self._pieces.popleft()
+                self._logprobs.popleft()
             self._read += n_tokens
             return (self._write - self._read) / self.capacity

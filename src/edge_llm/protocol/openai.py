@@ -7,17 +7,28 @@ out-of-range numbers give :class:`InvalidRequest` naming the field, never a 500.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
-from edge_llm.engine.backend import SamplingParams
+from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.errors import InvalidRequest
 
 _M = TypeVar("_M", bound=BaseModel)
 _MAX_SEED = 2**63 - 1
 _MAX_STOP = 4
 _MAX_STOP_CHARS = 256
+_MAX_LOGIT_BIAS = 1024
+_MAX_TOP_LOGPROBS = 20
+_Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
 class _Strict(BaseModel):
@@ -47,6 +58,32 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaSpec(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    # "schema" would shadow a BaseModel attribute: the field is renamed, the key is not.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the grammar enforces the schema either way
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
+
+
 class _Sampling(_Strict):
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -60,9 +97,20 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
-    presence_penalty: Annotated[float, Field(ge=0.0, le=0.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=0.0, le=0.0)] | None = None
-    logprobs: Literal[False] | None = None
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    response_format: ResponseFormat | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            if len(value) > _MAX_LOGIT_BIAS:
+                raise ValueError(f"at most {_MAX_LOGIT_BIAS} tokens")
+            if not all(key.isascii() and key.isdigit() for key in value):
+                raise ValueError("keys must be token ids (non-negative integers)")
+        return value
 
     @field_validator("stop")
     @classmethod
@@ -81,7 +129,27 @@ class _Sampling(_Strict):
             min_p=self.min_p or 0.0,
             seed=self.seed,
             stop=tuple(stops),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
+            n_logprobs=self.n_logprobs,
         )
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return None
+
+    @property
+    def wants_json(self) -> bool:
+        """``response_format`` asks for JSON: grammar from :attr:`output_schema`."""
+        return self.response_format is not None and self.response_format.type != "text"
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the output must follow; None: any JSON object."""
+        if isinstance(self.response_format, JsonSchemaFormat):
+            return self.response_format.json_schema.json_schema
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -91,6 +159,19 @@ class _Sampling(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=_MAX_TOP_LOGPROBS)] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("needs logprobs: true")
+        return value
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -103,6 +184,11 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     echo: Literal[False] | None = None
+    logprobs: Annotated[int, Field(ge=0, le=_MAX_TOP_LOGPROBS)] | None = None
+
+    @property
+    def n_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -174,6 +260,7 @@ def chat_chunk(
     content: str | None = None,
     role: str | None = None,
     finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     if role is not None:
@@ -181,13 +268,21 @@ def chat_chunk(
     if content is not None:
         delta["content"] = content
     choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+    if logprobs is not None:
+        choice["logprobs"] = logprobs
     return _response("chat.completion.chunk", request_id, model, created, [choice])
 
 
 def completion_chunk(
-    request_id: str, model: str, created: int, *, text: str, finish_reason: str | None = None
+    request_id: str,
+    model: str,
+    created: int,
+    *,
+    text: str,
+    finish_reason: str | None = None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
     return _response("text_completion", request_id, model, created, [choice])
 
 
@@ -206,12 +301,13 @@ def chat_completion(
     text: str,
     finish_reason: str,
     usage: dict[str, int],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": text},
         "finish_reason": finish_reason,
-        "logprobs": None,
+        "logprobs": logprobs,
     }
     return _response("chat.completion", request_id, model, created, [choice]) | {"usage": usage}
 
@@ -224,9 +320,47 @@ def text_completion(
     text: str,
     finish_reason: str,
     usage: dict[str, int],
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+    choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
     return _response("text_completion", request_id, model, created, [choice]) | {"usage": usage}
+
+
+TokenBytes = Callable[[int], bytes]
+
+
+def chat_logprobs(records: Sequence[TokenLogprob], token_bytes: TokenBytes) -> dict[str, Any]:
+    """``choices[].logprobs`` of Chat Completions: one entry per token."""
+    content = [
+        _token_entry(r.token, r.logprob, token_bytes)
+        | {"top_logprobs": [_token_entry(t, lp, token_bytes) for t, lp in r.top]}
+        for r in records
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _token_entry(token: int, logprob: float, token_bytes: TokenBytes) -> dict[str, Any]:
+    data = token_bytes(token)
+    return {"token": data.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(data)}
+
+
+def completion_logprobs(
+    records: Sequence[TokenLogprob], token_bytes: TokenBytes, text_offset: int = 0
+) -> dict[str, Any]:
+    """``choices[].logprobs`` of (legacy) Completions; ``text_offset`` is where the
+    first of these tokens starts in the completion."""
+    tokens = [token_bytes(r.token).decode("utf-8", "replace") for r in records]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    top = [{token_bytes(t).decode("utf-8", "replace"): lp for t, lp in r.top} for r in records]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [r.logprob for r in records],
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
 
 
 def model_list(model_id: str, created: int) -> dict[str, Any]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aiohttp import web
 
+from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.protocol import openai, sse
 from edge_llm.server.context import ServerContext, context_of
@@ -16,26 +18,52 @@ from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
 from edge_llm.server.sse_writer import SseWriter
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Shape:
     """How one endpoint's objects look (chat or text completion)."""
 
     chat: bool
+    token_bytes: openai.TokenBytes | None = None  # set: the request asked for logprobs
+    _text_offset: int = field(default=0, init=False)
 
-    def chunk(self, ids: _Ids, text: str, finish_reason: str | None) -> dict[str, Any]:
+    def chunk(
+        self, ids: _Ids, text: str, finish_reason: str | None, records: Sequence[TokenLogprob] = ()
+    ) -> dict[str, Any]:
+        logprobs = self.logprobs(records) if records else None
         if self.chat:
-            return openai.chat_chunk(*ids, content=text, finish_reason=finish_reason)
-        return openai.completion_chunk(*ids, text=text, finish_reason=finish_reason)
+            return openai.chat_chunk(
+                *ids, content=text, finish_reason=finish_reason, logprobs=logprobs
+            )
+        return openai.completion_chunk(
+            *ids, text=text, finish_reason=finish_reason, logprobs=logprobs
+        )
+
+    def logprobs(self, records: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+        """The endpoint's logprobs object for these tokens (the next ones of the
+        completion), or None if the request did not ask for logprobs."""
+        if self.token_bytes is None:
+            return None
+        if self.chat:
+            return openai.chat_logprobs(records, self.token_bytes)
+        result = openai.completion_logprobs(records, self.token_bytes, self._text_offset)
+        self._text_offset += sum(len(token) for token in result["tokens"])
+        return result
 
     def first(self, ids: _Ids) -> dict[str, Any] | None:
         """The role-only chunk chat streams start with."""
         return openai.chat_chunk(*ids, role="assistant", content="") if self.chat else None
 
     def whole(
-        self, ids: _Ids, text: str, finish_reason: str, usage: dict[str, int]
+        self,
+        ids: _Ids,
+        text: str,
+        finish_reason: str,
+        usage: dict[str, int],
+        records: Sequence[TokenLogprob],
     ) -> dict[str, Any]:
         build = openai.chat_completion if self.chat else openai.text_completion
-        return build(*ids, text=text, finish_reason=finish_reason, usage=usage)
+        logprobs = self.logprobs(records)
+        return build(*ids, text=text, finish_reason=finish_reason, usage=usage, logprobs=logprobs)
 
 
 _Ids = tuple[str, str, int]  # request id, model, created
@@ -50,10 +78,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     handle = await ctx.service.start_chat(
         req.chat_messages(),
         max_tokens=req.requested_max_tokens,
-        sampling=req.sampling(),
+        sampling=request_sampling(ctx, req),
         session=session_of(request, req.user),
     )
-    return await _respond(request, ctx, handle, req, _Shape(chat=True))
+    return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=True))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -63,10 +91,29 @@ async def completions(request: web.Request) -> web.StreamResponse:
     handle = await ctx.service.start_text(
         req.prompt_text(),
         max_tokens=req.requested_max_tokens,
-        sampling=req.sampling(),
+        sampling=request_sampling(ctx, req),
         session=session_of(request, req.user),
     )
-    return await _respond(request, ctx, handle, req, _Shape(chat=False))
+    return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=False))
+
+
+def request_sampling(
+    ctx: ServerContext, req: openai.ChatCompletionRequest | openai.CompletionRequest
+) -> SamplingParams:
+    """The request's sampling, with a grammar when ``response_format`` asks for JSON
+    (a schema that cannot be enforced is refused here, before admission)."""
+    sampling = req.sampling()
+    if req.wants_json:
+        grammar = ctx.service.json_grammar(req.output_schema, param="response_format")
+        sampling = replace(sampling, grammar=grammar)
+    return sampling
+
+
+def _shape(
+    ctx: ServerContext, req: openai.ChatCompletionRequest | openai.CompletionRequest, *, chat: bool
+) -> _Shape:
+    wants_logprobs = req.n_logprobs is not None
+    return _Shape(chat, ctx.service.backend.token_bytes if wants_logprobs else None)
 
 
 async def _respond(
@@ -82,9 +129,10 @@ async def _respond(
             return await _stream_sse(
                 request, ctx, handle, ids, shape, include_usage=req.include_usage
             )
-        text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings)
+        records: list[TokenLogprob] = []
+        text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings, records)
         return web.json_response(
-            shape.whole(ids, text, finish_reason, handle.usage()),
+            shape.whole(ids, text, finish_reason, handle.usage(), records),
             headers={"X-Request-Id": handle.id},
         )
 
@@ -110,7 +158,8 @@ async def _stream_sse(
             prefix = b""
             if first is not None:
                 prefix, first = sse.encode_data(first), None
-            await writer.send(prefix + sse.encode_data(shape.chunk(ids, event.text, None)))
+            chunk = shape.chunk(ids, event.text, None, event.logprobs)
+            await writer.send(prefix + sse.encode_data(chunk))
         elif isinstance(event, Heartbeat):
             await writer.send(sse.PING)
         elif isinstance(event, Finished):

@@ -12,6 +12,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from edge_llm.engine.backend import TokenLogprob
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.stream import Outcome, StreamHandle
 
@@ -21,6 +22,7 @@ class Delta:
     text: str
     n_tokens: int
     seq: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # of these tokens, when the request asked
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ async def pump(
     last_sent = time.monotonic()
     held_since: float | None = None
     carried_tokens = 0
+    carried_logprobs: list[TokenLogprob] = []
+    wants_logprobs = handle.seq.request.sampling.n_logprobs is not None
     n_deltas = 0
     while True:
         cause = None if handle.finished else _cause(handle)
@@ -74,18 +78,22 @@ async def pump(
                 continue
             held_since = None
             text = "".join(pieces)
+            if wants_logprobs:
+                carried_logprobs.extend(handle.ring.peek_logprobs(len(pieces)))
             if text:
-                yield Delta(text, carried_tokens + len(pieces), n_deltas)
+                logprobs = tuple(carried_logprobs)
+                yield Delta(text, carried_tokens + len(pieces), n_deltas, logprobs)
                 n_deltas += 1
                 carried_tokens = 0
+                carried_logprobs.clear()
                 last_sent = time.monotonic()
             else:
                 carried_tokens += len(pieces)  # a character still incomplete: send with the next
             engine.consumed(handle, len(pieces))
             continue
         if handle.outcome is not None:
-            if handle.outcome.tail:
-                yield Delta(handle.outcome.tail, carried_tokens, n_deltas)
+            if handle.outcome.tail or carried_logprobs:
+                yield Delta(handle.outcome.tail, carried_tokens, n_deltas, tuple(carried_logprobs))
             yield Finished(handle.outcome)
             return
         idle = time.monotonic() - last_sent
@@ -102,13 +110,20 @@ def _cause(handle: StreamHandle) -> str | None:
     return cause.value if cause else None
 
 
-async def collect(engine: Engine, handle: StreamHandle, settings: PumpSettings) -> tuple[str, str]:
+async def collect(
+    engine: Engine,
+    handle: StreamHandle,
+    settings: PumpSettings,
+    logprobs: list[TokenLogprob] | None = None,
+) -> tuple[str, str]:
     """The whole text and finish reason, for non-streaming replies; raises the
-    stream's error if it failed."""
+    stream's error if it failed. Token logprobs are appended to ``logprobs``."""
     parts: list[str] = []
     async for event in pump(engine, handle, settings):
         if isinstance(event, Delta):
             parts.append(event.text)
+            if logprobs is not None:
+                logprobs.extend(event.logprobs)
         elif isinstance(event, Finished):
             if event.outcome.error is not None:
                 raise event.outcome.error

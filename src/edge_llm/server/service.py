@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
 from edge_llm.engine.backend import Backend, SamplingParams
 from edge_llm.engine.engine import Engine
@@ -52,6 +53,23 @@ class GenerationService:
                 available=[self.model_id],
             )
 
+    def json_grammar(self, schema: dict[str, Any] | None, *, param: str) -> str:
+        """The grammar that keeps output to JSON valid against ``schema`` (None: any
+        JSON object), or InvalidRequest naming the request field ``param``."""
+        try:
+            return self.backend.json_schema_grammar(schema)
+        except InvalidRequest as exc:
+            raise InvalidRequest(f"{param}: {exc.message}", param=param) from exc
+
+    def _check_sampling(self, sampling: SamplingParams) -> None:
+        n_vocab = self.backend.info.n_vocab
+        for token, _ in sampling.logit_bias:
+            if token >= n_vocab:
+                raise InvalidRequest(
+                    f"logit_bias: token id {token} is not in the vocabulary (0..{n_vocab - 1})",
+                    param="logit_bias",
+                )
+
     async def start_chat(
         self,
         messages: list[dict[str, str]],
@@ -78,6 +96,7 @@ class GenerationService:
         session: str | None,
     ) -> StreamHandle:
         """Tokenize, enforce the prompt and max_tokens limits, and submit."""
+        self._check_sampling(sampling)
         tokens = await self._tokenize(prompt)
         if not tokens:
             raise InvalidRequest("prompt is empty (it has no tokens)", param="prompt")

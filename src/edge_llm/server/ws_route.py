@@ -10,7 +10,7 @@ from aiohttp import WSMsgType, web
 
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import EdgeLLMError
+from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.protocol import openai
 from edge_llm.protocol.ws import (
     CancelStream,
@@ -22,6 +22,7 @@ from edge_llm.protocol.ws import (
 )
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import tune_connection
+from edge_llm.server.openai_routes import request_sampling
 from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
 
 
@@ -77,11 +78,15 @@ class _Connection:
         try:
             req = openai.parse_request(openai.ChatCompletionRequest, body)
             service.check_model(req.model)
+            if req.logprobs:
+                raise InvalidRequest(
+                    "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
+                )
             session = self.request.headers.get("X-Session-Id") or req.user
             handle = await service.start_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
-                sampling=req.sampling(),
+                sampling=request_sampling(self.ctx, req),
                 session=session,
             )
         except EdgeLLMError as exc:
