@@ -7,12 +7,12 @@ SMOLLM2_VERSION := 0.1.2
 ARGS ?=
 LINT_PATHS := src tests $(wildcard benchmarks scripts/*.py)
 
-.PHONY: run test lint install bench-deps bench clean
+.PHONY: run test lint install browser bench-deps bench clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
 
-test: install lint
+test: install browser lint
 	$(PY) -m pytest $(ARGS)
 
 lint: install
@@ -21,6 +21,11 @@ lint: install
 	$(VENV)/bin/mypy
 
 install: $(STAMP)
+
+# Debian's Chromium for the playground's browser tests (never `playwright install`,
+# which downloads a browser build). Checked on every `make test`: instant when present.
+browser:
+	scripts/install-chromium.sh
 
 $(PY):
 	python3 -m venv $(VENV)

@@ -22,6 +22,13 @@ EOG = 0
 _JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
 # Tokens 1 and 2 together spell one CJK character split across two tokens.
 SPLIT_CHAR = {1: "中".encode()[:2], 2: "中".encode()[2:]}
+# Tokens from here on stand for one character each (see text_script).
+TEXT_BASE = 100_000
+
+
+def text_script(text: str) -> list[int]:
+    """A script that generates exactly ``text``, one character per token."""
+    return [TEXT_BASE + ord(ch) for ch in text]
 
 
 class FakeBackend:
@@ -50,6 +57,7 @@ class FakeBackend:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_sequence_tokens = kv_capacity_tokens
         self.max_sequences = max_sequences
+        self.template_has_tools = False
         self.script = list(script)
         self.fail_slots: set[int] = set()
         self.gate: threading.Semaphore | None = None
@@ -63,12 +71,16 @@ class FakeBackend:
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        return "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + "<assistant>"
 
     def token_bytes(self, token: int) -> bytes:
         if token in SPLIT_CHAR:
             return SPLIT_CHAR[token]
+        if token >= TEXT_BASE:
+            return chr(token - TEXT_BASE).encode()
         return f"t{token} ".encode()
 
     def is_end_of_generation(self, token: int) -> bool:

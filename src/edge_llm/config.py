@@ -125,6 +125,9 @@ class ServerConfig(_Section):
     protect_debug: bool = Field(
         True, description="With an API key set, /metrics and /debug/streams need it too"
     )
+    playground: bool = Field(
+        True, description="Serve the playground page at / (--no-playground: 404)"
+    )
 
     @field_validator("api_key", "cors_allow_origin", mode="before")
     @classmethod

@@ -5,6 +5,7 @@ EdgeLLMError                      500 internal_error
 │   ├── PromptTooLong             400 prompt_too_long
 │   └── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
 ├── AuthenticationFailed          401 invalid_api_key
+├── ForbiddenOrigin               403 forbidden_origin (a WebSocket from another site)
 ├── NotFound                      404 not_found
 │   └── ModelNotFound             404 model_not_found
 ├── BodyTooLarge                  413 request_too_large
@@ -85,6 +86,12 @@ class AuthenticationFailed(EdgeLLMError):
     status = 401
     code = "invalid_api_key"
     type = "authentication_error"
+
+
+class ForbiddenOrigin(EdgeLLMError):
+    status = 403
+    code = "forbidden_origin"
+    type = "permission_error"
 
 
 class NotFound(EdgeLLMError):

@@ -42,14 +42,21 @@ class RawSseClient:
     """An SSE request over a plain socket with a small receive buffer, so that
     not reading really fills the TCP buffers (see NOTES.md)."""
 
-    def __init__(self, url: str, body: dict[str, Any], *, rcvbuf: int = 4096) -> None:
+    def __init__(
+        self,
+        url: str,
+        body: dict[str, Any],
+        *,
+        rcvbuf: int = 4096,
+        path: str = "/v1/chat/completions",
+    ) -> None:
         host, port = url.removeprefix("http://").split(":")
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         self.sock.connect((host, int(port)))
         payload = json.dumps(body).encode()
         head = (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
         )
         self.sock.sendall(head.encode() + payload)

@@ -115,7 +115,9 @@ def test_any_model_id_is_accepted() -> None:
         ({"stop_sequences": ["a"] * 5}, "stop_sequences"),
         ({"metadata": {"user_id": "u", "other": 1}}, "metadata.other"),
         ({"frobnicate": True}, "frobnicate"),
-        ({"tool_choice": {"type": "any"}}, "tool_choice"),
+        ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
+        ({"tools": [{"name": "Bash"}]}, "tools.0.input_schema"),
         ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config"),
     ],
 )
@@ -154,7 +156,7 @@ def test_claude_code_extras_are_accepted_and_reported_as_ignored() -> None:
             thinking={"type": "enabled", "budget_tokens": 1024},
         )
     )
-    assert req.ignored() == ["tools", "thinking", "cache_control"]
+    assert req.ignored() == ["thinking", "cache_control"]
 
 
 def test_newer_sdk_fields_are_accepted_and_reported_as_ignored() -> None:
@@ -350,10 +352,10 @@ async def test_max_tokens_above_the_cap_is_lowered(serve_fake: Any) -> None:
 
 async def test_ignored_fields_are_reported(serve_fake: Any) -> None:
     served = await serve_fake()
-    tools = [{"name": "Bash", "input_schema": {"type": "object"}}]
-    response = await served.client.post("/v1/messages", json=body(tools=tools))
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    response = await served.client.post("/v1/messages", json=body(thinking=thinking))
     assert response.status == 200
-    assert response.headers["X-Edge-LLM-Ignored"] == "tools"
+    assert response.headers["X-Edge-LLM-Ignored"] == "thinking"
 
 
 async def test_bad_request_has_anthropics_error_shape(serve_fake: Any) -> None:

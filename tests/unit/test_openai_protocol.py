@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.errors import InvalidRequest
@@ -42,6 +42,8 @@ FIELDS = st.sampled_from(
 VALID = {"messages": [{"role": "user", "content": "hi"}]}
 
 
+# Generating these bodies is slow on a loaded machine; the test itself is fast.
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(FIELDS, JSON, max_size=5))
 def test_any_body_is_parsed_or_rejected_with_a_named_field(body: dict) -> None:
     try:
@@ -53,6 +55,7 @@ def test_any_body_is_parsed_or_rejected_with_a_named_field(body: dict) -> None:
     assert request.messages
 
 
+@settings(suppress_health_check=[HealthCheck.too_slow])
 @given(FIELDS.filter(lambda f: f != "messages"), JSON)
 def test_one_bad_field_is_the_one_named(field: str, value: object) -> None:
     try:

@@ -100,13 +100,17 @@ class Backend(Protocol):
     kv_capacity_tokens: int
     kv_sequence_tokens: int  # most cells one sequence may hold
     max_sequences: int
+    template_has_tools: bool  # the chat template renders ``tools`` itself
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         """Token ids of ``text``; special tokens in the text are parsed."""
         ...
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
-        """The model's own chat template applied, ending with the assistant turn."""
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
+        """The model's own chat template applied, ending with the assistant turn;
+        ``tools`` (Chat Completions' shape) only when ``template_has_tools``."""
         ...
 
     def token_bytes(self, token: int) -> bytes:

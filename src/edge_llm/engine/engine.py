@@ -599,10 +599,17 @@ def _describe(handle: StreamHandle, now: float) -> dict[str, Any]:
         "backpressure": seq.backpressure,
         "backpressure_peak": seq.backpressure_peak,
         "tokens_while_paused": seq.tokens_while_paused,
+        "ttft_ms": _ttft_ms(seq),
         "finish_reason": handle.outcome.finish_reason if handle.outcome else None,
         "cancel_reason": _cancel_reason(handle.outcome),
         "age_ms": round((now - seq.created_at) * 1000.0, 3),
     }
+
+
+def _ttft_ms(seq: Sequence) -> float | None:
+    if seq.first_token_at is None:
+        return None
+    return round((seq.first_token_at - seq.created_at) * 1000.0, 3)
 
 
 def _cancel_reason(outcome: Outcome | None) -> str | None:

@@ -46,6 +46,7 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _F16_BYTES = 2
 _NO_SEED = 0xFFFFFFFF
 _KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
+_PROBE_TOOL = "edge_llm_probe_tool"
 # llama_token_data as numpy sees it, so candidate arrays are filled without a Python loop.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 _GRAMMAR_SHORTLIST = 64  # greedy + grammar: best allowed among the top tokens first
@@ -156,6 +157,7 @@ class LlamaBackend:
         self._pieces: dict[int, bytes] = {}
         self._chat_template = self._read_chat_template()
         self._jinja = _compile_jinja(self._chat_template) if self._chat_template else None
+        self.template_has_tools = self._jinja is not None and _renders_tools(self._jinja)
 
     # -- set-up -------------------------------------------------------------
 
@@ -257,23 +259,25 @@ class LlamaBackend:
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
 
-    def render_chat(self, messages: Sequence[dict[str, str]]) -> str:
+    def render_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> str:
         """The model's own template (as llama-server --jinja renders it, default
         system prompt included); llama.cpp's built-in renderer for templates jinja
         cannot run; a plain transcript for models without a template."""
         if self._chat_template is None:
             return _plain_transcript(messages)
         if self._jinja is not None:
-            rendered = _render_jinja(self._jinja, messages)
+            rendered = _render_jinja(self._jinja, messages, tools)
             if rendered is not None:
                 return rendered
         rendered = self._apply_builtin_template(self._chat_template, messages)
         return rendered if rendered is not None else _plain_transcript(messages)
 
     @staticmethod
-    def _apply_builtin_template(template: str, messages: Sequence[dict[str, str]]) -> str | None:
+    def _apply_builtin_template(template: str, messages: Sequence[dict[str, Any]]) -> str | None:
         """llama.cpp's own renderer; None when it does not know the template."""
-        encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
+        encoded = [(m["role"].encode(), str(m.get("content") or "").encode()) for m in messages]
         chat = (llama.llama_chat_message * len(encoded))()
         for i, (role, content) in enumerate(encoded):
             chat[i].role = role
@@ -487,19 +491,37 @@ def _new_chain(params: SamplingParams) -> ctypes.c_void_p:
 def _compile_jinja(template: str) -> jinja2.Template | None:
     """Compiled once: None when jinja cannot parse it."""
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # As transformers renders templates: plain JSON (jinja's own tojson escapes HTML).
+    env.filters["tojson"] = _tojson
     try:
         return env.from_string(template)
     except jinja2.TemplateError:
         return None
 
 
-def _render_jinja(template: jinja2.Template, messages: Sequence[dict[str, str]]) -> str | None:
+def _tojson(value: object, indent: int | None = None) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=indent)
+
+
+def _renders_tools(template: jinja2.Template) -> bool:
+    """Does the template show ``tools`` to the model? (llama.cpp probes the same way.)"""
+    probe = {"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {}}}
+    rendered = _render_jinja(template, [{"role": "user", "content": "x"}], [probe])
+    return rendered is not None and _PROBE_TOOL in rendered
+
+
+def _render_jinja(
+    template: jinja2.Template,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> str | None:
     def raise_exception(message: str) -> None:
         raise BackendError(f"chat template refused the messages: {message}")
 
     try:
         return template.render(
             messages=list(messages),
+            tools=list(tools) if tools else None,
             add_generation_prompt=True,
             bos_token="",
             eos_token="",
@@ -509,7 +531,7 @@ def _render_jinja(template: jinja2.Template, messages: Sequence[dict[str, str]])
         return None
 
 
-def _plain_transcript(messages: Sequence[dict[str, str]]) -> str:
+def _plain_transcript(messages: Sequence[dict[str, Any]]) -> str:
     """For models without a chat template (base models)."""
-    lines = [f"{m['role']}: {m['content']}" for m in messages]
+    lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
     return "\n".join([*lines, "assistant:"])

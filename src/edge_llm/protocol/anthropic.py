@@ -9,17 +9,25 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
 - ``max_tokens`` is required; above the engine's ``max_tokens_cap`` it is lowered
   to the cap (clients send 32000 as a matter of course); hitting it gives
   ``stop_reason: "max_tokens"``.
-- Content is text only (a string or ``text`` blocks); other block types
-  (image, document, tool_use, tool_result, ...) get a 400 naming the block.
+- Content is a string or blocks: ``text``, ``tool_use`` (in assistant turns) and
+  ``tool_result`` (in user turns); other block types (image, document, ...) get a
+  400 naming the block.
+- ``tools`` (client tools: ``name``, ``description``, ``input_schema``) and
+  ``tool_choice`` (``auto``, ``any``, ``tool`` with ``name``, ``none``;
+  ``disable_parallel_tool_use``) work as described in
+  :mod:`edge_llm.protocol.tools`: ``any`` and ``tool`` constrain sampling to a
+  call whose ``input`` validates against the tool's ``input_schema``. Answers
+  with calls end with ``stop_reason: "tool_use"``; streamed calls arrive as
+  ``tool_use`` blocks with ``input_json_delta`` deltas. Server tools (a
+  ``type`` such as ``web_search_20250305``) get a 400 naming the type.
 - A trailing ``assistant`` message is a prefill: the answer continues it.
 - Fields of Anthropic's API that do not change what this engine generates are
-  accepted and have no effect: ``tools``, ``thinking``, ``cache_control`` (top
+  accepted and have no effect: ``thinking``, ``cache_control`` (top
   level and on blocks), ``citations`` on blocks, ``service_tier``, ``speed``,
   ``container``, ``context_management``, ``mcp_servers``, ``diagnostics``,
   ``inference_geo``, ``user_profile_id``, ``workspace_id``, ``output_config``
   (its ``effort``); the response header ``X-Edge-LLM-Ignored`` lists those given.
-  What cannot be honoured is a 400: a ``tool_choice`` forcing a tool
-  (``any``/``tool``), an ``output_config.format`` (structured output).
+  What cannot be honoured is a 400: an ``output_config.format`` (structured output).
 - ``temperature``, ``top_p`` and ``top_k`` are honoured (recent SDKs send them
   only through ``extra_body``).
 - Unknown fields, wrong types and out-of-range numbers: 400 naming the field.
@@ -30,9 +38,13 @@ plus the engine's ``code`` (and details such as ``n_prompt_tokens``).
 
 from __future__ import annotations
 
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from edge_llm.engine.backend import SamplingParams
 from edge_llm.errors import (
@@ -45,11 +57,20 @@ from edge_llm.errors import (
     TtftTimeout,
 )
 from edge_llm.protocol.openai import parse_request as _parse
+from edge_llm.protocol.tools import (
+    CallStarted,
+    ChoiceMode,
+    FunctionTool,
+    OutputEvent,
+    TextOut,
+    ToolCall,
+    ToolChoice,
+    ToolSetup,
+)
 
 MAX_STOP_SEQUENCES = 4
 MAX_STOP_SEQUENCE_CHARS = 256
 IGNORED_FIELDS = (
-    "tools",
     "thinking",
     "cache_control",
     "service_tier",
@@ -63,7 +84,14 @@ IGNORED_FIELDS = (
     "workspace_id",
     "output_config",
 )
-_HONOURED_TOOL_CHOICES = frozenset({"auto", "none"})
+_BLOCK_TYPES: dict[str, tuple[str, ...]] = {
+    "user": ("text", "tool_result"),
+    "assistant": ("text", "tool_use"),
+}
+_UNSUPPORTED_BLOCKS = {
+    "image": "this model has no vision input",
+    "document": "this model has no document input",
+}
 _ERROR_TYPES: tuple[tuple[type[EdgeLLMError], str], ...] = (
     (AuthenticationFailed, "authentication_error"),
     (NotFound, "not_found_error"),
@@ -85,19 +113,31 @@ class TextBlock(_Strict):
     citations: list[dict[str, Any]] | None = None
 
 
-def _text_only(value: object) -> object:
+def _text_only(value: object, allowed: tuple[str, ...] = ("text",)) -> object:
     """Name the unsupported block instead of pydantic's "input should be 'text'"."""
     if isinstance(value, list):
         for block in value:
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind is not None and kind != "text":
-                raise ValueError(f"content block type {kind!r} is not supported (text only)")
+            if kind is not None and kind not in allowed:
+                reason = _UNSUPPORTED_BLOCKS.get(kind, f"only {', '.join(allowed)}")
+                raise ValueError(f"content block type {kind!r} is not supported ({reason})")
     return value
 
 
-class Message(_Strict):
-    role: Literal["user", "assistant"]
-    content: str | list[TextBlock]
+class ToolUseBlock(_Strict):
+    type: Literal["tool_use"]
+    id: Annotated[str, Field(min_length=1)]
+    name: Annotated[str, Field(min_length=1)]
+    input: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+
+
+class ToolResultBlock(_Strict):
+    type: Literal["tool_result"]
+    tool_use_id: Annotated[str, Field(min_length=1)]
+    content: str | list[TextBlock] | None = None
+    is_error: bool | None = None
+    cache_control: dict[str, Any] | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -105,9 +145,81 @@ class Message(_Strict):
         return _text_only(value)
 
     def text(self) -> str:
+        if self.content is None or isinstance(self.content, str):
+            text = self.content or ""
+        else:
+            text = "".join(block.text for block in self.content)
+        return f"Error: {text}" if self.is_error else text
+
+
+Block = TextBlock | ToolUseBlock | ToolResultBlock
+
+
+class Message(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _blocks(cls, value: object, info: ValidationInfo) -> object:
+        role = str(info.data.get("role"))
+        return _text_only(value, _BLOCK_TYPES.get(role, ("text",)))
+
+    def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(block.text for block in self.content)
+        return "".join(block.text for block in self.content if isinstance(block, TextBlock))
+
+    @property
+    def has_tool_blocks(self) -> bool:
+        return isinstance(self.content, list) and any(
+            not isinstance(block, TextBlock) for block in self.content
+        )
+
+    def template_dicts(self) -> list[dict[str, Any]]:
+        """This turn as chat messages: tool results become ``tool`` messages (before
+        the user's text, as Anthropic orders them), calls an assistant's ``tool_calls``."""
+        blocks = self.content if isinstance(self.content, list) else []
+        results = [
+            {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.text()}
+            for b in blocks
+            if isinstance(b, ToolResultBlock)
+        ]
+        calls = [_tool_call(b) for b in blocks if isinstance(b, ToolUseBlock)]
+        text = self.text()
+        turn: dict[str, Any] = {"role": self.role, "content": text}
+        if calls:
+            turn["tool_calls"] = calls
+        if results and not text:
+            return results
+        return [*results, turn]
+
+
+def _tool_call(block: ToolUseBlock) -> dict[str, Any]:
+    arguments = json.dumps(block.input)
+    return {
+        "id": block.id,
+        "type": "function",
+        "function": {"name": block.name, "arguments": arguments},
+    }
+
+
+class Tool(_Strict):
+    """A client tool; server tools (``web_search_...``) cannot run here."""
+
+    type: Literal["custom"] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    description: str | None = None
+    input_schema: dict[str, Any]
+    cache_control: dict[str, Any] | None = None
+    strict: bool | None = None
+    input_examples: list[Any] | None = None
+
+
+class ToolChoiceParam(_Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
 
 
 class Metadata(_Strict):
@@ -125,10 +237,10 @@ class MessagesRequest(_Strict):
     stop_sequences: list[str] | None = None
     stream: bool = False
     metadata: Metadata | None = None
-    tool_choice: dict[str, Any] | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoiceParam | None = None
     output_config: dict[str, Any] | None = None
     # Accepted, no effect here (see the module docstring); any JSON value.
-    tools: Any = None
     thinking: Any = None
     cache_control: Any = None
     service_tier: Any = None
@@ -157,12 +269,32 @@ class MessagesRequest(_Strict):
             )
         return value
 
-    @field_validator("tool_choice")
+    @field_validator("tools", mode="before")
     @classmethod
-    def _no_forced_tool(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") not in _HONOURED_TOOL_CHOICES:
-            raise ValueError("this engine has no tool use; only 'auto' or 'none' are accepted")
+    def _client_tools(cls, value: object) -> object:
+        if isinstance(value, list):
+            for tool in value:
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                if kind is not None and kind != "custom":
+                    raise ValueError(f"tool type {kind!r} is not supported (client tools only)")
         return value
+
+    def tool_setup(self) -> ToolSetup | None:
+        choice = self.tool_choice
+        if not self.tools:
+            if choice is not None and choice.type in ("any", "tool"):
+                raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+            return None
+        tools = tuple(FunctionTool(t.name, t.description, t.input_schema) for t in self.tools)
+        if choice is not None and choice.type == "tool":
+            if choice.name is None:
+                raise InvalidRequest("tool_choice.name is required", param="tool_choice.name")
+            mode = ToolChoice("required", choice.name)
+        else:
+            kinds: dict[str, ChoiceMode] = {"any": "required", "none": "none", "auto": "auto"}
+            mode = ToolChoice(kinds[choice.type] if choice else "auto")
+        parallel = not (choice is not None and choice.disable_parallel_tool_use)
+        return ToolSetup(tools, mode, parallel)
 
     @field_validator("output_config")
     @classmethod
@@ -183,14 +315,16 @@ class MessagesRequest(_Strict):
     def prefill(self) -> str | None:
         """Text of a trailing assistant message, which the answer continues."""
         last = self.messages[-1]
-        return last.text() if last.role == "assistant" else None
+        if last.role != "assistant" or last.has_tool_blocks:
+            return None
+        return last.text()
 
-    def chat_messages(self) -> list[dict[str, str]]:
+    def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation for the chat template, without a trailing prefill."""
         turns = self.messages[:-1] if self.prefill is not None else self.messages
         system = self._system_text()
         head = [{"role": "system", "content": system}] if system else []
-        return head + [{"role": m.role, "content": m.text()} for m in turns]
+        return head + [d for m in turns for d in m.template_dicts()]
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(
@@ -215,11 +349,18 @@ class MessagesRequest(_Strict):
         return "".join(block.text for block in self.system)
 
     def _blocks_have(self, name: str) -> bool:
-        blocks = [] if not isinstance(self.system, list) else list(self.system)
+        blocks: list[Any] = [] if not isinstance(self.system, list) else list(self.system)
         for message in self.messages:
             if isinstance(message.content, list):
                 blocks += message.content
-        return any(getattr(block, name) is not None for block in blocks)
+        return any(getattr(block, name, None) is not None for block in blocks)
+
+
+class CountTokensRequest(MessagesRequest):
+    """``POST /v1/messages/count_tokens``: a Messages request without ``max_tokens``
+    (given anyway, it is accepted)."""
+
+    max_tokens: Annotated[int, Field(ge=1)] | None = None  # type: ignore[assignment]
 
 
 def parse_request(body: object) -> MessagesRequest:
@@ -227,13 +368,21 @@ def parse_request(body: object) -> MessagesRequest:
     return _parse(MessagesRequest, body)
 
 
+def parse_count_request(body: object) -> CountTokensRequest:
+    return _parse(CountTokensRequest, body)
+
+
 # -- how a generation ended ------------------------------------------------------------
 
 
-def stop_reason(finish_reason: str | None, stop_sequence: str | None) -> tuple[str, str | None]:
+def stop_reason(
+    finish_reason: str | None, stop_sequence: str | None, *, tool_use: bool = False
+) -> tuple[str, str | None]:
     """Anthropic's ``(stop_reason, stop_sequence)`` for how the engine ended."""
     if finish_reason == "length":
         return "max_tokens", None
+    if tool_use:
+        return "tool_use", None
     if stop_sequence is not None:
         return "stop_sequence", stop_sequence
     return "end_turn", None
@@ -255,20 +404,36 @@ def usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
     }
 
 
+def new_tool_use_id() -> str:
+    return "toolu_" + uuid.uuid4().hex[:24]
+
+
+def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    """A finished call; ``input`` is ``{}`` if max_tokens cut its JSON short."""
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:
+        arguments = {}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+
 def message(
     msg_id: str,
     model: str,
     text: str,
     stop: tuple[str | None, str | None],
     usage_: dict[str, int],
+    *,
+    calls: Sequence[ToolCall] = (),
 ) -> dict[str, Any]:
     """A whole message: the non-streaming response, or (empty) inside message_start."""
+    content = [{"type": "text", "text": text}] if text else []
     return {
         "id": msg_id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}] if text else [],
+        "content": content + [tool_use_block(call) for call in calls],
         "stop_reason": stop[0],
         "stop_sequence": stop[1],
         "usage": usage_,
@@ -280,24 +445,72 @@ def message_start(msg_id: str, model: str, input_tokens: int) -> dict[str, Any]:
     return {"type": "message_start", "message": empty}
 
 
-def content_block_start() -> dict[str, Any]:
+def content_block_start(index: int = 0) -> dict[str, Any]:
     return {
         "type": "content_block_start",
-        "index": 0,
+        "index": index,
         "content_block": {"type": "text", "text": ""},
     }
 
 
-def text_delta(text: str) -> dict[str, Any]:
+def tool_use_start(index: int, call_id: str, name: str) -> dict[str, Any]:
+    block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def text_delta(text: str, index: int = 0) -> dict[str, Any]:
     return {
         "type": "content_block_delta",
-        "index": 0,
+        "index": index,
         "delta": {"type": "text_delta", "text": text},
     }
 
 
-def content_block_stop() -> dict[str, Any]:
-    return {"type": "content_block_stop", "index": 0}
+def input_json_delta(partial_json: str, index: int) -> dict[str, Any]:
+    return {
+        "type": "content_block_delta",
+        "index": index,
+        "delta": {"type": "input_json_delta", "partial_json": partial_json},
+    }
+
+
+def content_block_stop(index: int = 0) -> dict[str, Any]:
+    return {"type": "content_block_stop", "index": index}
+
+
+@dataclass
+class BlockStream:
+    """Content blocks of a streamed answer with tools: a text block for text, a
+    ``tool_use`` block per call, each closed before the next one opens."""
+
+    index: int = -1
+    open_kind: str | None = None
+
+    def on(self, event: OutputEvent) -> list[tuple[str, dict[str, Any]]]:
+        """``(event name, payload)`` pairs to send for one parser event."""
+        if isinstance(event, TextOut):
+            events = [] if self.open_kind == "text" else self._open("text")
+            events += [("content_block_delta", text_delta(event.text, self.index))]
+            return events
+        if isinstance(event, CallStarted):
+            events = self._open("tool_use")
+            start = tool_use_start(self.index, event.id, event.name)
+            return [*events, ("content_block_start", start)]
+        return [("content_block_delta", input_json_delta(event.text, self.index))]
+
+    def close(self) -> list[tuple[str, dict[str, Any]]]:
+        if self.open_kind is None:
+            return []
+        self.open_kind = None
+        return [("content_block_stop", content_block_stop(self.index))]
+
+    def _open(self, kind: str) -> list[tuple[str, dict[str, Any]]]:
+        events = self.close()
+        self.index += 1
+        self.open_kind = kind
+        if kind == "text":
+            events.append(("content_block_start", content_block_start(self.index)))
+        return events
 
 
 def message_delta(stop: tuple[str, str | None], usage_: dict[str, int]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ out-of-range numbers give :class:`InvalidRequest` naming the field, never a 500.
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -17,10 +18,19 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.errors import InvalidRequest
+from edge_llm.protocol.tools import (
+    ArgumentsOut,
+    CallStarted,
+    FunctionTool,
+    ToolCall,
+    ToolChoice,
+    ToolSetup,
+)
 
 _M = TypeVar("_M", bound=BaseModel)
 _MAX_SEED = 2**63 - 1
@@ -31,42 +41,144 @@ _MAX_TOP_LOGPROBS = 20
 _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-class _Strict(BaseModel):
+_UNSUPPORTED_PARTS = {
+    "image_url": "this model has no vision input",
+    "input_audio": "this model has no audio input",
+    "file": "this model has no file input",
+}
+_CONTENT_REQUIRED = frozenset({"system", "developer", "user", "tool"})
+
+
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
-class TextPart(_Strict):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(_Strict):
+class RefusalPart(Strict):
+    type: Literal["refusal"]
+    refusal: str
+
+
+def check_content_parts(
+    value: object, unsupported: dict[str, str], allowed: tuple[str, ...] = ("text", "refusal")
+) -> object:
+    """Name the content part that cannot be used instead of pydantic's union
+    errors ("Input should be a valid string")."""
+    if isinstance(value, list):
+        for part in value:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in unsupported:
+                raise ValueError(f"{unsupported[kind]} (content part type {kind!r})")
+            if isinstance(kind, str) and kind not in allowed:
+                raise ValueError(
+                    f"content part type {kind!r} is not supported ({', '.join(allowed)})"
+                )
+    return value
+
+
+class FunctionCall(Strict):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str
+
+
+class ToolCallParam(Strict):
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(Strict):
+    """One message; what OpenAI requires of each role is required here too."""
+
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | RefusalPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: Annotated[list[ToolCallParam], Field(min_length=1)] | None = None
+    refusal: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _parts(cls, value: object) -> object:
+        return check_content_parts(value, _UNSUPPORTED_PARTS)
+
+    @model_validator(mode="after")
+    def _shape_of_role(self) -> ChatMessage:
+        if self.role in _CONTENT_REQUIRED and self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if self.role == "assistant" and self.content is None and not self.tool_calls:
+            raise ValueError("an assistant message needs content or tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        parts = self.content if isinstance(self.content, list) else []
+        if self.role != "assistant" and any(isinstance(p, RefusalPart) for p in parts):
+            raise ValueError("refusal parts belong to assistant messages")
+        return self
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(
+            part.text if isinstance(part, TextPart) else part.refusal for part in self.content
+        )
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it."""
+        message: dict[str, Any] = {"role": _template_role(self.role), "content": self.text()}
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
 
-class StreamOptions(_Strict):
+class FunctionDefinition(Strict):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolParam(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: Annotated[dict[str, str], Field(min_length=1, max_length=1)]
+
+    @field_validator("function")
+    @classmethod
+    def _named(cls, value: dict[str, str]) -> dict[str, str]:
+        if "name" not in value:
+            raise ValueError("function.name is required")
+        return value
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Strict):
+class JsonObjectFormat(Strict):
     type: Literal["json_object"]
 
 
-class JsonSchemaSpec(_Strict):
+class JsonSchemaSpec(Strict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: str | None = None
     # "schema" would shadow a BaseModel attribute: the field is renamed, the key is not.
@@ -74,7 +186,7 @@ class JsonSchemaSpec(_Strict):
     strict: bool | None = None  # the grammar enforces the schema either way
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -84,7 +196,7 @@ ResponseFormat = Annotated[
 ]
 
 
-class _Sampling(_Strict):
+class _Sampling(Strict):
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
@@ -159,6 +271,41 @@ class _Sampling(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: Annotated[list[ToolParam], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # Accepted, no effect on this engine (see the README's compatibility table).
+    store: bool | None = None
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
+    service_tier: str | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    modalities: list[Literal["text"]] | None = None
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _function_tools(cls, value: object) -> object:
+        if isinstance(value, list):
+            for tool in value:
+                kind = tool.get("type") if isinstance(tool, dict) else None
+                if isinstance(kind, str) and kind != "function":
+                    raise ValueError(f"tool type {kind!r} is not supported (function only)")
+        return value
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _one_choice(cls, value: object) -> object:
+        """See the README: n requests give the same, each with its own backpressure."""
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            raise ValueError(
+                "n > 1 is not supported: send n requests (they stream and pause independently)"
+            )
+        return value
+
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=_MAX_TOP_LOGPROBS)] | None = None
 
@@ -177,8 +324,29 @@ class ChatCompletionRequest(_Sampling):
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        return [{"role": _template_role(m.role), "content": m.text()} for m in self.messages]
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return [m.template_dict() for m in self.messages]
+
+    def tool_setup(self) -> ToolSetup | None:
+        """The tools and what is asked of them; raises InvalidRequest when
+        ``tool_choice`` names a function that is not given."""
+        if not self.tools:
+            if self.tool_choice not in (None, "none", "auto"):
+                raise InvalidRequest("tool_choice needs tools", param="tool_choice")
+            return None
+        tools = tuple(
+            FunctionTool(
+                t.function.name,
+                t.function.description,
+                t.function.parameters or {"type": "object", "properties": {}},
+            )
+            for t in self.tools
+        )
+        if isinstance(self.tool_choice, NamedToolChoice):
+            choice = ToolChoice("required", self.tool_choice.function["name"])
+        else:
+            choice = ToolChoice(self.tool_choice or "auto")
+        return ToolSetup(tools, choice, self.parallel_tool_calls is not False)
 
 
 class CompletionRequest(_Sampling):
@@ -220,10 +388,12 @@ def parse_request(model: type[_M], body: object) -> _M:
 
 
 def _invalid(exc: ValidationError) -> InvalidRequest:
-    first = exc.errors()[0]
+    errors = exc.errors()
+    # Of a union's branches, the one that got furthest says what is wrong.
+    first = max(errors, key=lambda error: len(error["loc"])) if len(errors) > 1 else errors[0]
     field = ".".join(str(p) for p in first["loc"] if not _is_union_branch(p))
     value = first.get("input")
-    message = first["msg"]
+    message = first["msg"].removeprefix("Value error, ")
     if isinstance(value, float) and not math.isfinite(value):
         message = "must be a finite number"
     if first["type"] == "extra_forbidden":
@@ -232,8 +402,11 @@ def _invalid(exc: ValidationError) -> InvalidRequest:
 
 
 def _is_union_branch(part: object) -> bool:
-    """Pydantic names the union member tried (``str``, ``list[TextPart]``)."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
+    """Pydantic names the union member tried (``str``, ``list[TextPart]``,
+    ``function-after[...]``, a model name or a discriminator tag)."""
+    if not isinstance(part, str):
+        return False
+    return part in ("str", "int", "float", "bool") or "[" in part or part[:1].isupper()
 
 
 # -- responses ----------------------------------------------------------------------
@@ -260,6 +433,7 @@ def chat_chunk(
     content: str | None = None,
     role: str | None = None,
     finish_reason: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     delta: dict[str, Any] = {}
@@ -267,6 +441,8 @@ def chat_chunk(
         delta["role"] = role
     if content is not None:
         delta["content"] = content
+    if tool_calls is not None:
+        delta["tool_calls"] = tool_calls
     choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
     if logprobs is not None:
         choice["logprobs"] = logprobs
@@ -301,15 +477,41 @@ def chat_completion(
     text: str,
     finish_reason: str,
     usage: dict[str, int],
+    tool_calls: list[ToolCall] | None = None,
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = [tool_call_dict(call) for call in tool_calls]
     choice = {
         "index": 0,
-        "message": {"role": "assistant", "content": text},
+        "message": message,
         "finish_reason": finish_reason,
         "logprobs": logprobs,
     }
     return _response("chat.completion", request_id, model, created, [choice]) | {"usage": usage}
+
+
+def tool_call_dict(call: ToolCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+def tool_call_delta(event: CallStarted | ArgumentsOut) -> list[dict[str, Any]]:
+    """``delta.tool_calls`` of a stream chunk: the call's id and name first,
+    then its arguments piece by piece."""
+    if isinstance(event, CallStarted):
+        function = {"name": event.name, "arguments": ""}
+        return [{"index": event.index, "id": event.id, "type": "function", "function": function}]
+    return [{"index": event.index, "function": {"arguments": event.text}}]
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
 
 
 def text_completion(

@@ -10,7 +10,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from edge_llm.protocol.anthropic import CountTokensRequest, MessagesRequest
 from edge_llm.protocol.openai import ChatCompletionRequest, CompletionRequest
+from edge_llm.protocol.responses import ResponsesRequest
+
+# Every request model, by the path that takes it.
+_BODIES: dict[str, tuple[str, type[BaseModel]]] = {
+    "/v1/chat/completions": ("Chat completion", ChatCompletionRequest),
+    "/v1/completions": ("Text completion", CompletionRequest),
+    "/v1/responses": ("OpenAI Responses API", ResponsesRequest),
+    "/v1/messages": ("Anthropic Messages API", MessagesRequest),
+    "/v1/messages/count_tokens": ("Anthropic token count (JSON only)", CountTokensRequest),
+}
 
 _ERROR = {
     "type": "object",
@@ -74,22 +85,21 @@ def _get(summary: str) -> dict[str, Any]:
 
 def openapi_document(version: str) -> dict[str, Any]:
     components: dict[str, Any] = {}
-    for model in (ChatCompletionRequest, CompletionRequest):
+    for _, model in _BODIES.values():
         schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(schema.pop("$defs", {}))
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "edge-llm", "version": version},
         "paths": {
-            "/v1/chat/completions": _generation("Chat completion", ChatCompletionRequest),
-            "/v1/completions": _generation("Text completion", CompletionRequest),
+            **{path: _generation(*described) for path, described in _BODIES.items()},
             "/v1/models": _get("Models served"),
             "/health": _get("Engine health"),
             "/debug/streams": _get("Live streams, ring and KV cursors"),
         },
         "components": {"schemas": components},
     }
-    for path in ("/v1/chat/completions", "/v1/completions"):
+    for path in _BODIES:
         body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         body["schema"].pop("$defs", None)
     return document

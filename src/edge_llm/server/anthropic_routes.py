@@ -16,12 +16,15 @@ stream started is an ``error`` event, then the stream ends.
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import EdgeLLMError, InvalidRequest, Overloaded
+from edge_llm.errors import EdgeLLMError, Overloaded
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
+from edge_llm.protocol.tools import ToolOutputParser, ToolSetup
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
@@ -38,6 +41,20 @@ async def messages(request: web.Request) -> web.StreamResponse:
         return error_response(exc)
 
 
+async def count_tokens(request: web.Request) -> web.Response:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens as the model would
+    see them (chat template, tools, prefill); counted even over the prompt limit."""
+    ctx = context_of(request)
+    try:
+        req = anthropic.parse_count_request(await read_json(request, ctx.connection))
+        ctx.service.check_messages(len(req.messages))
+        prompt = ctx.service.render_chat(req.chat_messages(), req.tool_setup())
+        count = await ctx.service.count_tokens(prompt + (req.prefill or ""))
+    except EdgeLLMError as exc:
+        return error_response(exc)
+    return web.json_response({"input_tokens": count})
+
+
 def error_response(error: EdgeLLMError) -> web.Response:
     headers = {}
     if isinstance(error, Overloaded):
@@ -48,31 +65,34 @@ def error_response(error: EdgeLLMError) -> web.Response:
 async def _messages(request: web.Request, ctx: ServerContext) -> web.StreamResponse:
     body = await read_json(request, ctx.connection)
     req = anthropic.parse_request(body)
-    handle = await _start(ctx, req, session_of(request, req.session))
+    setup = req.tool_setup()
+    handle = await _start(ctx, req, session_of(request, req.session), setup)
     headers = _headers(handle, req)
     with ctx.guard(handle):
+        if setup is not None and setup.active:
+            parser = ToolOutputParser(setup, anthropic.new_tool_use_id)
+            if req.stream:
+                return await _stream_tools(request, ctx, handle, parser, headers)
+            return await _reply_tools(ctx, handle, parser, headers)
         if req.stream:
             return await _stream(request, ctx, handle, req, headers)
         return await _reply(ctx, handle, req, headers)
 
 
 async def _start(
-    ctx: ServerContext, req: anthropic.MessagesRequest, session: str | None
+    ctx: ServerContext,
+    req: anthropic.MessagesRequest,
+    session: str | None,
+    setup: ToolSetup | None,
 ) -> StreamHandle:
     service = ctx.service
-    max_tokens = min(req.max_tokens, service.limits.max_tokens_cap)
-    if req.prefill is None:
-        return await service.start_chat(
-            req.chat_messages(), max_tokens=max_tokens, sampling=req.sampling(), session=session
-        )
-    turns = req.chat_messages()
-    if len(turns) + 1 > service.limits.max_messages:
-        raise InvalidRequest(
-            f"{len(turns) + 1} messages, at most {service.limits.max_messages}", param="messages"
-        )
-    prompt = service.backend.render_chat(turns) + req.prefill
-    return await service.start_text(
-        prompt, max_tokens=max_tokens, sampling=req.sampling(), session=session
+    return await service.start_chat(
+        req.chat_messages(),
+        max_tokens=min(req.max_tokens, service.limits.max_tokens_cap),
+        sampling=req.sampling(),
+        session=session,
+        tools=setup,
+        prefill=req.prefill or "",
     )
 
 
@@ -130,16 +150,20 @@ async def _stream(
 
 
 def _opening(ctx: ServerContext, handle: StreamHandle) -> bytes:
-    start = anthropic.message_start(
-        anthropic.message_id(handle.id), ctx.service.model_id, handle.seq.n_prompt
-    )
     return b"".join(
         [
-            encode_event("message_start", start),
+            _message_start(ctx, handle),
             encode_event("content_block_start", anthropic.content_block_start()),
             _PING,
         ]
     )
+
+
+def _message_start(ctx: ServerContext, handle: StreamHandle) -> bytes:
+    start = anthropic.message_start(
+        anthropic.message_id(handle.id), ctx.service.model_id, handle.seq.n_prompt
+    )
+    return encode_event("message_start", start)
 
 
 def _closing(stop: tuple[str, str | None], usage: dict[str, int]) -> bytes:
@@ -152,13 +176,74 @@ def _closing(stop: tuple[str, str | None], usage: dict[str, int]) -> bytes:
     )
 
 
-def _stop(handle: StreamHandle) -> tuple[str, str | None]:
+def _stop(handle: StreamHandle, *, tool_use: bool = False) -> tuple[str, str | None]:
     outcome = handle.outcome
     if outcome is None:
-        return anthropic.stop_reason(None, None)
-    return anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence)
+        return anthropic.stop_reason(None, None, tool_use=tool_use)
+    return anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence, tool_use=tool_use)
 
 
 def _usage(handle: StreamHandle) -> dict[str, int]:
     counts = handle.usage()
     return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"])
+
+
+# -- answers with tools: text and tool_use blocks from the tool-call parser -------------
+
+
+async def _reply_tools(
+    ctx: ServerContext, handle: StreamHandle, parser: ToolOutputParser, headers: dict[str, str]
+) -> web.Response:
+    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+        if isinstance(event, Delta):
+            parser.feed(event.text)
+        elif isinstance(event, Finished):
+            if event.outcome.error is not None:
+                raise event.outcome.error
+            parser.finish()
+    body = anthropic.message(
+        anthropic.message_id(handle.id),
+        ctx.service.model_id,
+        parser.text,
+        _stop(handle, tool_use=bool(parser.calls)),
+        _usage(handle),
+        calls=parser.calls,
+    )
+    return web.json_response(body, headers=headers)
+
+
+async def _stream_tools(
+    request: web.Request,
+    ctx: ServerContext,
+    handle: StreamHandle,
+    parser: ToolOutputParser,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    writer = SseWriter(request, ctx, handle.id)
+    writer.response.headers.update(headers)
+    blocks = anthropic.BlockStream()
+    opening = _message_start(ctx, handle) + _PING
+    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+        if isinstance(event, Delta):
+            events = [e for out in parser.feed(event.text) for e in blocks.on(out)]
+            if events or opening:
+                await writer.send(opening + _encode(events))
+                opening = b""
+        elif isinstance(event, Heartbeat):
+            await writer.send(opening or _PING)
+            opening = b""
+        elif isinstance(event, Finished):
+            outcome = event.outcome
+            if outcome.error is not None:
+                error_event = encode_event("error", anthropic.error_body(outcome.error))
+                return await writer.fail(outcome.error, error_event, error_response)
+            events = [e for out in parser.finish() for e in blocks.on(out)] + blocks.close()
+            stop = _stop(handle, tool_use=bool(parser.calls))
+            delta = anthropic.message_delta(stop, _usage(handle))
+            events += [("message_delta", delta), ("message_stop", anthropic.message_stop())]
+            await writer.send(opening + _encode(events))
+    return await writer.finish()
+
+
+def _encode(events: list[tuple[str, dict[str, Any]]]) -> bytes:
+    return b"".join(encode_event(name, payload) for name, payload in events)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -16,13 +18,23 @@ from edge_llm.errors import (
     NotFound,
     TooManyConnections,
 )
-from edge_llm.server import anthropic_routes, debug_routes, openai_routes, ws_route
+from edge_llm.server import (
+    anthropic_routes,
+    debug_routes,
+    openai_routes,
+    playground_routes,
+    responses_routes,
+    ws_route,
+)
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
 from edge_llm.server.http import error_response
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = frozenset({"/health"})
 _DEBUG_PATHS = frozenset({"/metrics", "/debug/streams"})
+# Browsers cannot set headers on a WebSocket: the key may come as a subprotocol
+# ``edge-llm.key.<base64url(key)>``, offered beside ``edge-llm`` (see ws_route).
+_KEY_SUBPROTOCOL = "edge-llm.key."
 _log = logging.getLogger("edge_llm.server")
 
 
@@ -35,12 +47,16 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)
     app.router.add_post("/v1/messages", anthropic_routes.messages)
+    app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
+    app.router.add_post("/v1/responses", responses_routes.create_response)
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
     app.router.add_get("/health", debug_routes.health)
     app.router.add_get("/metrics", debug_routes.metrics)
     app.router.add_get("/debug/streams", debug_routes.streams)
     app.router.add_get("/openapi.json", debug_routes.openapi)
+    if ctx.config.server.playground:
+        playground_routes.add_routes(app)
     return app
 
 
@@ -99,6 +115,8 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 def _needs_key(request: web.Request) -> bool:
     if request.path in _OPEN_PATHS or request.method == "OPTIONS":
         return False
+    if playground_routes.is_playground_path(request.path):
+        return False  # the page holds no secret; it asks for the key itself
     if request.path in _DEBUG_PATHS:
         return context_of(request).config.server.protect_debug
     return True
@@ -109,7 +127,24 @@ def _presented_key(request: web.Request) -> str | None:
     scheme, _, token = header.partition(" ")
     if scheme.lower() == "bearer" and token:
         return token.strip()
-    return request.headers.get("x-api-key")
+    return request.headers.get("x-api-key") or _subprotocol_key(request)
+
+
+def _subprotocol_key(request: web.Request) -> str | None:
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    for protocol in offered.split(","):
+        encoded = protocol.strip()
+        if encoded.startswith(_KEY_SUBPROTOCOL):
+            return _decode_base64url(encoded.removeprefix(_KEY_SUBPROTOCOL))
+    return None
+
+
+def _decode_base64url(text: str) -> str | None:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        return raw.decode()
+    except (binascii.Error, ValueError):
+        return None
 
 
 def _matches_any(presented: str, keys: list[str]) -> bool:

@@ -12,6 +12,7 @@ from aiohttp import web
 from edge_llm.config import EngineConfig
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.stream import StreamHandle
+from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService
@@ -28,6 +29,8 @@ class ServerContext:
     draining: bool = False
     # Open connections; set once the aiohttp server exists.
     count_connections: Callable[[], int] = lambda: 0
+    # Conversations behind the Responses API's previous_response_id.
+    responses: ResponseStore = field(default_factory=ResponseStore)
 
     @contextmanager
     def guard(self, handle: StreamHandle) -> Iterator[None]:

@@ -11,7 +11,9 @@ from aiohttp import web
 
 from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.engine.stream import StreamHandle
+from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai, sse
+from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, ToolSetup
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
@@ -75,12 +77,18 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         openai.ChatCompletionRequest, await read_json(request, ctx.connection)
     )
     ctx.service.check_model(req.model)
+    setup = req.tool_setup()
+    if setup is not None and setup.active and req.n_logprobs is not None:
+        raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
     handle = await ctx.service.start_chat(
         req.chat_messages(),
         max_tokens=req.requested_max_tokens,
         sampling=request_sampling(ctx, req),
         session=session_of(request, req.user),
+        tools=setup,
     )
+    if setup is not None and setup.active:
+        return await _respond_with_tools(request, ctx, handle, req, setup)
     return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=True))
 
 
@@ -171,3 +179,89 @@ async def _stream_sse(
                 tail.append(openai.usage_chunk(*ids, handle.usage(), chat=shape.chat))
             await writer.send(b"".join(sse.encode_data(c) for c in tail) + sse.DONE)
     return await writer.finish()
+
+
+# -- chat with tools: the answer goes through the tool-call parser ----------------------
+
+
+async def _respond_with_tools(
+    request: web.Request,
+    ctx: ServerContext,
+    handle: StreamHandle,
+    req: openai.ChatCompletionRequest,
+    setup: ToolSetup,
+) -> web.StreamResponse:
+    ids: _Ids = (handle.id, ctx.service.model_id, int(time.time()))
+    parser = ToolOutputParser(setup, openai.new_call_id)
+    reason = "stop"
+    with ctx.guard(handle):
+        if req.stream:
+            return await _stream_tools(
+                request, ctx, handle, ids, parser, include_usage=req.include_usage
+            )
+        async for event in pump(ctx.engine, handle, ctx.pump_settings):
+            if isinstance(event, Delta):
+                parser.feed(event.text)
+            elif isinstance(event, Finished):
+                if event.outcome.error is not None:
+                    raise event.outcome.error
+                parser.finish()
+                reason = _finish_reason(parser, event.outcome.finish_reason)
+        body = openai.chat_completion(
+            *ids,
+            text=parser.text,
+            finish_reason=reason,
+            usage=handle.usage(),
+            tool_calls=parser.calls,
+        )
+        return web.json_response(body, headers={"X-Request-Id": handle.id})
+
+
+async def _stream_tools(
+    request: web.Request,
+    ctx: ServerContext,
+    handle: StreamHandle,
+    ids: _Ids,
+    parser: ToolOutputParser,
+    *,
+    include_usage: bool,
+) -> web.StreamResponse:
+    writer = SseWriter(request, ctx, handle.id)
+    first = sse.encode_data(openai.chat_chunk(*ids, role="assistant", content=""))
+    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+        if isinstance(event, Delta):
+            chunks = _tool_chunks(ids, parser.feed(event.text))
+            if chunks or first:
+                await writer.send(first + chunks)
+                first = b""
+        elif isinstance(event, Heartbeat):
+            await writer.send(first or sse.PING)
+            first = b""
+        elif isinstance(event, Finished):
+            outcome = event.outcome
+            if outcome.error is not None:
+                return await writer.fail(outcome.error, sse.encode_data(outcome.error.to_dict()))
+            tail = _tool_chunks(ids, parser.finish())
+            reason = _finish_reason(parser, outcome.finish_reason)
+            tail += sse.encode_data(openai.chat_chunk(*ids, finish_reason=reason))
+            if include_usage:
+                tail += sse.encode_data(openai.usage_chunk(*ids, handle.usage(), chat=True))
+            await writer.send(first + tail + sse.DONE)
+    return await writer.finish()
+
+
+def _tool_chunks(ids: _Ids, events: list[OutputEvent]) -> bytes:
+    chunks = []
+    for event in events:
+        if isinstance(event, TextOut):
+            chunk = openai.chat_chunk(*ids, content=event.text)
+        else:
+            chunk = openai.chat_chunk(*ids, tool_calls=openai.tool_call_delta(event))
+        chunks.append(sse.encode_data(chunk))
+    return b"".join(chunks)
+
+
+def _finish_reason(parser: ToolOutputParser, finish_reason: str | None) -> str:
+    if parser.calls and finish_reason != "length":
+        return "tool_calls"
+    return finish_reason or "stop"

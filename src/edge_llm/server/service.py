@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from edge_llm.engine.backend import Backend, SamplingParams
@@ -12,6 +12,7 @@ from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
 from edge_llm.observability.events import EventSink
+from edge_llm.protocol.tools import ToolSetup, template_messages
 
 # Tokenizing a long text takes a few ms; beyond this size it leaves the event loop.
 _TOKENIZE_INLINE_CHARS = 8192
@@ -72,20 +73,46 @@ class GenerationService:
 
     async def start_chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         *,
         max_tokens: int | None,
         sampling: SamplingParams,
         session: str | None,
+        tools: ToolSetup | None = None,
+        prefill: str = "",
     ) -> StreamHandle:
-        if len(messages) > self.limits.max_messages:
-            raise InvalidRequest(
-                f"{len(messages)} messages, at most {self.limits.max_messages}", param="messages"
-            )
-        prompt = self.backend.render_chat(messages)
+        """Render the conversation (with its tools) and start it; ``prefill`` is
+        text the answer continues (a trailing assistant turn)."""
+        self.check_messages(len(messages) + (1 if prefill else 0))
+        prompt = self.render_chat(messages, tools) + prefill
+        if tools is not None and tools.forced:
+            sampling = self._tool_grammar(sampling, tools)
         return await self.start_text(
             prompt, max_tokens=max_tokens, sampling=sampling, session=session
         )
+
+    def check_messages(self, count: int) -> None:
+        if count > self.limits.max_messages:
+            raise InvalidRequest(
+                f"{count} messages, at most {self.limits.max_messages}", param="messages"
+            )
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: ToolSetup | None = None) -> str:
+        turns, template_tools = template_messages(messages, tools, self.backend.template_has_tools)
+        return self.backend.render_chat(turns, template_tools)
+
+    def _tool_grammar(self, sampling: SamplingParams, tools: ToolSetup) -> SamplingParams:
+        """Constrain sampling to a call of the offered tools."""
+        if sampling.grammar is not None:
+            raise InvalidRequest(
+                "a structured output format cannot be combined with a forced tool call",
+                param="tool_choice",
+            )
+        grammar = self.json_grammar(tools.forced_schema(), param="tools")
+        return replace(sampling, grammar=grammar)
+
+    async def count_tokens(self, prompt: str) -> int:
+        return len(await self._tokenize(prompt))
 
     async def start_text(
         self,

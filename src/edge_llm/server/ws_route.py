@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import WSMsgType, web
 
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.errors import EdgeLLMError, ForbiddenOrigin, InvalidRequest
 from edge_llm.protocol import openai
 from edge_llm.protocol.ws import (
     CancelStream,
@@ -25,6 +26,8 @@ from edge_llm.server.http import tune_connection
 from edge_llm.server.openai_routes import request_sampling
 from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
 
+SUBPROTOCOL = "edge-llm"
+
 
 class _Connection:
     """One WebSocket: reads frames while at most one stream pumps its events."""
@@ -36,6 +39,8 @@ class _Connection:
         self.ws = web.WebSocketResponse(
             max_msg_size=server.max_ws_frame_bytes,
             writer_limit=max(1024, server.write_buffer_bytes),
+            # Echoed when offered (browsers send the key beside it, see app._auth).
+            protocols=(SUBPROTOCOL,),
         )
         self.protocol = StreamProtocol()
         self.handle: StreamHandle | None = None
@@ -78,6 +83,7 @@ class _Connection:
         try:
             req = openai.parse_request(openai.ChatCompletionRequest, body)
             service.check_model(req.model)
+            _no_tools(req)
             if req.logprobs:
                 raise InvalidRequest(
                     "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
@@ -146,8 +152,34 @@ def _details(error: EdgeLLMError) -> dict[str, Any]:
     return details
 
 
+def _check_origin(request: web.Request, ctx: ServerContext) -> None:
+    """CORS does not cover WebSockets: a page of another site could drive the
+    engine through the user's browser. Only this server's own page (the
+    playground) and the configured ``cors_allow_origin`` may; clients that are
+    not browsers send no Origin."""
+    origin = request.headers.get("Origin")
+    allowed = ctx.config.server.cors_allow_origin
+    if origin is None or origin in allowed or "*" in allowed:
+        return
+    if urlsplit(origin).netloc != request.host:
+        raise ForbiddenOrigin(f"WebSocket from origin {origin!r} is not allowed")
+
+
 async def stream_socket(request: web.Request) -> web.WebSocketResponse:
-    connection = _Connection(context_of(request), request)
+    ctx = context_of(request)
+    _check_origin(request, ctx)
+    connection = _Connection(ctx, request)
     with contextlib.suppress(ConnectionResetError):
         return await connection.serve()
     return connection.ws
+
+
+def _no_tools(req: openai.ChatCompletionRequest) -> None:
+    """Frames carry text only: a request that could answer with a call is refused."""
+    setup = req.tool_setup()
+    if setup is not None and setup.active:
+        raise InvalidRequest(
+            "tools are not supported over /v1/stream (its deltas are text): "
+            "use POST /v1/chat/completions or /v1/responses",
+            param="tools",
+        )
