@@ -9,7 +9,8 @@ on the disk are counted in ``dropped`` (and by ``on_drop``: the engine's
 
 Engine events: ``admitted``, ``rejected``, ``prefill_progress``, ``first_token``,
 ``pause_received``, ``paused``, ``resume_received``, ``resumed``,
-``token_while_paused``, ``cancel``, ``kv_freed``, ``end``.
+``token_while_paused``, ``cancel``, ``kv_freed``, ``cache_hit``, ``cache_evicted``,
+``offloaded``, ``restored``, ``end``.
 Client events: ``request_sent``, ``first_byte``, ``first_token``, ``ttft_warn``,
 ``watermark_high``, ``watermark_low``, ``pause_sent``, ``resume_sent``,
 ``read_paused``, ``read_resumed``, ``cancel_sent``, ``retry``, ``error``, ``end``.

@@ -66,6 +66,18 @@ class EngineMetrics:
         self.prompt_tokens = Counter(
             PREFIX + "prompt_tokens", "Prompt tokens prefilled", registry=r
         )
+        self.prompt_tokens_cached = Counter(
+            PREFIX + "prompt_tokens_cached", "Prompt tokens found in the prefix cache", registry=r
+        )
+        self.kv_cache_evictions = Counter(
+            PREFIX + "kv_cache_evictions", "Cached KV runs evicted to make room", registry=r
+        )
+        self.kv_offloads = Counter(
+            PREFIX + "kv_offloads", "Paused streams whose KV was saved to host memory", registry=r
+        )
+        self.kv_restores = Counter(
+            PREFIX + "kv_restores", "Offloaded streams restored into KV", registry=r
+        )
         self.event_log_dropped = Counter(
             PREFIX + "event_log_dropped",
             "Event log lines lost: queue full, or the file refused them (disk full)",

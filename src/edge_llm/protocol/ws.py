@@ -162,7 +162,7 @@ class StreamProtocol:
     def on_resumed(self) -> None:
         self._out.append({"type": "resumed"})
 
-    def on_done(self, finish_reason: str, usage: dict[str, int], stats: dict[str, Any]) -> None:
+    def on_done(self, finish_reason: str, usage: dict[str, Any], stats: dict[str, Any]) -> None:
         self._out.append(
             {
                 "type": "done",

@@ -26,7 +26,7 @@ _log = logging.getLogger("edge_llm.server")
 
 
 def engine_settings(config: EngineConfig) -> EngineSettings:
-    bp, sched = config.backpressure, config.scheduler
+    bp, sched, cache = config.backpressure, config.scheduler, config.cache
     return EngineSettings(
         max_queue=sched.max_queue,
         prefill_chunk_tokens=sched.prefill_chunk_tokens,
@@ -36,6 +36,9 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         cancel_release_kv=bp.cancel_release_kv,
         ttft_timeout_s=bp.ttft_timeout_ms / 1000.0 if bp.ttft_timeout_ms else None,
         max_pause_s=bp.max_pause_ms / 1000.0 if bp.max_pause_ms else None,
+        prefix_cache=cache.prefix_cache,
+        host_offload_bytes=cache.host_offload_mb * 1024 * 1024,
+        offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
         supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,
     )

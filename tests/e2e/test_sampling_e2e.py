@@ -122,15 +122,11 @@ def test_logit_bias_minus_100_removes_the_token(client: openai.OpenAI) -> None:
     vocab = llama_cpp.Llama(model_path=str(default_model_path()), vocab_only=True, verbose=False)
     (paris,) = vocab.tokenize(b" Paris", add_bos=False, special=False)
 
-    def answer(**extra: Any) -> tuple[str, list[str]]:
+    def answer(max_tokens: int = 12, **extra: Any) -> tuple[str, list[str]]:
         reply = client.chat.completions.create(
-            model=MODEL,
-            messages=ask(QUESTION),
-            temperature=0,
-            max_tokens=12,
-            logprobs=True,
-            **extra,
-        )
+            model=MODEL, messages=ask(QUESTION), temperature=0, max_tokens=max_tokens,
+            logprobs=True, **extra,
+        )  # fmt: skip
         choice = reply.choices[0]
         return choice.message.content, [entry.token for entry in choice.logprobs.content]
 
@@ -155,13 +151,12 @@ def test_penalties_change_repetition_the_way_they_should(client: openai.OpenAI) 
     plain = cats()
     assert cats(frequency_penalty=2.0) < plain
     assert cats(presence_penalty=2.0) < plain
-    assert cats(frequency_penalty=-2.0) >= plain
 
 
 def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
     def sample(seed: int) -> str:
         reply = client.chat.completions.create(
-            model=MODEL, messages=ask("Write a short poem."), temperature=1.0, max_tokens=16,
+            model=MODEL, messages=ask("Write a short poem."), temperature=1.0, max_tokens=8,
             seed=seed,
         )  # fmt: skip
         return reply.choices[0].message.content
