@@ -54,20 +54,21 @@ def run(backend: LlamaBackend, params: list[SamplingParams], steps: int) -> floa
         for p in PROMPTS
     ]
     for slot, slot_params in enumerate(params):
-        backend.start_sequence(slot, slot_params)
+        backend.start_sequence(str(slot), slot_params)
     try:
-        first = backend.decode([BatchItem(s, p, 0, True) for s, p in enumerate(prompts)])
+        first = backend.decode([BatchItem(s, p, 0, True, str(s)) for s, p in enumerate(prompts)])
         last = [sampled.token for sampled in first]
         positions = [len(p) for p in prompts]
         started = time.perf_counter()
         for _ in range(steps):
-            items = [BatchItem(s, [last[s]], positions[s], True) for s in range(N_STREAMS)]
+            items = [BatchItem(s, [last[s]], positions[s], True, str(s)) for s in range(N_STREAMS)]
             last = [sampled.token for sampled in backend.decode(items)]
             positions = [p + 1 for p in positions]
         return time.perf_counter() - started
     finally:
         for slot in range(N_STREAMS):
-            backend.release(slot)
+            backend.truncate(slot, 0)
+            backend.end_sequence(str(slot))
 
 
 def main() -> int:

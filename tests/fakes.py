@@ -11,6 +11,7 @@ from typing import Any
 from edge_llm.engine.backend import (
     BackendError,
     BatchItem,
+    KvSlotUnavailable,
     ModelInfo,
     Sampled,
     SamplingParams,
@@ -37,6 +38,11 @@ class FakeBackend:
     ``gate`` (when set) makes each decode wait until the test releases it, so a
     test can act between steps; ``step_delay_s`` makes each decode take time;
     ``fail_slots`` makes decoding those slots fail.
+
+    KV is modelled as llama.cpp's unified pool: each slot sees a list of cell ids
+    (one per position); a copy shares cells, a cell lives while a slot sees it.
+    Decoding at a position that does not follow the slot's cells, or past the
+    capacity, fails as llama.cpp would: tests catch cursor and budget bugs.
     """
 
     def __init__(
@@ -57,16 +63,18 @@ class FakeBackend:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_sequence_tokens = kv_capacity_tokens
         self.max_sequences = max_sequences
+        self.num_seq_ids = 2 * max_sequences
         self.template_has_tools = False
         self.script = list(script)
         self.fail_slots: set[int] = set()
         self.gate: threading.Semaphore | None = None
         self.step_delay_s = 0.0
-        self.cells: dict[int, int] = {}
-        self.generated: dict[int, int] = {}
+        self.kv: dict[int, list[int]] = {}  # slot -> cell id per position
+        self._next_cell = 0
+        self.generated: dict[str, int] = {}  # sampler key -> tokens sampled
         self.decode_calls: list[list[tuple[int, int]]] = []
         self.released: list[int] = []
-        self.params: dict[int, SamplingParams] = {}  # each slot's sampling, as started
+        self.params: dict[str, SamplingParams] = {}  # each sequence's sampling, as started
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
@@ -93,10 +101,26 @@ class FakeBackend:
             raise InvalidRequest(f"unsupported JSON schema type {schema.get('type')!r}")
         return "fake-grammar " + json.dumps(schema)
 
-    def start_sequence(self, slot: int, params: SamplingParams) -> None:
-        self.release(slot)
-        self.generated[slot] = 0
-        self.params[slot] = params
+    @property
+    def last_params(self) -> SamplingParams:
+        """The sampling of the sequence started last."""
+        return list(self.params.values())[-1]
+
+    @property
+    def cells(self) -> dict[int, int]:
+        """Cells each slot sees."""
+        return {slot: len(cells) for slot, cells in self.kv.items() if cells}
+
+    @property
+    def num_used_cells(self) -> int:
+        return len({cell for cells in self.kv.values() for cell in cells})
+
+    def start_sequence(self, key: str, params: SamplingParams) -> None:
+        self.generated[key] = 0
+        self.params[key] = params
+
+    def end_sequence(self, key: str) -> None:
+        self.generated.pop(key, None)
 
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         if self.gate is not None:
@@ -106,27 +130,56 @@ class FakeBackend:
         self.decode_calls.append([(item.slot, len(item.tokens)) for item in items])
         if any(item.slot in self.fail_slots for item in items):
             raise BackendError("injected failure")
-        out = []
+        if self.num_used_cells + sum(len(i.tokens) for i in items) > self.kv_capacity_tokens:
+            raise KvSlotUnavailable("fake KV pool is full")
         for item in items:
-            self.cells[item.slot] = self.cells.get(item.slot, 0) + len(item.tokens)
-            if item.sample:
-                out.append(self._next(item.slot))
-        return out
+            cells = self.kv.setdefault(item.slot, [])
+            if item.start_pos != len(cells):
+                raise BackendError(
+                    f"slot {item.slot}: position {item.start_pos} after {len(cells)}"
+                )
+            for _ in item.tokens:
+                cells.append(self._next_cell)
+                self._next_cell += 1
+        return [self._next(item.sampler) for item in items if item.sample]
 
-    def _next(self, slot: int) -> Sampled:
-        index = self.generated[slot]
-        self.generated[slot] = index + 1
+    def _next(self, key: str) -> Sampled:
+        index = self.generated[key]
+        self.generated[key] = index + 1
         token = self.script[index] if index < len(self.script) else EOG
-        k = self.params[slot].n_logprobs
+        k = self.params[key].n_logprobs
         if k is None:
             return Sampled(token)
         # The script's token is the most likely, then the ids after it.
         top = tuple((token + i, -0.25 * (i + 1)) for i in range(k))
         return Sampled(token, TokenLogprob(token, -0.25, top))
 
-    def release(self, slot: int) -> None:
-        if self.cells.pop(slot, None) is not None:
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        if self.kv.get(dst):
+            raise BackendError(f"copy into slot {dst}, which is not empty")
+        source = self.kv.get(src, [])
+        if len(source) < n_tokens:
+            raise BackendError(f"slot {src} has {len(source)} cells, {n_tokens} copied")
+        self.kv[dst] = source[:n_tokens]
+
+    def truncate(self, slot: int, start: int) -> None:
+        cells = self.kv.get(slot)
+        if cells is not None and len(cells) > start:
+            del cells[start:]
             self.released.append(slot)
 
+    def state_size(self, slot: int) -> int:
+        return len(self.save_state(slot))
+
+    def save_state(self, slot: int) -> bytes:
+        return json.dumps(self.kv.get(slot, [])).encode()
+
+    def load_state(self, slot: int, state: bytes) -> None:
+        if self.kv.get(slot):
+            raise BackendError(f"restore into slot {slot}, which is not empty")
+        n_cells = len(json.loads(state))  # restored into new cells, as llama.cpp does
+        self.kv[slot] = list(range(self._next_cell, self._next_cell + n_cells))
+        self._next_cell += n_cells
+
     def close(self) -> None:
-        self.cells.clear()
+        self.kv.clear()

@@ -97,6 +97,18 @@ class SchedulerConfig(_Section):
     )
 
 
+class CacheConfig(_Section):
+    prefix_cache: bool = Field(
+        True, description="Reuse KV of prompt prefixes already computed (unified KV pool)"
+    )
+    host_offload_mb: int = Field(
+        512, ge=0, description="Host memory for KV of offloaded paused streams (MiB; 0: off)"
+    )
+    offload_paused_after_ms: int = Field(
+        1000, ge=0, description="Offload a stream paused this long while others wait for KV"
+    )
+
+
 class ModelConfig(_Section):
     model_path: str | None = Field(
         None, description="GGUF path (default: the embedded SmolLM2-135M-Instruct)"
@@ -153,6 +165,7 @@ class EngineConfig(_Section):
     backpressure: BackpressureConfig = Field(default_factory=BackpressureConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
 
@@ -161,6 +174,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "backpressure": BackpressureConfig,
     "stream": StreamConfig,
     "scheduler": SchedulerConfig,
+    "cache": CacheConfig,
     "server": ServerConfig,
 }
 

@@ -27,6 +27,12 @@ def backend() -> Iterator[LlamaBackend]:
     be.close()
 
 
+def release(backend: LlamaBackend, slot: int) -> None:
+    """Free a slot's cells and the sampler these tests start under its number."""
+    backend.truncate(slot, 0)
+    backend.end_sequence(str(slot))
+
+
 def test_greedy_fast_path_picks_what_llama_cpps_greedy_sampler_picks(
     backend: LlamaBackend,
 ) -> None:
@@ -34,21 +40,21 @@ def test_greedy_fast_path_picks_what_llama_cpps_greedy_sampler_picks(
     try:
         prompts = [backend.tokenize(text, add_special=True) for text in PROMPTS]
         for slot in range(2):
-            backend.start_sequence(slot, SamplingParams(temperature=0.0))
-        first = backend.decode([BatchItem(s, p, 0, True) for s, p in enumerate(prompts)])
+            backend.start_sequence(str(slot), SamplingParams(temperature=0.0))
+        first = backend.decode([BatchItem(s, p, 0, True, str(s)) for s, p in enumerate(prompts)])
         tokens = [sampled.token for sampled in first]
         positions = [len(p) for p in prompts]
         for _ in range(12):
             for slot in range(2):  # the last decode's outputs, counted from the end
                 expected = llama.llama_sampler_sample(reference, backend._ctx, slot - 2)
                 assert tokens[slot] == expected
-            items = [BatchItem(s, [tokens[s]], positions[s], True) for s in range(2)]
+            items = [BatchItem(s, [tokens[s]], positions[s], True, str(s)) for s in range(2)]
             tokens = [sampled.token for sampled in backend.decode(items)]
             positions = [p + 1 for p in positions]
     finally:
         llama.llama_sampler_free(reference)
         for slot in range(2):
-            backend.release(slot)
+            release(backend, slot)
 
 
 def test_per_slot_kv_shares_are_whole_and_too_small_ones_are_refused() -> None:
@@ -73,11 +79,11 @@ def test_results_follow_the_callers_order_whatever_the_slot_order(backend: Llama
 
     def first_tokens(slots: list[int]) -> dict[int, int]:
         for slot in slots:
-            backend.start_sequence(slot, SamplingParams())
-        items = [BatchItem(slot, prompts[slot], 0, True) for slot in slots]
+            backend.start_sequence(str(slot), SamplingParams())
+        items = [BatchItem(slot, prompts[slot], 0, True, str(slot)) for slot in slots]
         tokens = {slot: s.token for slot, s in zip(slots, backend.decode(items), strict=True)}
         for slot in slots:
-            backend.release(slot)
+            release(backend, slot)
         return tokens
 
     assert first_tokens([0, 1]) == first_tokens([1, 0])
@@ -106,24 +112,26 @@ def generate(
     )
     slots = range(len(params))
     for slot in slots:
-        backend.start_sequence(slot, params[slot])
+        backend.start_sequence(str(slot), params[slot])
     try:
         out: list[list[Sampled]] = [
-            [s] for s in backend.decode([BatchItem(slot, tokens, 0, True) for slot in slots])
+            [s]
+            for s in backend.decode([BatchItem(slot, tokens, 0, True, str(slot)) for slot in slots])
         ]
         live = [slot for slot in slots if not backend.is_end_of_generation(out[slot][-1].token)]
         for step in range(n - 1):
             if not live:
                 break
             items = [
-                BatchItem(slot, [out[slot][-1].token], len(tokens) + step, True) for slot in live
+                BatchItem(slot, [out[slot][-1].token], len(tokens) + step, True, str(slot))
+                for slot in live
             ]
             for slot, sampled in zip(live, backend.decode(items), strict=True):
                 out[slot].append(sampled)
             live = [slot for slot in live if not backend.is_end_of_generation(out[slot][-1].token)]
     finally:
         for slot in slots:
-            backend.release(slot)
+            release(backend, slot)
     return out
 
 
@@ -195,16 +203,18 @@ def test_a_grammar_llama_cpp_cannot_parse_fails_that_slot_before_any_decode(
     backend: LlamaBackend,
 ) -> None:
     tokens = backend.tokenize("Hello", add_special=True)
-    backend.start_sequence(0, SamplingParams())
-    backend.start_sequence(1, SamplingParams(grammar="root ::= undefined-rule"))
+    backend.start_sequence(str(0), SamplingParams())
+    backend.start_sequence(str(1), SamplingParams(grammar="root ::= undefined-rule"))
     try:
         with pytest.raises(BackendError, match="grammar"):
-            backend.decode([BatchItem(0, tokens, 0, True), BatchItem(1, tokens, 0, True)])
+            backend.decode(
+                [BatchItem(0, tokens, 0, True, str(0)), BatchItem(1, tokens, 0, True, str(1))]
+            )
         assert backend.kv_tokens(0) == 0  # nothing was decoded: the batch can be retried
-        assert len(backend.decode([BatchItem(0, tokens, 0, True)])) == 1
+        assert len(backend.decode([BatchItem(0, tokens, 0, True, str(0))])) == 1
     finally:
-        backend.release(0)
-        backend.release(1)
+        release(backend, 0)
+        release(backend, 1)
 
 
 def test_unconvertible_schemas_are_invalid_requests(backend: LlamaBackend) -> None:
@@ -216,3 +226,41 @@ def test_unconvertible_schemas_are_invalid_requests(backend: LlamaBackend) -> No
         with pytest.raises(InvalidRequest):
             backend.json_schema_grammar(schema)
     assert "root ::=" in backend.json_schema_grammar(None)
+
+
+def greedy_run(
+    backend: LlamaBackend, slot: int, tokens: list[int], start: int, n: int
+) -> list[int]:
+    """Feed ``tokens`` at ``start`` into ``slot``, then generate ``n`` tokens greedily."""
+    out = []
+    token = backend.decode([BatchItem(slot, tokens, start, True, "greedy")])[0].token
+    pos = start + len(tokens)
+    for _ in range(n):
+        out.append(token)
+        token = backend.decode([BatchItem(slot, [token], pos, True, "greedy")])[0].token
+        pos += 1
+    return out
+
+
+def test_a_shared_prefix_and_a_restored_state_continue_token_exact(
+    backend: LlamaBackend,
+) -> None:
+    """The two KV facts the prefix cache and offload stand on (unified pool)."""
+    prompt = backend.tokenize(PROMPTS[0], add_special=True)
+    backend.start_sequence("greedy", SamplingParams())
+    try:
+        reference = greedy_run(backend, 0, prompt, 0, 12)
+        backend.copy_prefix(0, 1, len(prompt) - 1)  # shared cells, then the last token
+        assert greedy_run(backend, 1, prompt[-1:], len(prompt) - 1, 12) == reference
+        state = backend.save_state(1)
+        assert len(state) == backend.state_size(1)
+        backend.truncate(1, 0)
+        backend.load_state(2, state)  # into another slot
+        n_cells = len(prompt) + 12  # the prompt and the 12 tokens fed back
+        assert backend.kv_tokens(2) == n_cells
+        restored = greedy_run(backend, 2, reference[:1], n_cells, 6)
+        assert restored == greedy_run(backend, 0, reference[:1], n_cells, 6)
+    finally:
+        for slot in range(3):
+            backend.truncate(slot, 0)
+        backend.end_sequence("greedy")

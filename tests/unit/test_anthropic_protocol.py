@@ -437,8 +437,12 @@ async def test_prefill_continues_the_assistant_turn(serve_fake: Any) -> None:
     response = await served.client.post("/v1/messages", json=body(messages=turns))
     plain = await served.client.post("/v1/messages", json=body(messages=turns[:1]))
     with_prefill, without = await response.json(), await plain.json()
+
     # "<user>count<assistant>1, 2," against "<user>count<assistant>": five characters more
-    assert with_prefill["usage"]["input_tokens"] == without["usage"]["input_tokens"] + 5
+    def prompt(usage: dict[str, int]) -> int:  # cached tokens are counted apart, as Anthropic does
+        return usage["input_tokens"] + usage["cache_read_input_tokens"]
+
+    assert prompt(with_prefill["usage"]) == prompt(without["usage"]) + 5
 
 
 async def test_pings_flow_while_no_token_does(serve_fake: Any) -> None:
@@ -459,7 +463,7 @@ async def test_pings_flow_while_no_token_does(serve_fake: Any) -> None:
 
 async def test_error_after_the_stream_started_is_an_error_event(serve_fake: Any) -> None:
     backend = FakeBackend(FAKE_SCRIPT)
-    backend.gate = threading.Semaphore(1)  # the prefill step, which samples the first token
+    backend.gate = threading.Semaphore(2)  # prefill: two steps, the last prompt token alone
     served = await serve_fake(backend)
     session = {"metadata": {"user_id": "user-1"}, "stream": True, "max_tokens": 32}
     first = await served.client.post("/v1/messages", json=body(**session))

@@ -72,3 +72,16 @@ def test_env_overrides_file_and_flags_override_env(tmp_path: Path) -> None:
 def test_bad_env_value_names_the_key() -> None:
     with pytest.raises(ConfigError, match="ttft_timeout_ms"):
         load_config(None, env={"EDGE_LLM_TTFT_TIMEOUT_MS": "soon"})
+
+
+def test_the_cache_table_loads_from_toml_env_and_flags(tmp_path: Path) -> None:
+    path = tmp_path / "engine.toml"
+    path.write_text("[engine.cache]\nprefix_cache = false\nhost_offload_mb = 64\n")
+    config = load_config(path, env={"EDGE_LLM_OFFLOAD_PAUSED_AFTER_MS": "250"})
+    assert (config.cache.prefix_cache, config.cache.host_offload_mb) == (False, 64)
+    assert config.cache.offload_paused_after_ms == 250
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    flags = flag_overrides(parser.parse_args(["--prefix-cache", "--host-offload-mb", "0"]))
+    config = load_config(path, env={}, overrides=flags)
+    assert (config.cache.prefix_cache, config.cache.host_offload_mb) == (True, 0)

@@ -99,7 +99,7 @@ async def test_client_pause_lets_at_most_the_inflight_token_through(engine_of) -
     backend.gate = threading.Semaphore(0)
     engine = engine_of(backend)
     handle = engine.submit(request(max_tokens=40))
-    backend.gate.release(3)  # prefill + two decode steps
+    backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
     await wait_for(handle, lambda: handle.seq.n_generated >= 3)
     engine.pause(handle)  # the fourth decode may already be waiting at the gate
     backend.gate.release(20)
@@ -188,18 +188,21 @@ async def test_stop_string_is_cut_and_held_text_released(engine_of) -> None:
     assert await drain(engine, handle) == "t10 t11 "
 
 
-async def test_without_cancel_release_kv_cells_stay_until_the_slot_is_reused(engine_of) -> None:
+async def test_without_cancel_release_kv_a_cancelled_streams_cells_stay_as_cache(
+    engine_of,
+) -> None:
     backend = FakeBackend(max_sequences=1)
     engine = engine_of(backend, cancel_release_kv=False)
     first = engine.submit(request(max_tokens=1000))
     await wait_for(first, lambda: first.seq.n_generated >= 2)
     engine.cancel(first, "client")
     await first.wait_done()
-    assert engine.kv_used_bytes > 0  # cells kept: the configuration says so
-    assert backend.released == []
-    second = engine.submit(request(max_tokens=2))
+    second = engine.submit(request(max_tokens=2, n_prompt=3))
     await drain(engine, second)
-    assert backend.released[0] == 0  # freed when slot 0 was handed to the next sequence
+    assert engine.kv_used_bytes == 0
+    # All of the cancelled stream's cells stay, as evictable cache: the configuration says so.
+    assert backend.cells[first.seq.slot] == first.seq.num_computed
+    assert engine.kv_cached_bytes >= first.seq.num_computed * 100
 
 
 async def test_a_stream_paused_too_long_is_cancelled_and_its_kv_freed(engine_of) -> None:
@@ -221,3 +224,62 @@ async def test_without_pause_on_socket_full_a_slow_reader_gets_everything(engine
     assert handle.seq.pauses == 0
     assert handle.ring.write_cursor == 30
     assert await drain(engine, handle) == "".join(f"t{t} " for t in range(10, 40))
+
+
+async def offload_setup(engine_of, *, host_fits_one: bool = False):
+    """A KV budget for two running requests; two streams paused, two more waiting."""
+    backend = FakeBackend(kv_capacity_tokens=100, max_sequences=4)
+    engine = engine_of(backend, offload_paused_after_s=0.0)
+    paused = [engine.submit(request(max_tokens=40)) for _ in range(2)]
+    for handle in paused:
+        await wait_for(handle, lambda h=handle: h.seq.n_generated >= 3)
+        engine.pause(handle)
+    if host_fits_one:  # room for either paused stream's state, not for both
+        sizes = [backend.state_size(h.seq.slot) for h in paused]
+        engine.host.capacity_bytes = max(sizes) + min(sizes) - 1
+    waiting = [engine.submit(request(max_tokens=40)) for _ in range(2)]
+    return backend, engine, paused, waiting
+
+
+async def test_paused_streams_are_offloaded_for_waiting_ones_and_resume_token_exact(
+    engine_of,
+) -> None:
+    _, engine, paused, waiting = await offload_setup(engine_of)
+    expected = "".join(f"t{t} " for t in range(10, 50))
+    for handle in waiting:
+        assert await drain(engine, handle) == expected
+    assert all(h.seq.public_state() == "offloaded" for h in paused)
+    assert engine.snapshot()["kv_offloaded_bytes"] > 0
+    for handle in paused:
+        engine.resume(handle)
+    for handle in paused:
+        assert await drain(engine, handle) == expected  # the sampler came along
+    assert engine.metrics.kv_offloads._value.get() == 2
+    assert engine.metrics.kv_restores._value.get() == 2
+    assert engine.host.num_bytes == 0
+
+
+async def test_a_full_host_store_cancels_the_oldest_offloaded_stream(engine_of) -> None:
+    _, engine, paused, waiting = await offload_setup(engine_of, host_fits_one=True)
+    await paused[0].wait_done()
+    assert paused[0].outcome.error.code == "pause_timeout"
+    assert paused[1].seq.public_state() == "offloaded"
+    for handle in waiting:
+        await drain(engine, handle)
+    engine.resume(paused[1])
+    await drain(engine, paused[1])
+    assert paused[1].outcome.finish_reason == "length"
+    assert engine.metrics.cancellations.labels("pause_timeout")._value.get() == 1
+
+
+async def test_a_resumed_offloaded_stream_gets_the_kv_of_a_stream_paused_since(engine_of) -> None:
+    _, engine, paused, waiting = await offload_setup(engine_of)
+    for handle in waiting:  # both run to the end while the paused ones are offloaded
+        await drain(engine, handle)
+    blockers = [engine.submit(request(max_tokens=40)) for _ in range(2)]  # the KV is theirs
+    for blocker in blockers:
+        await wait_for(blocker, lambda b=blocker: b.seq.n_generated >= 3)
+        engine.pause(blocker)
+    engine.resume(paused[1])  # no room: the paused blocker paused first makes it
+    assert await drain(engine, paused[1]) == "".join(f"t{t} " for t in range(10, 50))
+    assert blockers[0].seq.public_state() == "offloaded"

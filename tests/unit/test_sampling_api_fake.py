@@ -60,10 +60,10 @@ async def test_json_object_asks_for_any_object_and_text_for_no_grammar(served) -
         body = {**CHAT, "response_format": {"type": kind}}
         response = await client.post("/v1/chat/completions", json=body)
         assert response.status == 200
-        assert backend.params[0].grammar == grammar
+        assert backend.last_params.grammar == grammar
     completion = {"prompt": "x", "max_tokens": 2, "response_format": {"type": "json_object"}}
     assert (await client.post("/v1/completions", json=completion)).status == 200
-    assert backend.params[0].grammar == "fake-grammar null"
+    assert backend.last_params.grammar == "fake-grammar null"
 
 
 async def test_a_schema_that_cannot_be_converted_is_refused_before_admission(served) -> None:
@@ -146,6 +146,6 @@ async def test_penalties_and_bias_reach_the_sequence(served) -> None:
     client, backend = served
     body = {**CHAT, "presence_penalty": 1.5, "frequency_penalty": -0.5, "logit_bias": {"7": -100}}
     assert (await client.post("/v1/chat/completions", json=body)).status == 200
-    params = backend.params[0]
+    params = backend.last_params
     assert (params.presence_penalty, params.frequency_penalty) == (1.5, -0.5)
     assert params.logit_bias == ((7, -100.0),)

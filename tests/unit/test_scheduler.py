@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm.engine.kv import KvBudget
+from edge_llm.engine.kv_cache import KvCache, Truncate
 from edge_llm.engine.scheduler import Scheduler, SchedulerLimits
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
 
 def make_scheduler(
-    max_sequences: int = 2, max_queue: int = 2, chunk: int = 8, kv_tokens: int = 1000
+    max_sequences: int = 2,
+    max_queue: int = 2,
+    chunk: int = 8,
+    kv_tokens: int = 1000,
+    share: bool = False,
 ) -> Scheduler:
-    return Scheduler(SchedulerLimits(max_sequences, max_queue, chunk), KvBudget(kv_tokens, 10))
+    kv = KvCache(kv_tokens, 10, num_seq_ids=2 * max_sequences, share=share)
+    return Scheduler(SchedulerLimits(max_sequences, max_queue, chunk), kv)
 
 
-def make_seq(n_prompt: int, max_tokens: int = 10, name: str = "s") -> Sequence:
-    request = GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens)
+def make_seq(n_prompt: int, max_tokens: int = 10, name: str = "s", first: int = 0) -> Sequence:
+    prompt = list(range(first, first + n_prompt))
+    request = GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens)
     return Sequence(request, name, created_at=0.0)
 
 
@@ -49,7 +55,8 @@ def test_a_request_larger_than_the_whole_budget_is_refused_at_once() -> None:
 
 
 def test_with_per_sequence_kv_a_request_larger_than_one_share_is_refused() -> None:
-    scheduler = Scheduler(SchedulerLimits(2, 2, 8), KvBudget(1000, 10, sequence_tokens=500))
+    kv = KvCache(1000, 10, num_seq_ids=2, sequence_tokens=500, share=False)
+    scheduler = Scheduler(SchedulerLimits(2, 2, 8), kv)
     scheduler.add(make_seq(100, max_tokens=400), 0.0)  # exactly one share
     with pytest.raises(KvBudgetNeverFits) as info:
         scheduler.add(make_seq(100, max_tokens=401), 0.0)
@@ -65,7 +72,7 @@ def test_a_request_that_fits_later_waits_in_the_queue() -> None:
     scheduler.add(second, 0.0)
     assert scheduler.schedule(0.0).started == [first]
     assert list(scheduler.waiting) == [second]
-    scheduler.finish(first, SequenceState.DONE, 1.0)
+    scheduler.finish(first, SequenceState.DONE, 1.0, keep=False)
     assert scheduler.schedule(1.0).started == [second]
 
 
@@ -89,14 +96,14 @@ def test_full_queue_rejects_with_kv_budget_exceeded_when_kv_is_the_limit() -> No
 
 def test_long_prompt_is_prefilled_in_chunks_and_a_short_one_goes_first() -> None:
     scheduler = make_scheduler(chunk=8)
-    long_seq, short_seq = make_seq(40, name="long"), make_seq(3, name="short")
+    long_seq, short_seq = make_seq(40, name="long"), make_seq(3, name="short", first=100)
     scheduler.add(long_seq, 0.0)
     run_prefill(scheduler)
     assert long_seq.n_prefilled == 8
     scheduler.add(short_seq, 0.0)
     plan = scheduler.schedule(0.0)
     by_name = {chunk.seq.id: chunk for chunk in plan.chunks}
-    assert by_name["short"].tokens == [0, 1, 2]
+    assert by_name["short"].tokens == [100, 101, 102]
     assert by_name["short"].sample
     assert len(by_name["long"].tokens) == 5  # the rest of the chunk budget
     assert not by_name["long"].sample
@@ -114,26 +121,32 @@ def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
     assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [("b", [7], 4)]
 
 
-def test_finish_returns_slot_and_reservation_and_reports_the_slot_once() -> None:
-    scheduler = make_scheduler()
+def test_finish_returns_the_reservation_and_frees_the_private_cells_once() -> None:
+    scheduler = make_scheduler(chunk=16, share=True)
     seq = make_seq(10)
     scheduler.add(seq, 0.0)
     run_prefill(scheduler)
-    slot = seq.slot
-    scheduler.finish(seq, SequenceState.CANCELLED, 2.0)
+    run_prefill(scheduler)  # the last prompt token, alone
+    run_prefill(scheduler)  # one token fed back: a private cell
+    scheduler.take_kv_ops()
+    scheduler.finish(seq, SequenceState.CANCELLED, 2.0, keep=False)
     assert scheduler.kv.num_reserved == 0
     assert scheduler.num_running == 0
-    assert scheduler.take_released() == [slot]
-    assert scheduler.take_released() == []
+    # The prompt was published into the prefix cache: only the cells after it go.
+    assert scheduler.take_kv_ops() == [Truncate(seq.slot, 10, 1, "release")]
+    assert scheduler.take_kv_ops() == []
 
 
 def test_kv_cursor_counts_prompt_and_tokens_fed_back() -> None:
+    scheduler = make_scheduler(chunk=16)
     seq = make_seq(10)
-    seq.n_prefilled = 10
-    seq.n_generated = 1
-    assert seq.kv_tokens == 10
-    seq.n_generated = 5
+    scheduler.add(seq, 0.0)
+    run_prefill(scheduler)
+    assert seq.kv_tokens == 10  # the sampled token is not in KV until it is fed back
+    for _ in range(4):
+        run_prefill(scheduler)
     assert seq.kv_tokens == 14
+    assert seq.token_ids == [*range(10), 7, 7, 7, 7, 7]
 
 
 def test_requests_are_admitted_on_arrival_not_at_the_next_step() -> None:
@@ -155,8 +168,26 @@ def test_the_lowest_free_slot_is_reused_first() -> None:
     for seq in seqs:
         scheduler.add(seq, 0.0)
     assert [seq.slot for seq in seqs] == [0, 1, 2, 3]
-    scheduler.finish(seqs[2], SequenceState.DONE, 1.0)
-    scheduler.finish(seqs[1], SequenceState.DONE, 1.0)
+    scheduler.finish(seqs[2], SequenceState.DONE, 1.0, keep=False)
+    scheduler.finish(seqs[1], SequenceState.DONE, 1.0, keep=False)
     again = make_seq(4, name="again")
     scheduler.add(again, 1.0)
     assert again.slot == 1
+
+
+def test_with_the_prefix_cache_the_last_prompt_token_has_a_step_of_its_own() -> None:
+    """A regenerate recomputes only that token: it must see the batch it saw first."""
+    scheduler = make_scheduler(chunk=16, share=True)
+    first = make_seq(10, name="first")
+    scheduler.add(first, 0.0)
+    assert [len(c.tokens) for c in scheduler.schedule(0.0).chunks] == [9]
+    run_prefill(scheduler)  # the chunk of 9 completes, no token sampled
+    plan = scheduler.schedule(0.0)
+    assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
+    run_prefill(scheduler)
+    scheduler.finish(first, SequenceState.DONE, 1.0, keep=True)
+    again = make_seq(10, name="again")
+    scheduler.add(again, 1.0)
+    assert again.num_cached == 9
+    plan = scheduler.schedule(1.0)
+    assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]

@@ -166,7 +166,7 @@ def test_frame_shows_streams_with_ring_kv_and_pauses() -> None:
 def test_frame_shows_engine_line_and_totals() -> None:
     text = text_of(render_frame(DOC, parse_metrics(metrics_text()), Rates(26.5), title="T"))
     assert "engine alive  steps 1234  running 1  waiting 0  paused 1" in text
-    assert "KV ░░░░░░░░░░ 1.6/256.0 MiB (reserved 2.8)" in text
+    assert "KV ░░░░░░░░░░ 1.6/256.0 MiB (reserved 2.8, cached 0.0, offloaded 0.0)" in text
     assert "backpressure 1 (peak 2)   26.5 tok/s" in text
     assert "pauses client 3 socket_full 1  |  cancels disconnect 1  |  rejected none" in text
     assert "tokens 53 generated, 62 prompt  |  TTFT p50 <= 0.05 s p90 <= 5 s" in text

@@ -1,9 +1,14 @@
 """The interface between the engine and a model runtime.
 
-The engine thread is the only caller of :meth:`Backend.decode`,
-:meth:`Backend.start_sequence` and :meth:`Backend.release`; ``tokenize``,
+The engine thread is the only caller of :meth:`Backend.decode`, the sampler
+life cycle (``start_sequence``/``end_sequence``) and the KV operations
+(``copy_prefix``, ``truncate``, ``save_state``, ``load_state``); ``tokenize``,
 ``render_chat`` and the read-only vocabulary helpers may be called from any
 thread.
+
+A *slot* is a llama.cpp sequence id: the cells a sequence sees in KV. Samplers are
+keyed by the sequence's own key instead, so a sequence restored into another slot
+keeps its sampler state.
 """
 
 from __future__ import annotations
@@ -94,13 +99,15 @@ class SamplingDefaults:
 class BatchItem:
     """Tokens of one sequence for one decode step.
 
-    ``sample`` asks for a token to be sampled from the logits of the last one.
+    ``sample`` asks for a token to be sampled from the logits of the last one,
+    with the sampler started for ``sampler`` (the sequence's key).
     """
 
     slot: int
     tokens: Sequence[int]
     start_pos: int
     sample: bool
+    sampler: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,7 @@ class Backend(Protocol):
     kv_capacity_tokens: int
     kv_sequence_tokens: int  # most cells one sequence may hold
     max_sequences: int
+    num_seq_ids: int  # slots: running sequences plus cached prefixes (unified pool)
     template_has_tools: bool  # the chat template renders ``tools`` itself
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
@@ -141,8 +149,12 @@ class Backend(Protocol):
 
     def is_end_of_generation(self, token: int) -> bool: ...
 
-    def start_sequence(self, slot: int, params: SamplingParams) -> None:
-        """Prepare ``slot`` (empty KV) to generate with ``params``."""
+    def start_sequence(self, key: str, params: SamplingParams) -> None:
+        """Create the sampler of sequence ``key``."""
+        ...
+
+    def end_sequence(self, key: str) -> None:
+        """Free the sampler of sequence ``key``."""
         ...
 
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
@@ -156,8 +168,24 @@ class Backend(Protocol):
         convert (the caller names its own field). Any thread."""
         ...
 
-    def release(self, slot: int) -> None:
-        """Free the slot's KV cells and sampler at once."""
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        """Let slot ``dst`` see the first ``n_tokens`` cells of ``src`` (shared)."""
+        ...
+
+    def truncate(self, slot: int, start: int) -> None:
+        """Drop the slot's cells from position ``start`` on (0: all of them)."""
+        ...
+
+    def state_size(self, slot: int) -> int:
+        """Bytes :meth:`save_state` would return now."""
+        ...
+
+    def save_state(self, slot: int) -> bytes:
+        """The slot's KV cells, to restore later with :meth:`load_state`."""
+        ...
+
+    def load_state(self, slot: int, state: bytes) -> None:
+        """Restore a saved state into an empty slot. Raises :class:`BackendError`."""
         ...
 
     def close(self) -> None: ...

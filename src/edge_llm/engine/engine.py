@@ -1,8 +1,9 @@
 """The engine: one inference thread that owns the backend.
 
-Each step reads schedule → free KV of finished sequences → decode → record
-tokens. The thread never touches a socket: tokens go into each stream's bounded
-ring and the event loop is woken once per step. Public methods are called from
+Each step reads expire/offload → schedule → apply KV operations (prefix copies,
+frees, saves, restores) → decode → record tokens. The thread never touches a
+socket: tokens go into each stream's bounded ring and the event loop is woken once
+per step. Public methods are called from
 the event loop; they take the engine lock briefly and never wait on a decode.
 """
 
@@ -19,7 +20,9 @@ from typing import Any
 
 from edge_llm.engine.admission import ServiceRates, predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.backend import Backend, BackendError, BatchItem, Sampled
-from edge_llm.engine.kv import KvBudget
+from edge_llm.engine.kv_apply import KvApplier
+from edge_llm.engine.kv_cache import KvCache, KvOp
+from edge_llm.engine.offload import HostStore
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.scheduler import ScheduledChunk, Scheduler, SchedulerLimits, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
@@ -55,6 +58,9 @@ class EngineSettings:
     cancel_release_kv: bool = True
     ttft_timeout_s: float | None = 10.0
     max_pause_s: float | None = 60.0
+    prefix_cache: bool = True
+    host_offload_bytes: int = 512 << 20  # 0: no offload
+    offload_paused_after_s: float = 1.0
     supersede_sessions: bool = True
     deadline_admission: bool = False
 
@@ -77,8 +83,10 @@ class Engine:
         limits = SchedulerLimits(
             backend.max_sequences, settings.max_queue, settings.prefill_chunk_tokens
         )
-        self.kv = KvBudget(
-            backend.kv_capacity_tokens, backend.info.kv_bytes_per_token, backend.kv_sequence_tokens
+        self.kv = _kv_cache(backend, settings.prefix_cache)
+        self.host = HostStore(settings.host_offload_bytes)
+        self.kv_ops = KvApplier(
+            backend, self.host, self.metrics, events, lambda: self.kv_used_bytes
         )
         self.scheduler = Scheduler(limits, self.kv)
         self.rates = ServiceRates()  # measured service times, for deadline_admission
@@ -93,8 +101,7 @@ class Engine:
         self._sessions: dict[str, StreamHandle] = {}
         self._recent: deque[StreamHandle] = deque(maxlen=_MAX_RECENT)
         self._touched: set[StreamHandle] = set()
-        self._kv_unreleased: dict[int, int] = {}  # slot -> cells of finished sequences
-        self._deferred_slots: set[int] = set()
+        self._ended_samplers: list[str] = []
         self.backpressure = 0
         self.backpressure_peak = 0
         self.steps = 0
@@ -188,16 +195,15 @@ class Engine:
             return
         sched = self.scheduler
         admitted_now = (
-            not sched.waiting
-            and sched.num_running < sched.limits.max_sequences
-            and self.kv.can_allocate(sched.reservation(seq))
+            not sched.waiting and sched.num_running < sched.limits.max_sequences and sched.fits(seq)
         )
         running = [
             (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
             for s in sched.running
         ]
         waiting = [s.n_prompt for s in sched.waiting]
-        view = queue_view(seq.n_prompt, admitted_now, running, waiting)
+        to_prefill = seq.n_prompt - self.kv.cached_length(seq.request.prompt_tokens)
+        view = queue_view(to_prefill, admitted_now, running, waiting)
         predicted = predict_ttft_s(view, self.rates)
         if predicted > deadline:
             raise QueueFull(
@@ -317,11 +323,15 @@ class Engine:
         now = self.clock()
         for cause in list(seq.pause_causes):
             self._remove_pause(handle, cause)
-        if seq.slot is not None:
-            self._kv_unreleased[seq.slot] = seq.kv_tokens
-            if state is SequenceState.CANCELLED and not self.settings.cancel_release_kv:
-                self._deferred_slots.add(seq.slot)
-        self.scheduler.finish(seq, state, now)
+        # A finished answer stays in the cache (the next turn starts with it); a
+        # cancelled stream keeps only its cached prefix unless cancel_release_kv is off.
+        if state is SequenceState.CANCELLED:
+            keep = not self.settings.cancel_release_kv
+        else:
+            keep = self.kv.share
+        self.scheduler.finish(seq, state, now, keep=keep)
+        self.host.pop(seq.id)
+        self._ended_samplers.append(seq.id)
         tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
         handle.outcome = Outcome(finish_reason, error, tail, handle.stop_matcher.matched)
         self._live.pop(seq.id, None)
@@ -361,10 +371,11 @@ class Engine:
         with self._lock:
             now = self.clock()
             self._expire(now)
-            released = self.scheduler.take_released()
+            self._offload_paused(now)
             plan = self.scheduler.schedule(now)
+            ops = self._take_kv_work()
             idle_timeout = self._idle_timeout() if not plan else 0.0
-        self._release(released)
+        self._apply_kv(*ops)
         if not plan:
             self._signal_touched()
             self._wake.wait(idle_timeout)
@@ -376,33 +387,85 @@ class Engine:
         self.rates.observe(n_prefill, len(plan.chunks), self.clock() - began)
         with self._lock:
             self._record(plan, results)
-            released = self.scheduler.take_released()
-        self._release(released)  # sequences that just finished free their cells now
+            ops = self._take_kv_work()
+        self._apply_kv(*ops)  # sequences that just finished free their cells now
         self.steps += 1
         self._signal_touched()
 
-    def _release(self, slots: Iterable[int]) -> None:
-        for slot in slots:
-            if slot in self._deferred_slots:
-                continue  # cancel_release_kv = false: cells stay until the slot is reused
-            self.backend.release(slot)
-            cells = self._kv_unreleased.pop(slot, 0)
-            self.events(
-                "kv_freed", None, slot=slot, kv_tokens=cells, kv_used_bytes=self.kv_used_bytes
-            )
+    def _take_kv_work(self) -> tuple[list[KvOp], list[str]]:
+        """Lock held: KV operations and samplers to free, for the engine thread."""
+        ended, self._ended_samplers = self._ended_samplers, []
+        return self.scheduler.take_kv_ops(), ended
+
+    def _apply_kv(self, ops: list[KvOp], ended_samplers: list[str]) -> None:
+        for key in ended_samplers:
+            self.backend.end_sequence(key)
+        failed = self.kv_ops.apply(ops)
+        if failed:
+            with self._lock:
+                for key, error in failed:
+                    if handle := self._live.get(key):
+                        self._finish(
+                            handle, BackendFailure(str(error)), SequenceState.DONE, "error"
+                        )
 
     def _start(self, started: list[Sequence]) -> None:
         for seq in started:
-            slot = seq.require_slot()
-            self._deferred_slots.discard(slot)
-            self._kv_unreleased.pop(slot, None)
-            self.backend.start_sequence(slot, seq.request.sampling)
+            self.backend.start_sequence(seq.id, seq.request.sampling)
             if seq.admitted_at is not None:
                 self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
             self.events(
                 "scheduled", seq.id, slot=seq.slot,
                 queue_ms=round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3),
             )  # fmt: skip
+            if seq.num_cached:
+                self.metrics.prompt_tokens_cached.inc(seq.num_cached)
+                self.events(
+                    "cache_hit", seq.id, n_cached_tokens=seq.num_cached,
+                    n_prompt_tokens=seq.n_prompt,
+                )  # fmt: skip
+
+    # -- offload of paused streams (lock held) ----------------------------------------------
+
+    def _offload_paused(self, now: float) -> None:
+        """While requests wait for KV or a slot, save streams paused for longer than
+        ``offload_paused_after_s`` to host memory, oldest pause first."""
+        if not self.host.enabled or not self.scheduler.head_blocked:
+            return
+        after = self.settings.offload_paused_after_s
+        paused = [
+            s for s in self.scheduler.running
+            if s.paused_since is not None and now - s.paused_since >= after and s.num_computed
+        ]  # fmt: skip
+        for seq in sorted(paused, key=lambda s: s.paused_since or now):
+            if not self.scheduler.head_blocked:
+                return
+            self._offload(seq)
+
+    def _offload(self, seq: Sequence) -> None:
+        size = self.backend.state_size(seq.require_slot())
+        if size > self.host.capacity_bytes:
+            return
+        while not self.host.fits(size):
+            self._cancel_oldest_offloaded()
+        self.host.reserve(seq.id, size)
+        n_tokens, slot = seq.num_computed, seq.slot
+        self.scheduler.offload(seq)
+        self.metrics.kv_offloads.inc()
+        self.events("offloaded", seq.id, slot=slot, kv_tokens=n_tokens, state_bytes=size)
+        if handle := self._live.get(seq.id):
+            self._touched.add(handle)
+
+    def _cancel_oldest_offloaded(self) -> None:
+        """Host memory is full: the stream offloaded first ends (reason pause_timeout)."""
+        key = self.host.oldest()
+        handle = self._live.get(key) if key else None
+        if handle is None:
+            self.host.pop(key or "")
+            return
+        error = PauseTimeout("offloaded and host memory is full", reason="pause_timeout")
+        self.events("pause_timeout", key, state="offloaded", host_offload_bytes=self.host.num_bytes)
+        self._finish(handle, error, SequenceState.CANCELLED)
 
     def _idle_timeout(self) -> float:
         """Lock held: how long to sleep before the next deadline is due."""
@@ -454,7 +517,10 @@ class Engine:
         return [result for chunk in plan.chunks for result in self._decode_alone(chunk)]
 
     def _decode_chunks(self, chunks: list[ScheduledChunk]) -> list[_ChunkResult]:
-        items = [BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample) for c in chunks]
+        items = [
+            BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample, c.seq.id)
+            for c in chunks
+        ]
         sampled = iter(self.backend.decode(items))
         return [(c, next(sampled) if c.sample else None, None) for c in chunks]
 
@@ -541,11 +607,15 @@ class Engine:
 
     @property
     def kv_used_bytes(self) -> int:
-        """Bytes of KV cells in use: live cursors plus cells not yet released."""
+        """Bytes of KV cells live streams hold, shared cells counted once."""
         with self._lock:
-            cells = sum(h.seq.kv_tokens for h in self._live.values())
-            cells += sum(self._kv_unreleased.values())
-        return cells * self.kv.bytes_per_token
+            return self.kv.stats().used_tokens * self.kv.bytes_per_token
+
+    @property
+    def kv_cached_bytes(self) -> int:
+        """Bytes of KV cells only the prefix cache holds (evicted when needed)."""
+        with self._lock:
+            return self.kv.stats().cached_tokens * self.kv.bytes_per_token
 
     def _count_paused(self) -> int:
         with self._lock:
@@ -560,6 +630,8 @@ class Engine:
             return {
                 "streams": streams,
                 "kv_used_bytes": self.kv_used_bytes,
+                "kv_cached_bytes": self.kv_cached_bytes,
+                "kv_offloaded_bytes": self.host.num_bytes,
                 "kv_budget_bytes": self.kv.capacity_bytes,
                 "kv_reserved_bytes": self.kv.reserved_bytes,
                 "kv_bytes_per_token": self.kv.bytes_per_token,
@@ -571,6 +643,19 @@ class Engine:
                 "engine_alive": self.alive,
                 "steps": self.steps,
             }
+
+
+def _kv_cache(backend: Backend, prefix_cache: bool) -> KvCache:
+    """Prefixes are shared only in the unified pool: between per-slot KV streams
+    llama.cpp cannot copy part of a sequence."""
+    unified = backend.kv_sequence_tokens >= backend.kv_capacity_tokens
+    return KvCache(
+        backend.kv_capacity_tokens,
+        backend.info.kv_bytes_per_token,
+        backend.num_seq_ids,
+        sequence_tokens=backend.kv_sequence_tokens,
+        share=prefix_cache and unified,
+    )
 
 
 def _signal_all(handles: Iterable[StreamHandle]) -> None:
@@ -592,6 +677,7 @@ def _describe(handle: StreamHandle, now: float) -> dict[str, Any]:
         "kv_tokens": 0 if seq.state.finished else seq.kv_tokens,
         "n_prompt_tokens": seq.n_prompt,
         "prefill_done": seq.n_prefilled,
+        "n_cached_tokens": seq.num_cached,
         "n_generated": seq.n_generated,
         "max_tokens": seq.request.max_tokens,
         "pauses": seq.pauses,

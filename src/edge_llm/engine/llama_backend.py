@@ -6,7 +6,9 @@ default it is one pool shared by all sequences (``kv_unified``): one sequence ma
 use all of it. With ``kv_unified = False`` each slot gets an equal fixed share, and
 attention scans only its own cells instead of every sequence's (measurably faster
 with several streams; see README "Benchmarks"). Each live sequence owns a slot
-(llama ``seq_id``) and a sampler chain; one ``llama_decode`` serves every slot.
+(llama ``seq_id``); samplers belong to sequences, not slots. In the unified pool
+there are twice as many seq ids as sequences: the spare ones keep cached prompt
+prefixes alive (see ``kv_cache.py``). One ``llama_decode`` serves every slot.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ _RECOMMENDED_SAMPLING = (
     (llama.LLAMA_MODEL_META_KEY_SAMPLING_TOP_K, "top_k"),
     (llama.LLAMA_MODEL_META_KEY_SAMPLING_MIN_P, "min_p"),
 )
+_LLAMA_MAX_SEQ = 256
 _PROBE_TOOL = "edge_llm_probe_tool"
 # llama_token_data as numpy sees it, so candidate arrays are filled without a Python loop.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -128,7 +131,7 @@ class _Batch:
 
 
 class LlamaBackend:
-    """Owns the model, the context, the batch and one sampler per slot."""
+    """Owns the model, the context, the batch and one sampler per sequence."""
 
     def __init__(
         self,
@@ -151,6 +154,7 @@ class LlamaBackend:
         self._model = self._load_model(path)
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
+        self.num_seq_ids = min(_LLAMA_MAX_SEQ, 2 * max_sequences) if kv_unified else max_sequences
         self.info = self._describe(path, model_id)
         try:
             self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
@@ -161,7 +165,7 @@ class LlamaBackend:
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = _Batch(max_batch_tokens)
-        self._samplers: dict[int, _SequenceSampler] = {}
+        self._samplers: dict[str, _SequenceSampler] = {}
         self._pieces: dict[int, bytes] = {}
         self._chat_template = self._read_chat_template()
         self._jinja = _compile_jinja(self._chat_template) if self._chat_template else None
@@ -239,7 +243,7 @@ class LlamaBackend:
         params.n_ctx = self.kv_capacity_tokens
         params.n_batch = max_batch_tokens
         params.n_ubatch = max_batch_tokens
-        params.n_seq_max = self.max_sequences
+        params.n_seq_max = self.num_seq_ids
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.kv_unified = kv_unified
@@ -332,19 +336,24 @@ class LlamaBackend:
         _free_sampler(_new_grammar(self._vocab, grammar))
         return grammar
 
-    def start_sequence(self, slot: int, params: SamplingParams) -> None:
-        self.release(slot)
+    def start_sequence(self, key: str, params: SamplingParams) -> None:
+        self.end_sequence(key)
         grammar, error = None, None
         if params.grammar:
             try:
                 grammar = _new_grammar(self._vocab, params.grammar)
             except InvalidRequest as exc:
                 error = f"grammar: {exc}"  # reported by this sequence's first decode
-        self._samplers[slot] = _SequenceSampler(params, grammar, self.info.n_vocab, error)
+        self._samplers[key] = _SequenceSampler(params, grammar, self.info.n_vocab, error)
+
+    def end_sequence(self, key: str) -> None:
+        sampler = self._samplers.pop(key, None)
+        if sampler is not None:
+            sampler.free()
 
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         for item in items:
-            error = self._samplers[item.slot].error
+            error = self._samplers[item.sampler].error
             if error is not None:  # before decoding, so the batch can be retried without it
                 raise BackendError(error)
         sample_at = self._batch.fill(items)
@@ -355,27 +364,47 @@ class LlamaBackend:
             raise BackendError(f"llama_decode failed with code {code}")
         sampled = [item for item in items if item.sample]
         return [
-            self._sample(item.slot, index) for item, index in zip(sampled, sample_at, strict=True)
+            self._sample(item.sampler, index)
+            for item, index in zip(sampled, sample_at, strict=True)
         ]
 
-    def _sample(self, slot: int, index: int) -> Sampled:
+    def _sample(self, key: str, index: int) -> Sampled:
         logits = llama.llama_get_logits_ith(self._ctx, index)
         view = np.ctypeslib.as_array(logits, shape=(self.info.n_vocab,))
-        return self._samplers[slot].sample(self._ctx, index, view)
+        return self._samplers[key].sample(self._ctx, index, view)
 
-    def release(self, slot: int) -> None:
-        llama.llama_memory_seq_rm(self._memory, slot, -1, -1)
-        sampler = self._samplers.pop(slot, None)
-        if sampler is not None:
-            sampler.free()
+    # -- KV cells -------------------------------------------------------------------
+
+    def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
+        # Unified pool only: between separate KV streams a partial copy aborts.
+        llama.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
+
+    def truncate(self, slot: int, start: int) -> None:
+        llama.llama_memory_seq_rm(self._memory, slot, start if start > 0 else -1, -1)
+
+    def state_size(self, slot: int) -> int:
+        return int(llama.llama_state_seq_get_size(self._ctx, slot))
+
+    def save_state(self, slot: int) -> bytes:
+        size = self.state_size(slot)
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama.llama_state_seq_get_data(self._ctx, buffer, size, slot)
+        if written != size:
+            raise BackendError(f"saving slot {slot}: {written} of {size} bytes")
+        return bytes(buffer)
+
+    def load_state(self, slot: int, state: bytes) -> None:
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if not llama.llama_state_seq_set_data(self._ctx, buffer, len(state), slot):
+            raise BackendError(f"restoring a saved state into slot {slot} failed")
 
     def kv_tokens(self, slot: int) -> int:
         """Cells the slot occupies (its highest position + 1); engine thread only."""
         return int(llama.llama_memory_seq_pos_max(self._memory, slot)) + 1
 
     def close(self) -> None:
-        for slot in list(self._samplers):
-            self.release(slot)
+        for key in list(self._samplers):
+            self.end_sequence(key)
         self._batch.free()
         llama.llama_free(self._ctx)
         llama.llama_model_free(self._model)

@@ -6,19 +6,20 @@ to ``prefill_chunk_tokens``. A long prompt is therefore prefilled over many
 steps while the others keep decoding, and a short request that arrives during
 it gets its first token after one chunk, not after the whole prompt.
 
-Admission needs a free slot plus a KV reservation of prompt + max_tokens; it
-happens on arrival when both are free, else the request waits in a bounded
-FIFO. Freed slots are handed to the engine (``take_released``) so it can free
-their KV cells before the next decode.
+Admission needs a free slot plus KV for prompt + max_tokens minus what the
+prefix cache already holds (:class:`KvCache`, which evicts cache to make room);
+it happens on arrival when both are free, else the request waits in a bounded
+FIFO. Offloaded sequences that were resumed come back before the queue. The KV
+operations admission, finishing and offload imply are handed to the engine
+(``take_kv_ops``), which applies them before the next decode.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from dataclasses import dataclass, field
 
-from edge_llm.engine.kv import KvBudget
+from edge_llm.engine.kv_cache import KvCache, KvOp
 from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
@@ -52,16 +53,15 @@ class StepPlan:
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv: KvBudget) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KvCache) -> None:
         self.limits = limits
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        # A heap: the lowest free slot goes first, keeping busy seq ids consecutive
-        # (with per-slot KV, llama.cpp decodes each run of consecutive ids apart).
-        self._free_slots = list(range(limits.max_sequences))
-        self._released: list[int] = []
+        self.offloaded: list[Sequence] = []  # oldest first
+        self._kv_ops: list[KvOp] = []
         self._started: list[Sequence] = []  # admitted since the last step
+        self._restored: list[Sequence] = []
 
     @property
     def num_waiting(self) -> int:
@@ -75,7 +75,16 @@ class Scheduler:
 
     @staticmethod
     def reservation(seq: Sequence) -> int:
+        """Cells the sequence may hold at most (its cached prefix included)."""
         return seq.n_prompt + seq.request.max_tokens
+
+    @property
+    def _has_slot(self) -> bool:
+        return len(self.running) < self.limits.max_sequences
+
+    def fits(self, seq: Sequence) -> bool:
+        """A slot aside, whether KV for ``seq`` can be had now (evicting cache)."""
+        return self.kv.can_admit(seq.request.prompt_tokens, self.reservation(seq))
 
     def add(self, seq: Sequence, now: float) -> None:
         """Admit a new sequence at once if a slot and its KV are free, else queue
@@ -89,14 +98,14 @@ class Scheduler:
                 kv_tokens_needed=need,
                 kv_tokens_budget=self.kv.sequence_tokens,
             )
-        if not self.waiting and self._free_slots and self.kv.can_allocate(need):
+        if not self.waiting and not self._resumed_offloaded() and self._has_slot and self.fits(seq):
             self._admit(seq, now)
             self._started.append(seq)
             return
         if len(self.waiting) < self.limits.max_queue:
             self.waiting.append(seq)
             return
-        if self._free_slots:
+        if self._has_slot:
             raise KvBudgetExceeded(
                 f"KV budget in use: {need} tokens needed, {self.kv.num_free} free, "
                 "and the queue is full",
@@ -113,32 +122,74 @@ class Scheduler:
         return f"the whole budget holds {self.kv.capacity_tokens}"
 
     def _admit(self, seq: Sequence, now: float) -> None:
-        need = self.reservation(seq)
-        self.kv.allocate(need)
-        seq.kv_reserved_tokens = need
-        seq.slot = heapq.heappop(self._free_slots)
+        admission = self.kv.admit(seq.request.prompt_tokens, self.reservation(seq))
+        self._kv_ops.extend(admission.ops)
+        seq.kv_reserved_tokens = self.reservation(seq) - admission.n_cached
+        seq.slot = admission.seq_id
+        seq.num_cached = seq.num_computed = admission.n_cached
         seq.state = SequenceState.PREFILL
         seq.admitted_at = now
         self.running.append(seq)
 
     def _admit_waiting(self, now: float) -> list[Sequence]:
         started = []
-        while self.waiting and self._free_slots:
+        while self.waiting and self._has_slot and not self._resumed_offloaded():
             seq = self.waiting[0]
-            if not self.kv.can_allocate(self.reservation(seq)):
+            if not self.fits(seq):
                 break  # FIFO: a large request is not starved by smaller ones behind it
             self.waiting.popleft()
             self._admit(seq, now)
             started.append(seq)
         return started
 
+    @property
+    def head_blocked(self) -> bool:
+        """The next in line (a resumed offloaded stream, else the queue's head) waits
+        for KV or a slot."""
+        resumed = self._resumed_offloaded()
+        if resumed:
+            return not (self._has_slot and self.kv.can_restore(self.reservation(resumed[0])))
+        return bool(self.waiting) and not (self._has_slot and self.fits(self.waiting[0]))
+
+    # -- offload ---------------------------------------------------------------------
+
+    def offload(self, seq: Sequence) -> None:
+        """Save a running sequence's KV to host memory and give back its slot and cells."""
+        self._kv_ops.extend(self.kv.offload(seq.require_slot(), seq.id))
+        seq.slot, seq.kv_reserved_tokens, seq.offloaded = None, 0, True
+        self.running.remove(seq)
+        self.offloaded.append(seq)
+
+    def _resumed_offloaded(self) -> list[Sequence]:
+        return [s for s in self.offloaded if not s.paused]
+
+    def _restore_resumed(self) -> list[Sequence]:
+        """Offloaded sequences that were resumed come back first (they are older)."""
+        restored = []
+        for seq in self._resumed_offloaded():
+            need = self.reservation(seq)
+            if not (self._has_slot and self.kv.can_restore(need)):
+                break
+            admission = self.kv.restore(seq.id, seq.num_computed, need)
+            self._kv_ops.extend(admission.ops)
+            seq.slot, seq.kv_reserved_tokens, seq.offloaded = admission.seq_id, need, False
+            self.offloaded.remove(seq)
+            self.running.append(seq)
+            restored.append(seq)
+        return restored
+
+    def take_restored(self) -> list[Sequence]:
+        restored, self._restored = self._restored, []
+        return restored
+
     # -- the step -----------------------------------------------------------------
 
     def schedule(self, now: float) -> StepPlan:
         started, self._started = self._started, []
+        self._restored.extend(self._restore_resumed())
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
         plan.chunks.extend(
-            ScheduledChunk(seq, [seq.last_token], seq.kv_tokens, sample=True)
+            ScheduledChunk(seq, [seq.last_token], seq.num_computed, sample=True)
             for seq in self.running
             if seq.runnable and seq.state is SequenceState.DECODING and seq.last_token is not None
         )
@@ -152,49 +203,57 @@ class Scheduler:
         for seq in sorted(prefilling, key=lambda s: s.prefill_remaining):
             if budget <= 0:
                 break
-            n = min(seq.prefill_remaining, budget)
-            start = seq.n_prefilled
+            n = min(self._prefill_now(seq), budget)
+            start = seq.num_computed
             tokens = seq.request.prompt_tokens[start : start + n]
             chunks.append(ScheduledChunk(seq, tokens, start, sample=n == seq.prefill_remaining))
             budget -= n
         return chunks
 
-    @staticmethod
-    def complete(chunk: ScheduledChunk) -> None:
-        """Record that a chunk was decoded (before its sampled token is recorded)."""
+    def _prefill_now(self, seq: Sequence) -> int:
+        """Prompt tokens ``seq`` may prefill in this step. With the prefix cache the
+        last prompt token gets a step of its own: llama.cpp's numbers for a token
+        depend on the size of the batch it was computed in, and a regenerate
+        recomputes only that token, so it must see the same small batch as the
+        first time for its greedy text to be identical."""
+        remaining = seq.prefill_remaining
+        return remaining - 1 if self.kv.share and remaining > 1 else remaining
+
+    def complete(self, chunk: ScheduledChunk) -> None:
+        """Record that a chunk was decoded (before its sampled token is recorded);
+        prompt cells become visible to the prefix cache at once."""
         seq = chunk.seq
-        if seq.state is SequenceState.PREFILL:
-            seq.n_prefilled += len(chunk.tokens)
-            if chunk.sample:
-                seq.state = SequenceState.DECODING
+        seq.num_computed += len(chunk.tokens)
+        prefill = seq.state is SequenceState.PREFILL
+        self.kv.computed(seq.require_slot(), seq.token_ids, seq.num_computed, publish=prefill)
+        if prefill and chunk.sample:
+            seq.state = SequenceState.DECODING
 
     @staticmethod
     def record_token(seq: Sequence, token: int, now: float) -> None:
-        seq.n_generated += 1
-        seq.last_token = token
+        seq.append(token)
         if seq.first_token_at is None:
             seq.first_token_at = now
 
     # -- the end --------------------------------------------------------------------
 
-    def finish(self, seq: Sequence, state: SequenceState, now: float) -> None:
-        """End a sequence: give back its slot and KV reservation."""
+    def finish(self, seq: Sequence, state: SequenceState, now: float, *, keep: bool) -> None:
+        """End a sequence: give back its slot and KV reservation. Its cached prefix
+        stays as cache; ``keep`` keeps its other cells too, else they are freed."""
         if seq.state.finished:
             return
         seq.state = state
         seq.finished_at = now
         if seq in self.waiting:
             self.waiting.remove(seq)
+        if seq in self.offloaded:
+            self.offloaded.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
-        if seq.slot is not None:
-            self._released.append(seq.slot)
-            heapq.heappush(self._free_slots, seq.slot)
-        if seq.kv_reserved_tokens:
-            self.kv.free(seq.kv_reserved_tokens)
-            seq.kv_reserved_tokens = 0
+            self._kv_ops.extend(self.kv.release(seq.require_slot(), seq.token_ids, keep))
+            seq.kv_reserved_tokens = 0  # the slot stays as a record of where it ran
 
-    def take_released(self) -> list[int]:
-        """Slots whose KV cells must be freed before the next decode."""
-        released, self._released = self._released, []
-        return released
+    def take_kv_ops(self) -> list[KvOp]:
+        """KV operations to apply, in order, before the next decode."""
+        ops, self._kv_ops = self._kv_ops, []
+        return ops

@@ -1,4 +1,4 @@
-"""A Sequence: one request's generation, its state and its counters."""
+"""A Sequence: one request's generation, its tokens, KV cursor, state and counters."""
 
 from __future__ import annotations
 
@@ -40,15 +40,22 @@ class GenerationRequest:
 
 @dataclass
 class Sequence:
+    """``token_ids`` is the prompt plus every generated token; ``num_computed`` the
+    KV cursor (cells holding ``token_ids[:num_computed]``), of which ``num_cached``
+    came from the prefix cache at admission instead of being computed."""
+
     request: GenerationRequest
     id: str
     created_at: float
     state: SequenceState = SequenceState.QUEUED
-    slot: int | None = None
+    slot: int | None = None  # the llama seq id while its cells are in KV
     kv_reserved_tokens: int = 0
-    n_prefilled: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    num_cached: int = 0
     n_generated: int = 0
     last_token: int | None = None
+    offloaded: bool = False  # its KV is in host memory, its slot given back
     pause_causes: dict[PauseCause, float] = field(default_factory=dict)
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -62,6 +69,16 @@ class Sequence:
     backpressure: int = 0
     backpressure_peak: int = 0
     tokens_while_paused: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.request.prompt_tokens)
+
+    def append(self, token: int) -> None:
+        """A generated token (its cell is computed when it is fed back)."""
+        self.token_ids.append(token)
+        self.n_generated += 1
+        self.last_token = token
 
     def require_slot(self) -> int:
         """The slot of an admitted sequence (the scheduler gives one on admission)."""
@@ -78,14 +95,18 @@ class Sequence:
         return len(self.request.prompt_tokens)
 
     @property
+    def n_prefilled(self) -> int:
+        """Prompt tokens in KV, cached ones included."""
+        return min(self.num_computed, self.n_prompt)
+
+    @property
     def prefill_remaining(self) -> int:
         return self.n_prompt - self.n_prefilled
 
     @property
     def kv_tokens(self) -> int:
         """KV cursor: cells this sequence occupies (prompt fed + tokens fed back)."""
-        fed_back = max(0, self.n_generated - 1)
-        return self.n_prefilled + fed_back
+        return self.num_computed
 
     @property
     def paused(self) -> bool:
@@ -99,13 +120,17 @@ class Sequence:
 
     @property
     def runnable(self) -> bool:
-        return self.state in (SequenceState.PREFILL, SequenceState.DECODING) and not self.paused
+        live = self.state in (SequenceState.PREFILL, SequenceState.DECODING)
+        return live and not self.paused and not self.offloaded
 
     def public_state(self) -> str:
-        """State as /debug/streams reports it: paused wins over prefill/decoding."""
-        if self.paused and not self.state.finished:
-            return "paused"
-        return self.state.value
+        """State as /debug/streams reports it: offloaded, then paused, win over
+        prefill/decoding."""
+        if self.state.finished:
+            return self.state.value
+        if self.offloaded:
+            return "offloaded"
+        return "paused" if self.paused else self.state.value
 
     def add_pause(self, cause: PauseCause, now: float) -> bool:
         """Returns True when the cause is new (the seed's counter goes +1)."""

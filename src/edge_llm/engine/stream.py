@@ -72,13 +72,15 @@ class StreamHandle:
         self._changed.clear()
         return True
 
-    def usage(self) -> dict[str, int]:
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's usage object; ``cached_tokens`` came from the prefix cache."""
         prompt = self.seq.n_prompt
         completion = self.seq.n_generated
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": self.seq.num_cached},
         }
 
     def stats(self, now: float) -> dict[str, Any]:

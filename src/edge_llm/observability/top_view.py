@@ -29,6 +29,7 @@ STATE_STYLES = {
     "prefill": "cyan",
     "decoding": "green",
     "paused": "yellow",
+    "offloaded": "blue",
     "done": "dim",
     "cancelled": "magenta",
 }
@@ -155,7 +156,9 @@ def engine_line(streams: StreamsDoc, metrics: Metrics, rates: Rates) -> Text:
     line.append(f"  paused {'?' if paused is None else f'{paused:.0f}'}")
     line.append("   KV ").append_text(bar(used / budget if budget else 0.0))
     line.append(
-        f" {_mib(used)}/{_mib(budget)} MiB (reserved {_mib(streams.get('kv_reserved_bytes'))})"
+        f" {_mib(used)}/{_mib(budget)} MiB (reserved {_mib(streams.get('kv_reserved_bytes'))}"
+        f", cached {_mib(streams.get('kv_cached_bytes', 0))}"
+        f", offloaded {_mib(streams.get('kv_offloaded_bytes', 0))})"
     )
     line.append(
         f"   backpressure {streams.get('backpressure', '?')} "

@@ -426,12 +426,13 @@ def message_id(request_id: str) -> str:
     return "msg_" + request_id.rsplit("-", 1)[-1]
 
 
-def usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
+    """As Anthropic counts: ``input_tokens`` excludes what was read from the cache."""
     return {
-        "input_tokens": prompt_tokens,
+        "input_tokens": prompt_tokens - cached_tokens,
         "output_tokens": output_tokens,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": 0,
+        "cache_read_input_tokens": cached_tokens,
     }
 
 

@@ -469,7 +469,7 @@ def completion_chunk(
 
 
 def usage_chunk(
-    request_id: str, model: str, created: int, usage: dict[str, int], *, chat: bool
+    request_id: str, model: str, created: int, usage: dict[str, Any], *, chat: bool
 ) -> dict[str, Any]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     return _response(kind, request_id, model, created, []) | {"usage": usage}
@@ -482,7 +482,7 @@ def chat_completion(
     *,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: dict[str, Any],
     tool_calls: list[ToolCall] | None = None,
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -527,7 +527,7 @@ def text_completion(
     *,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: dict[str, Any],
     logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}

@@ -436,7 +436,7 @@ class ResponseBuilder:
             return self._call(event)
         return self._arguments(event)
 
-    def finish(self, finish_reason: str, usage: dict[str, int]) -> list[dict[str, Any]]:
+    def finish(self, finish_reason: str, usage: dict[str, Any]) -> list[dict[str, Any]]:
         events = self._close_open()
         self.usage = _usage(usage)
         if finish_reason == "length":
@@ -605,8 +605,8 @@ def _tool_choice(req: ResponsesRequest) -> Any:
     return req.tool_choice or "auto"
 
 
-def _usage(counts: dict[str, int]) -> dict[str, Any]:
-    cached = counts.get("cached_tokens", 0)
+def _usage(counts: dict[str, Any]) -> dict[str, Any]:
+    cached = counts.get("prompt_tokens_details", {}).get("cached_tokens", 0)
     return {
         "input_tokens": counts["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": cached},

@@ -191,7 +191,8 @@ def _stop(handle: StreamHandle, *, tool_use: bool = False) -> tuple[str, str | N
 
 def _usage(handle: StreamHandle) -> dict[str, int]:
     counts = handle.usage()
-    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"])
+    cached = counts["prompt_tokens_details"]["cached_tokens"]
+    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"], cached)
 
 
 # -- answers with tools: text and tool_use blocks from the tool-call parser -------------

@@ -61,7 +61,7 @@ class _Shape:
         ids: _Ids,
         text: str,
         finish_reason: str,
-        usage: dict[str, int],
+        usage: dict[str, Any],
         records: Sequence[TokenLogprob],
     ) -> dict[str, Any]:
         build = openai.chat_completion if self.chat else openai.text_completion

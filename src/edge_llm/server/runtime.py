@@ -26,7 +26,7 @@ _log = logging.getLogger("edge_llm.server")
 
 
 def engine_settings(config: EngineConfig) -> EngineSettings:
-    bp, sched = config.backpressure, config.scheduler
+    bp, sched, cache = config.backpressure, config.scheduler, config.cache
     return EngineSettings(
         max_queue=sched.max_queue,
         prefill_chunk_tokens=sched.prefill_chunk_tokens,
@@ -36,6 +36,9 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         cancel_release_kv=bp.cancel_release_kv,
         ttft_timeout_s=bp.ttft_timeout_ms / 1000.0 if bp.ttft_timeout_ms else None,
         max_pause_s=bp.max_pause_ms / 1000.0 if bp.max_pause_ms else None,
+        prefix_cache=cache.prefix_cache,
+        host_offload_bytes=cache.host_offload_mb * 1024 * 1024,
+        offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
         supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,
     )
@@ -89,14 +92,26 @@ class RunningServer:
 async def start_server(config: EngineConfig, backend: Backend | None = None) -> RunningServer:
     """Load the model (unless given a backend), start the engine and listen."""
     server = config.server
-    event_log = EventLog(server.event_log, source="engine") if server.event_log else None
+    metrics = EngineMetrics()
+    event_log = None
+    if server.event_log:
+        event_log = EventLog(
+            server.event_log, source="engine", on_drop=metrics.count_event_log_drop
+        )
     events: EventSink = event_log.emit if event_log else null_sink
     if backend is None:
         backend = await asyncio.to_thread(load_backend, config)
-    engine = Engine(backend, engine_settings(config), metrics=EngineMetrics(), events=events)
+    engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
-    runner = web.AppRunner(create_app(ctx), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        create_app(ctx),
+        handler_cancellation=True,
+        access_log=None,
+        # A connection that sends no complete request head (nothing, half the
+        # headers) or idles between requests is closed after the body timeout.
+        keepalive_timeout=ctx.connection.body_timeout_s,
+    )
     await runner.setup()
     aiohttp_server = runner.server
     if aiohttp_server is not None:

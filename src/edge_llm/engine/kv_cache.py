@@ -1,0 +1,452 @@
+"""The one owner of KV cells: who holds which tokens, what is shared, what the budget allows.
+
+llama.cpp tags every KV cell with the sequence ids that see it. In the unified pool
+``llama_memory_seq_cp`` adds a tag without copying, so a prompt prefix computed once
+can serve any number of sequences. This module keeps the book of those tags:
+
+- a radix tree of token runs. Each node stands for cells that exist once in KV, and
+  every sequence id (``holder``) tagging a node also tags all its ancestors, so any
+  holder of a node can be the source of a copy of the whole path;
+- running sequences hold the path they attached to at admission (shared) and the
+  cells they computed since (published into the tree after each prefill chunk unless
+  another sequence computed the same tokens first; then they stay private);
+- a finished sequence's path stays as cache under its own id: cells nobody running
+  references, evicted least recently used when an admission needs room or an id.
+
+Budget: every running sequence reserves the cells it may still compute (prompt +
+max_tokens - cached), and cells owned by no running sequence are counted as cache.
+Their sum never exceeds the capacity, so a running stream never runs out of KV.
+
+Pure bookkeeping: methods return the operations (:data:`KvOp`) the engine applies
+through the backend, in order; nothing here calls llama.cpp.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class CopyPrefix:
+    """Tag the first ``n_tokens`` cells of ``src`` with ``dst`` too (no copy in the pool)."""
+
+    src: int
+    dst: int
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """Untag ``seq_id`` from position ``start`` on (0: everything).
+
+    ``reason``: ``release`` (a sequence ended), ``evict`` (cache made room),
+    ``drop`` (a cache id whose cells another id also holds), ``offload``."""
+
+    seq_id: int
+    start: int
+    n_tokens: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class SaveState:
+    """Copy the cells of ``seq_id`` to host memory under ``key`` (before they are freed)."""
+
+    seq_id: int
+    key: str
+
+
+@dataclass(frozen=True)
+class LoadState:
+    """Write the host copy saved under ``key`` into ``seq_id``."""
+
+    seq_id: int
+    key: str
+
+
+KvOp = CopyPrefix | Truncate | SaveState | LoadState
+
+
+@dataclass
+class Admission:
+    seq_id: int
+    n_cached: int
+    ops: list[KvOp]
+
+
+class _Node:
+    """A run of tokens at positions ``start``.. whose cells exist once in KV."""
+
+    __slots__ = (
+        "children", "holders", "last_used", "owner", "parent", "running_refs", "start", "tokens",
+    )  # fmt: skip
+
+    def __init__(self, tokens: list[int], start: int, parent: _Node | None) -> None:
+        self.tokens = tokens
+        self.start = start
+        self.parent = parent
+        self.children: dict[int, _Node] = {}
+        self.holders: set[int] = set()
+        self.running_refs = 0
+        self.owner: int | None = None  # the running id whose reservation covers these cells
+        self.last_used = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    def path(self) -> Iterator[_Node]:
+        """This node and its ancestors, root excluded."""
+        node: _Node | None = self
+        while node is not None and node.parent is not None:
+            yield node
+            node = node.parent
+
+
+@dataclass
+class _Holder:
+    seq_id: int
+    node: _Node  # end of the attached (shared, published) path; the root when none
+    n_cells: int  # cells tagged: the attached path plus private cells after it
+    reserved: int = 0
+    running: bool = True
+    diverged: bool = False  # its cells stopped matching the tree: the rest stays private
+    last_used: int = 0
+
+    @property
+    def attached(self) -> int:
+        return self.node.end
+
+    @property
+    def private(self) -> int:
+        return self.n_cells - self.attached
+
+
+@dataclass
+class KvCacheStats:
+    used_tokens: int  # cells live streams hold (shared ones once)
+    cached_tokens: int  # cells only the cache holds (evictable)
+    reserved_tokens: int
+
+
+@dataclass
+class KvCache:
+    capacity_tokens: int
+    bytes_per_token: int
+    num_seq_ids: int
+    sequence_tokens: int = 0  # most cells one sequence may hold (0: the capacity)
+    share: bool = True  # False: no prefix reuse (per-slot KV layout, or prefix_cache off)
+    _root: _Node = field(init=False)
+    _holders: dict[int, _Holder] = field(init=False, default_factory=dict)
+    _free_ids: list[int] = field(init=False)
+    _tick: int = field(init=False, default=0)
+    num_reserved: int = field(init=False, default=0)
+    num_cache: int = field(init=False, default=0)  # cells owned by no running sequence
+
+    def __post_init__(self) -> None:
+        self._root = _Node([], 0, None)
+        # The lowest free id first: with per-slot KV llama.cpp decodes each run of
+        # consecutive seq ids apart, so busy ids are kept together.
+        self._free_ids = list(range(self.num_seq_ids))
+        self.sequence_tokens = min(self.capacity_tokens, self.sequence_tokens or 10**12)
+
+    # -- budget -----------------------------------------------------------------
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_tokens * self.bytes_per_token
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.num_reserved * self.bytes_per_token
+
+    @property
+    def num_free(self) -> int:
+        """Cells neither reserved nor cached."""
+        return self.capacity_tokens - self.num_reserved - self.num_cache
+
+    def could_ever_fit(self, num_tokens: int) -> bool:
+        return num_tokens <= self.sequence_tokens
+
+    def stats(self) -> KvCacheStats:
+        used = sum(len(n.tokens) for n in self._nodes() if n.running_refs)
+        cached = sum(len(n.tokens) for n in self._nodes() if not n.running_refs)
+        for holder in self._holders.values():
+            if holder.running:
+                used += holder.private
+            else:
+                cached += holder.private
+        return KvCacheStats(used, cached, self.num_reserved)
+
+    # -- admission ---------------------------------------------------------------
+
+    def cached_length(self, tokens: Sequence[int]) -> int:
+        """Tokens of ``tokens`` an admission now would find in KV (the last one is
+        always computed: its logits give the first token)."""
+        if not self.share or len(tokens) < 2:
+            return 0
+        node, offset = self._lookup(tokens[:-1])
+        return node.start + offset if node is not self._root else 0
+
+    def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
+        """Whether ``admit`` would succeed now, evicting cache if it must."""
+        matched = self.cached_length(tokens)
+        pinned = self._evictable_in_prefix(tokens[:matched]) if matched else 0
+        return self._can_make_room(total_tokens - matched, pinned)
+
+    def can_restore(self, total_tokens: int) -> bool:
+        return self._can_make_room(total_tokens, 0)
+
+    def _can_make_room(self, need: int, pinned: int) -> bool:
+        """``pinned``: evictable cells the new sequence itself would hold."""
+        reclaimable = sum(len(n.tokens) for n in self._evictable_nodes()) - pinned
+        reclaimable += sum(h.private for h in self._holders.values() if not h.running)
+        has_id = bool(self._free_ids) or any(not h.running for h in self._holders.values())
+        return has_id and need <= self.num_free + reclaimable
+
+    def _evictable_in_prefix(self, prefix: Sequence[int]) -> int:
+        node, offset = self._lookup(prefix)
+        nodes = list(node.path())
+        lengths = [offset, *(len(n.tokens) for n in nodes[1:])]
+        return sum(n for n, node in zip(lengths, nodes, strict=True) if _evictable(node))
+
+    def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
+        """Attach the longest cached prefix of ``tokens`` to a new sequence id that
+        reserves the rest of ``total_tokens``. Call :meth:`can_admit` first."""
+        matched = self.cached_length(tokens)
+        end = self._attach_point(tokens, matched)
+        for node in end.path():
+            node.running_refs += 1  # pinned: the evictions below must not take it
+        need = total_tokens - matched
+        ops = self._make_room(need, need_id=True)
+        seq_id = heapq.heappop(self._free_ids)
+        if matched:
+            ops.append(CopyPrefix(min(end.holders), seq_id, matched))
+        holder = _Holder(seq_id, end, matched, reserved=need)
+        self._holders[seq_id] = holder
+        self.num_reserved += need
+        for node in end.path():
+            node.holders.add(seq_id)
+        self._touch(holder)
+        ops.extend(self._drop_redundant(end, keep=seq_id))
+        return Admission(seq_id, matched, ops)
+
+    def restore(self, key: str, n_cells: int, total_tokens: int) -> Admission:
+        """A new id for an offloaded sequence, its ``n_cells`` loaded from host
+        memory (private: a saved state is restored whole)."""
+        ops = self._make_room(total_tokens, need_id=True)
+        seq_id = heapq.heappop(self._free_ids)
+        holder = _Holder(seq_id, self._root, n_cells, reserved=total_tokens, diverged=True)
+        self._holders[seq_id] = holder
+        self.num_reserved += total_tokens
+        self._touch(holder)
+        ops.append(LoadState(seq_id, key))
+        return Admission(seq_id, 0, ops)
+
+    # -- growth ----------------------------------------------------------------------
+
+    def computed(self, seq_id: int, tokens: Sequence[int], n_cells: int, publish: bool) -> None:
+        """A running sequence now has ``n_cells`` cells, for ``tokens[:n_cells]``;
+        ``publish`` offers the new ones to other sequences."""
+        holder = self._holders[seq_id]
+        if publish and self.share:
+            self._publish(holder, tokens, n_cells)
+        holder.n_cells = n_cells
+
+    def _publish(self, holder: _Holder, tokens: Sequence[int], n_cells: int) -> None:
+        if holder.diverged or n_cells <= holder.attached:
+            return
+        new = list(tokens[holder.attached : n_cells])
+        end = holder.node
+        if new[0] in end.children:
+            holder.diverged = True  # another sequence computed these tokens first
+            return
+        own_leaf = end.owner == holder.seq_id and end.holders == {holder.seq_id}
+        if end.parent is not None and own_leaf and not end.children:
+            end.tokens.extend(new)
+        else:
+            child = _Node(new, end.end, end)
+            child.owner = holder.seq_id
+            child.holders.add(holder.seq_id)
+            child.running_refs = 1
+            end.children[new[0]] = child
+            holder.node = child
+        self._touch(holder)
+
+    # -- the end -----------------------------------------------------------------------
+
+    def release(self, seq_id: int, tokens: Sequence[int], keep: bool) -> list[KvOp]:
+        """A running sequence ended. Its attached path stays as cache; with ``keep``
+        its other cells too (published when they can be, else kept whole without
+        sharing); without, they are freed at once."""
+        holder = self._holders[seq_id]
+        if keep and self.share:
+            self._publish(holder, tokens, holder.n_cells)
+        keep_private = keep and not self.share
+        start = holder.n_cells if keep_private else holder.attached
+        ops: list[KvOp] = [Truncate(seq_id, start, holder.n_cells - start, "release")]
+        holder.n_cells = start
+        self._stop_running(holder)
+        if keep_private:
+            self.num_cache += holder.private
+        if holder.n_cells == 0:
+            self._forget(holder)
+        else:
+            ops.extend(self._drop_redundant(holder.node, keep=None))
+        return ops
+
+    def offload(self, seq_id: int, key: str) -> list[KvOp]:
+        """Save a running sequence to host memory and free its cells; its attached
+        path stays as cache."""
+        return [SaveState(seq_id, key), *self._retag_offload(self.release(seq_id, (), False))]
+
+    @staticmethod
+    def _retag_offload(ops: list[KvOp]) -> list[KvOp]:
+        return [
+            Truncate(op.seq_id, op.start, op.n_tokens, "offload")
+            if isinstance(op, Truncate) and op.reason == "release"
+            else op
+            for op in ops
+        ]
+
+    def _stop_running(self, holder: _Holder) -> None:
+        self.num_reserved -= holder.reserved
+        holder.reserved = 0
+        holder.running = False
+        for node in holder.node.path():
+            node.running_refs -= 1
+            if node.owner == holder.seq_id:
+                node.owner = None
+                self.num_cache += len(node.tokens)
+
+    # -- eviction --------------------------------------------------------------------
+
+    def _make_room(self, need: int, *, need_id: bool) -> list[KvOp]:
+        ops: list[KvOp] = []
+        while need > self.num_free or (need_id and not self._free_ids):
+            if not self._evict_one(ops):
+                raise RuntimeError(f"KV cache cannot make room for {need} tokens")
+        return ops
+
+    def _evict_one(self, ops: list[KvOp]) -> bool:
+        """Free the least recently used cache entry: a leaf node, or the private
+        cells of a sequence kept without sharing. False when nothing is evictable."""
+        leaves = [n for n in self._evictable_nodes() if not n.children]
+        lingering = [h for h in self._holders.values() if not h.running and h.private]
+        leaf = min(leaves, key=lambda n: n.last_used, default=None)
+        linger = min(lingering, key=lambda h: h.last_used, default=None)
+        if linger is not None and (leaf is None or linger.last_used <= leaf.last_used):
+            self.num_cache -= linger.private
+            ops.append(Truncate(linger.seq_id, linger.attached, linger.private, "evict"))
+            linger.n_cells = linger.attached
+            if linger.n_cells == 0:
+                self._forget(linger)
+            return True
+        if leaf is None:
+            return False
+        self._evict_leaf(leaf, ops)
+        return True
+
+    def _evict_leaf(self, leaf: _Node, ops: list[KvOp]) -> None:
+        parent = leaf.parent
+        assert parent is not None  # the root is never evictable
+        del parent.children[leaf.tokens[0]]
+        self.num_cache -= len(leaf.tokens)
+        for seq_id in sorted(leaf.holders):
+            holder = self._holders[seq_id]
+            ops.append(Truncate(seq_id, leaf.start, len(leaf.tokens), "evict"))
+            holder.node = parent
+            holder.n_cells = leaf.start
+            if holder.n_cells == 0:
+                self._forget(holder)
+        leaf.holders.clear()
+        ops.extend(self._drop_redundant(parent, keep=None))
+
+    def _drop_redundant(self, node: _Node, keep: int | None) -> list[KvOp]:
+        """Cache ids ending at ``node`` whose cells another id also tags are let go,
+        so that ids stay free for new sequences."""
+        ops: list[KvOp] = []
+        if node.parent is None:
+            return ops
+        for seq_id in sorted(node.holders):
+            holder = self._holders[seq_id]
+            others = len(node.holders) > 1
+            if seq_id != keep and not holder.running and holder.node is node and others:
+                ops.append(Truncate(seq_id, 0, holder.n_cells, "drop"))
+                self._forget(holder)
+        return ops
+
+    def _forget(self, holder: _Holder) -> None:
+        for node in holder.node.path():
+            node.holders.discard(holder.seq_id)
+        del self._holders[holder.seq_id]
+        heapq.heappush(self._free_ids, holder.seq_id)
+
+    # -- the tree -------------------------------------------------------------------
+
+    def _nodes(self) -> Iterator[_Node]:
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _evictable_nodes(self) -> Iterator[_Node]:
+        return (n for n in self._nodes() if _evictable(n))
+
+    def _lookup(self, tokens: Sequence[int]) -> tuple[_Node, int]:
+        """The deepest node sharing a prefix with ``tokens`` and how many of its
+        tokens match (the match ends inside it when fewer than all)."""
+        node, pos = self._root, 0
+        while pos < len(tokens):
+            child = node.children.get(tokens[pos])
+            if child is None:
+                return node, len(node.tokens)
+            common = _common_prefix(child.tokens, tokens, pos)
+            if common < len(child.tokens):
+                return child, common
+            node, pos = child, pos + common
+        return node, len(node.tokens)
+
+    def _attach_point(self, tokens: Sequence[int], matched: int) -> _Node:
+        """The node ending exactly at ``matched`` (split if the match ends inside one)."""
+        if not matched:
+            return self._root
+        node, offset = self._lookup(tokens[:matched])
+        return node if offset == len(node.tokens) else self._split(node, offset)
+
+    def _split(self, node: _Node, offset: int) -> _Node:
+        """Cut ``node`` after ``offset`` tokens; return the upper part."""
+        parent = node.parent
+        assert parent is not None
+        upper = _Node(node.tokens[:offset], node.start, parent)
+        upper.holders = set(node.holders)
+        upper.running_refs = node.running_refs
+        upper.owner = node.owner
+        upper.last_used = node.last_used
+        parent.children[upper.tokens[0]] = upper
+        node.tokens = node.tokens[offset:]
+        node.start += offset
+        node.parent = upper
+        upper.children[node.tokens[0]] = node
+        return upper
+
+    def _touch(self, holder: _Holder) -> None:
+        self._tick += 1
+        holder.last_used = self._tick
+        for node in holder.node.path():
+            node.last_used = self._tick
+
+
+def _evictable(node: _Node) -> bool:
+    return not node.running_refs and node.owner is None
+
+
+def _common_prefix(run: list[int], tokens: Sequence[int], pos: int) -> int:
+    n = min(len(run), len(tokens) - pos)
+    for i in range(n):
+        if run[i] != tokens[pos + i]:
+            return i
+    return n

@@ -1,0 +1,150 @@
+"""The KV prefix cache with the real model: regenerate, shared system prompt, cells
+shared by live streams, eviction for admission."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from conftest import EngineProcess, start_engine
+from support import chat_body
+
+pytestmark = pytest.mark.e2e
+
+ESSAY = (
+    "Summarise the following notes about rivers in two sentences. Rivers carry water from "
+    "mountains to the sea, shape valleys, feed farms and cities, and move sediment that "
+    "builds deltas. People have settled along rivers for thousands of years because they "
+    "offer water, food, transport and fertile soil. Floods can destroy homes but also "
+    "renew the land. Dams store water and make electricity, yet they change how fish "
+    "migrate and how sediment reaches the coast. "
+)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """One engine for this module, so that other tests' cache entries do not interfere."""
+    process = start_engine(
+        tmp_path_factory.mktemp("cache"), "--max-pause-ms", "600000", "--ttft-timeout-ms", "0"
+    )
+    yield process
+    process.stop()
+
+
+async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+            result: dict[str, Any] = await response.json()
+            return result
+
+
+def cached(result: dict[str, Any]) -> int:
+    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+
+def counter(metrics: str, name: str) -> float:
+    match = re.search(rf"^edge_llm_{name}_total (\S+)$", metrics, re.M)
+    assert match, f"{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def unique(text: str) -> str:
+    return f"[{uuid.uuid4().hex[:8]}] {text}"
+
+
+async def test_regenerate_reuses_the_prompt_and_gives_the_same_greedy_text(engine) -> None:
+    body = chat_body(unique(ESSAY), max_tokens=24, stream=False)
+    first = await complete(engine.url, body)
+    again = await complete(engine.url, body)
+    n_prompt = again["usage"]["prompt_tokens"]
+    assert n_prompt > 100
+    assert cached(again) >= 0.9 * n_prompt
+    assert cached(again) > cached(first)
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    hits = [
+        e for e in engine.events() if e["event"] == "cache_hit" and e["request_id"] == again["id"]
+    ]
+    assert hits and hits[0]["n_cached_tokens"] == cached(again)
+
+
+async def test_a_request_sharing_only_the_system_prompt_reuses_exactly_it(engine) -> None:
+    system = unique("You are a careful assistant who answers about geography. " * 8)
+    ask = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Name three long rivers."},
+    ]
+    other = [ask[0], {"role": "user", "content": "Which ocean is the largest?"}]
+    body = chat_body("", max_tokens=4, stream=False)
+    first = await complete(engine.url, {**body, "messages": ask})
+    second = await complete(engine.url, {**body, "messages": other})
+    # A request of the system message alone renders it plus "<|im_start|>assistant\n"
+    # (3 tokens). The two prompts above share the system message and "<|im_start|>user"
+    # (2 tokens), and the "\n" after it unless the tokenizer merged it with the text.
+    alone = await complete(engine.url, {**body, "messages": ask[:1]})
+    system_tokens = alone["usage"]["prompt_tokens"] - 3
+    assert cached(second) - system_tokens in (2, 3)
+    assert cached(second) < first["usage"]["prompt_tokens"]
+
+
+async def test_two_live_streams_hold_their_common_prefix_once(engine) -> None:
+    prompt = unique(ESSAY)
+    url = engine.base_url.replace("http", "ws") + "/stream"
+    async with aiohttp.ClientSession() as session:
+        first = await session.ws_connect(url)
+        await first.send_json({"type": "start", "request": chat_body(prompt, max_tokens=400)})
+        await wait_for_frame(first, "delta")
+        await first.send_json({"type": "pause"})  # both stay live, holding their cells
+        second = await session.ws_connect(url)
+        body = chat_body(prompt + " Answer in French.", max_tokens=400)
+        await second.send_json({"type": "start", "request": body})
+        await wait_for_frame(second, "delta")
+        await second.send_json({"type": "pause"})
+        snapshot = engine.debug_streams()
+        live = [s for s in snapshot["streams"] if s["state"] in ("decoding", "paused")]
+        assert len(live) == 2
+        shared = max(s["n_cached_tokens"] for s in live)
+        assert shared > 100
+        held = sum(s["kv_tokens"] for s in live) - shared
+        assert snapshot["kv_used_bytes"] == held * snapshot["kv_bytes_per_token"]
+        await first.close()
+        await second.close()
+
+
+async def wait_for_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
+    while True:
+        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 120)
+        if frame["type"] == kind:
+            return frame
+        assert frame["type"] != "error", frame
+
+
+async def test_cache_is_evicted_so_a_new_request_fits(tmp_path: Path) -> None:
+    """A budget that holds the cache of one request plus one new request: the new
+    one is admitted at once by evicting the cache, not queued behind it."""
+    small = start_engine(
+        tmp_path, "--max-kv-cache-mb", "6", "--max-queue", "0", "--ttft-timeout-ms", "0"
+    )
+    try:
+        snapshot = small.debug_streams()
+        per_token = snapshot["kv_bytes_per_token"]
+        assert snapshot["kv_budget_bytes"] // per_token == 256
+        await complete(small.url, chat_body(unique(ESSAY), max_tokens=20, stream=False))
+        assert small.debug_streams()["kv_cached_bytes"] > 100 * per_token
+        # max_queue 0: without eviction this would be a 503.
+        other = await complete(
+            small.url,
+            chat_body(unique(ESSAY.replace("river", "glacier")), max_tokens=20, stream=False),
+        )
+        assert other["usage"]["completion_tokens"] > 0
+        assert counter(small.metrics_text(), "kv_cache_evictions") > 0
+        assert any(e["event"] == "cache_evicted" for e in small.events())
+    finally:
+        small.stop()
