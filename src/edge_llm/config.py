@@ -77,7 +77,18 @@ class SchedulerConfig(_Section):
         16, ge=0, description="Requests allowed to wait for a slot; beyond: 503 queue_full"
     )
     default_max_tokens: int = Field(512, ge=1, description="max_tokens when the request gives none")
-    max_tokens_cap: int = Field(4096, ge=1, description="Largest max_tokens a request may ask")
+    max_tokens_cap: int = Field(
+        4096, ge=1, description="Largest max_tokens granted (larger requests are clamped)"
+    )
+    default_temperature: float = Field(
+        0.2,
+        ge=0.0,
+        le=2.0,
+        description="temperature when a request gives none and the model recommends none",
+    )
+    default_top_p: float = Field(
+        0.9, gt=0.0, le=1.0, description="top_p when a request gives none and the model has none"
+    )
     deadline_admission: bool = Field(
         False, description="Refuse at once (503 queue_full) a request predicted to miss ttft"
     )

@@ -25,6 +25,15 @@ from __future__ import annotations
 
 from typing import Any
 
+# An error may quote the request (a field name, a value): bounded, so a hostile
+# 1 MB key is not echoed back whole.
+MAX_MESSAGE_CHARS = 1000
+MAX_PARAM_CHARS = 200
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit] + "…"
+
 
 class EdgeLLMError(Exception):
     status = 500
@@ -32,9 +41,10 @@ class EdgeLLMError(Exception):
     type = "server_error"
 
     def __init__(self, message: str, *, param: str | None = None, **extra: Any) -> None:
+        message = _shorten(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.message = message
-        self.param = param
+        self.param = None if param is None else _shorten(param, MAX_PARAM_CHARS)
         self.extra = extra
 
     def to_dict(self) -> dict[str, Any]:

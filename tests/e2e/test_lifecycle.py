@@ -103,11 +103,13 @@ async def test_kv_budget_admission(engine_factory) -> None:
     assert budget <= 6 * 1024 * 1024 + 256 * per_token
     async with aiohttp.ClientSession() as session:
         url = engine.base_url + "/chat/completions"
+        # More than the whole budget: an upper bound, lowered to what fits (stream
+        # closed after the headers: the disconnect cancels it).
         async with session.post(url, json=chat_body("Hi", max_tokens=budget // per_token + 1)) as r:
-            assert r.status == 400
-            error = (await r.json())["error"]
-        assert error["code"] == "kv_budget_exceeded"
-        assert error["param"] == "max_tokens"
+            assert r.status == 200
+            granted = int(r.headers["X-Max-Tokens-Clamped"])
+        assert 0 < granted < budget // per_token
+        await wait_until(lambda: kv_idle(engine), what="the clamped stream cancelled")
         big = budget // per_token - 60  # fits alone, not beside another one
         first = RawSseClient(engine.url, chat_body(STORY, max_tokens=big))
         try:
@@ -121,7 +123,10 @@ async def test_kv_budget_admission(engine_factory) -> None:
 
 
 async def test_per_sequence_kv_layout_serves_and_caps_one_sequence(engine_factory) -> None:
-    engine = engine_factory("--no-kv-unified", "--max-sequences", "4", "--max-kv-cache-mb", "32")
+    engine = engine_factory(
+        "--no-kv-unified", "--max-sequences", "4", "--max-kv-cache-mb", "32",
+        "--ttft-timeout-ms", "120000",  # four prompts at once on a loaded machine
+    )  # fmt: skip
     debug = engine.debug_streams()
     share = debug["kv_budget_bytes"] // debug["kv_bytes_per_token"] // 4
     assert share >= 256
@@ -129,8 +134,9 @@ async def test_per_sequence_kv_layout_serves_and_caps_one_sequence(engine_factor
     async with aiohttp.ClientSession() as session:
         url = engine.base_url + "/chat/completions"
         async with session.post(url, json=chat_body("Hi", max_tokens=share)) as r:
-            assert r.status == 400  # the prompt does not fit beside share tokens
-            assert (await r.json())["error"]["code"] == "kv_budget_exceeded"
+            assert r.status == 200  # lowered so that the prompt fits beside it
+            assert 0 < int(r.headers["X-Max-Tokens-Clamped"]) < share
+        await wait_until(lambda: kv_idle(engine), what="the clamped stream cancelled")
         requests = [
             session.post(url, json=chat_body(STORY, max_tokens=24, stream=False)) for _ in range(4)
         ]

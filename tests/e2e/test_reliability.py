@@ -116,3 +116,53 @@ async def test_slowloris_body_cannot_hold_the_server(engine_factory) -> None:
         sock.close()
     assert reply.startswith("HTTP/1.1 400")
     assert "not received in time" in reply
+    for silent in (b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"):
+        await asyncio.to_thread(assert_closed_without_answer, host, int(port), silent)
+    async with aiohttp.ClientSession() as session:
+        chat_url = engine.base_url + "/chat/completions"
+        assert await read_sse(session, chat_url, chat_body("Still there?", max_tokens=2)) == 200
+
+
+def assert_closed_without_answer(host: str, port: int, sent: bytes) -> None:
+    """A client that sends nothing, or half a request head, is disconnected
+    after the body timeout instead of holding a connection forever."""
+    with socket.create_connection((host, port)) as sock:
+        sock.sendall(sent)
+        sock.settimeout(30)
+        assert sock.recv(4096) == b""  # closed by the server, nothing answered
+
+
+def dropped_log_lines(engine) -> float:
+    for line in engine.metrics_text().splitlines():
+        if line.startswith('edge_llm_event_log_dropped_total{reason="write_failed"}'):
+            return float(line.split()[-1])
+    raise AssertionError("edge_llm_event_log_dropped_total is not exported")
+
+
+async def test_a_full_disk_under_the_event_log_costs_lines_not_service(engine_factory) -> None:
+    """Mid-run the event log's file stops growing (RLIMIT_FSIZE set on the running
+    engine: every write fails with EFBIG, as on a full disk). The engine keeps
+    serving, counts the lost lines, and logs again once the file may grow."""
+    engine = engine_factory()
+    process = psutil.Process(engine.proc.pid)
+    chat_url = engine.base_url + "/chat/completions"
+
+    def ends() -> int:
+        return sum(1 for event in engine.events() if event["event"] == "end")
+
+    async with aiohttp.ClientSession() as session:
+        assert await read_sse(session, chat_url, chat_body("One", max_tokens=2)) == 200
+        await wait_until(lambda: ends() == 1, what="the first request logged")
+        size = engine.event_log.stat().st_size
+        soft, hard = process.rlimit(psutil.RLIMIT_FSIZE)
+        process.rlimit(psutil.RLIMIT_FSIZE, (size, hard))
+        try:
+            assert await read_sse(session, chat_url, chat_body("Two", max_tokens=2)) == 200
+            await wait_until(lambda: dropped_log_lines(engine) > 0, what="lost lines counted")
+            assert engine.event_log.stat().st_size == size
+        finally:
+            process.rlimit(psutil.RLIMIT_FSIZE, (soft, hard))
+        assert await read_sse(session, chat_url, chat_body("Three", max_tokens=2)) == 200
+        await wait_until(lambda: ends() >= 2, what="logging resumed")
+    assert engine.event_log.stat().st_size > size
+    assert engine.proc.poll() is None

@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.client.sse import SSEParser
 from edge_llm.config import load_config
+from edge_llm.engine.backend import SamplingDefaults
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import (
     AuthenticationFailed,
@@ -89,14 +90,51 @@ def test_sampling_and_session() -> None:
             metadata={"user_id": "u-1"},
         )
     )
-    params = req.sampling()
+    params = req.sampling(SamplingDefaults(temperature=0.7, top_p=0.5, top_k=5))
     assert (params.temperature, params.top_p, params.top_k) == (0.0, 0.9, 40)
     assert params.stop == ("\n\n", "END")
     assert req.session == "u-1"
 
 
-def test_default_temperature_is_anthropics() -> None:
-    assert anthropic.parse_request(body()).sampling().temperature == 1.0
+def test_sampling_left_out_gets_the_defaults_given() -> None:
+    defaults = SamplingDefaults(temperature=0.2, top_p=0.9, top_k=7, min_p=0.05)
+    params = anthropic.parse_request(body(top_k=3)).sampling(defaults)
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.2, 0.9, 3, 0.05)
+
+
+def test_system_messages_inside_messages_stay_in_place() -> None:
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "user", "content": "again"},
+    ]
+    req = anthropic.parse_request(body(system="top", messages=turns))
+    assert [m["role"] for m in req.chat_messages()] == ["system", "user", "system", "user"]
+    assert req.chat_messages()[2]["content"] == "be brief"
+
+
+@pytest.mark.parametrize(
+    "thinking",
+    [{"type": "adaptive"}, {"type": "enabled", "budget_tokens": 2048}, {"type": "disabled"}],
+)
+def test_thinking_kinds_are_accepted_and_ignored(thinking: dict[str, Any]) -> None:
+    req = anthropic.parse_request(
+        body(thinking=thinking, context_management={"edits": []}, output_config={"effort": "high"})
+    )
+    assert req.ignored() == ["thinking", "context_management", "output_config"]
+
+
+def test_output_format_is_a_schema_to_enforce() -> None:
+    schema = {"type": "object", "properties": {"title": {"type": "string"}}}
+    req = anthropic.parse_request(
+        body(output_config={"format": {"type": "json_schema", "schema": schema}})
+    )
+    assert req.output_schema == schema
+    assert req.ignored() == []  # honoured, not ignored
+
+
+def test_unknown_thinking_kind_is_named() -> None:
+    assert invalid(thinking={"type": "deep"}).param == "thinking.type"
 
 
 def test_any_model_id_is_accepted() -> None:
@@ -118,7 +156,8 @@ def test_any_model_id_is_accepted() -> None:
         ({"tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
         ({"tools": [{"name": "Bash"}]}, "tools.0.input_schema"),
-        ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config"),
+        ({"output_config": {"format": {"type": "json_object"}}}, "output_config"),
+        ({"output_config": {"format": {"type": "json_schema"}}}, "output_config"),
     ],
 )
 def test_bad_fields_are_named(fields: dict[str, Any], param: str) -> None:

@@ -77,6 +77,8 @@ def test_claude_code_uses_the_root_url() -> None:
         "ANTHROPIC_BASE_URL": "http://127.0.0.1:8000",
         "ANTHROPIC_API_KEY": "sk-test",
         "ANTHROPIC_MODEL": "SmolLM2-135M-Instruct",
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "SmolLM2-135M-Instruct",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
 
 
@@ -94,7 +96,7 @@ def test_codex_snippet_is_valid_toml() -> None:
     provider = document["model_providers"]["edge-llm"]
     assert provider["base_url"] == "http://127.0.0.1:8000/v1"
     assert provider["env_key"] == "EDGE_LLM_API_KEY"
-    assert provider["wire_api"] == "chat"
+    assert provider["wire_api"] == "responses"  # Codex refuses "chat" since early 2026
 
 
 def test_openai_exports_are_shell_quoted() -> None:
@@ -112,6 +114,7 @@ def test_prints_the_snippet_without_writing(capsys: pytest.CaptureFixture[str]) 
     out, err = capsys.readouterr()
     assert json.loads(out)["env"]["ANTHROPIC_API_KEY"] == "sk-x"
     assert "settings.json" in err
+    assert '--bare --tools ""' in err  # what fits a small model's context
 
 
 def test_model_falls_back_when_the_engine_is_down(capsys: pytest.CaptureFixture[str]) -> None:
@@ -260,7 +263,7 @@ def test_codex_merge_replaces_only_its_keys(tmp_path: Path) -> None:
     assert document["model_provider"] == "edge-llm"
     assert document["approval_policy"] == "on-request"
     assert document["model_providers"]["ollama"]["base_url"] == "http://localhost:11434/v1"
-    assert document["model_providers"]["edge-llm"]["wire_api"] == "chat"
+    assert document["model_providers"]["edge-llm"]["wire_api"] == "responses"
     assert "old:1" not in text
     assert document["profiles"]["fast"]["model"] == "o4-mini"
     assert "# my codex settings" in text

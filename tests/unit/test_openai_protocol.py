@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge_llm.engine.backend import SamplingDefaults
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol.openai import ChatCompletionRequest, CompletionRequest, parse_request
 
@@ -100,8 +101,8 @@ def test_text_parts_and_developer_role_map_onto_the_template() -> None:
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "ab"},
     ]
-    assert request.sampling().stop == ("x",)
-    assert request.sampling().greedy
+    assert request.sampling(SamplingDefaults()).stop == ("x",)
+    assert request.sampling(SamplingDefaults()).greedy
 
 
 def test_completion_takes_exactly_one_prompt() -> None:
@@ -122,7 +123,7 @@ def test_sampling_fields_reach_the_sampling_params() -> None:
             "top_logprobs": 3,
         },
     )
-    sampling = request.sampling()
+    sampling = request.sampling(SamplingDefaults())
     assert sampling.presence_penalty == -2.0
     assert sampling.frequency_penalty == 1.5
     assert sampling.logit_bias == ((42, -100.0), (7, 3.5))
@@ -132,10 +133,11 @@ def test_sampling_fields_reach_the_sampling_params() -> None:
 
 def test_logprobs_without_top_logprobs_asks_for_the_chosen_token_only() -> None:
     request = parse_request(ChatCompletionRequest, {**VALID, "logprobs": True})
-    assert request.sampling().n_logprobs == 0
-    assert parse_request(ChatCompletionRequest, VALID).sampling().n_logprobs is None
+    assert request.sampling(SamplingDefaults()).n_logprobs == 0
+    plain = parse_request(ChatCompletionRequest, VALID)
+    assert plain.sampling(SamplingDefaults()).n_logprobs is None
     completion = parse_request(CompletionRequest, {"prompt": "x", "logprobs": 2})
-    assert completion.sampling().n_logprobs == 2
+    assert completion.sampling(SamplingDefaults()).n_logprobs == 2
 
 
 @pytest.mark.parametrize(

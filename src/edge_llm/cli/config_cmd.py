@@ -5,13 +5,18 @@ Tools and what they get:
 - ``claude-code``: the ``env`` block of ``~/.claude/settings.json``
   (``$CLAUDE_CONFIG_DIR/settings.json`` when set): ``ANTHROPIC_BASE_URL`` (the
   server root: no ``/v1``, no trailing slash; Claude Code appends
-  ``/v1/messages``), ``ANTHROPIC_API_KEY``, ``ANTHROPIC_MODEL``.
+  ``/v1/messages``), ``ANTHROPIC_API_KEY``, ``ANTHROPIC_MODEL``, the same model
+  for its background tasks (``ANTHROPIC_DEFAULT_HAIKU_MODEL``: titles, summaries),
+  and ``CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1`` (no telemetry or update
+  checks leave the machine). A note says what fits a small model's context.
 - ``cline``: its "OpenAI Compatible" provider settings: base URL with ``/v1``,
   key, model id (as Cline's state keys). No default file: ``--write`` needs ``--path``.
 - ``codex``: ``~/.codex/config.toml`` (``$CODEX_HOME/config.toml``): top-level
   ``model`` and ``model_provider``, and a ``[model_providers.edge-llm]`` table
-  (``base_url`` with ``/v1``, ``env_key = "EDGE_LLM_API_KEY"``, ``wire_api = "chat"``).
-  The key itself stays in the environment variable.
+  (``base_url`` with ``/v1``, ``env_key = "EDGE_LLM_API_KEY"``,
+  ``wire_api = "responses"``: Codex no longer accepts ``"chat"``). The key itself
+  stays in the environment variable; comments give the ``-c`` overrides that
+  shrink Codex's prompt for a small model.
 - ``openai-env``: shell exports ``OPENAI_BASE_URL`` (with ``/v1``),
   ``OPENAI_API_KEY``, ``OPENAI_MODEL``. ``--write`` needs ``--path``.
 
@@ -101,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.write:
         print(tool.render(target), end="")
         _note(f"# {tool.where(args.path, os.environ)}")
+        _note(tool.note)
         return 0
     path = args.path or tool.default_path(os.environ)
     if path is None:
@@ -108,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     code = write_merged(Path(path).expanduser(), tool, target)
     if code == 0 and args.tool == "codex":
         _note(f"# Codex reads the key from the environment: export {CODEX_KEY_ENV}=...")
+    if code == 0:
+        _note(tool.note)
     return code
 
 
@@ -148,8 +156,31 @@ def claude_code_settings(target: Target) -> dict[str, Any]:
             "ANTHROPIC_BASE_URL": target.root,
             "ANTHROPIC_API_KEY": target.api_key,
             "ANTHROPIC_MODEL": target.model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": target.model,
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         }
     }
+
+
+# Measured with the CLIs' captured requests (tests/data/agents), SmolLM2's tokenizer.
+CLAUDE_CODE_NOTE = """\
+# Claude Code's default prompt (system prompt + 24 tools) is ~20,000 tokens: more
+# than a small model's context (SmolLM2-135M: 8,192) and than the engine's
+# max_prompt_tokens (512 by default): it gets 400 prompt_too_long. On a small model
+# use print mode without tools (a few hundred tokens, within the default limit):
+#   claude -p "question" --bare --tools "" --system-prompt "You are a helpful assistant."
+# Agent work with tools needs a bigger model (serve --model X.gguf --max-prompt-tokens N).
+"""
+
+CODEX_NOTE = """\
+# Codex's default prompt (~10,000 tokens) does not fit a small model's context; for
+# SmolLM2-135M shrink it (README: "Using edge-llm with Claude Code / Codex / Cline"):
+#   codex exec --skip-git-repo-check -c model_instructions_file=short.md \\
+#     -c features.shell_tool=false \\
+#     -c web_search=disabled -c skills.include_instructions=false \\
+#     -c include_environment_context=false -c include_permissions_instructions=false \\
+#     -c features.multi_agent=false -c features.goals=false "question"
+"""
 
 
 def cline_settings(target: Target) -> dict[str, Any]:
@@ -172,7 +203,7 @@ def codex_provider(target: Target) -> dict[str, str]:
         "name": PROVIDER,
         "base_url": target.v1,
         "env_key": CODEX_KEY_ENV,
-        "wire_api": "chat",
+        "wire_api": "responses",
     }
 
 
@@ -350,6 +381,7 @@ class Tool:
     merge: Callable[[str, Target], str]
     default_path: Callable[[Mapping[str, str]], str | None]
     file_hint: str
+    note: str = ""  # what else the user should know (printed to stderr)
 
     def where(self, path: str | None, env: Mapping[str, str]) -> str:
         where = path or self.default_path(env)
@@ -378,6 +410,7 @@ TOOLS_BY_NAME = {
         merge=lambda old, t: merge_json(old, claude_code_settings(t)),
         default_path=_claude_path,
         file_hint="merge into the env block of Claude Code's settings.json",
+        note=CLAUDE_CODE_NOTE,
     ),
     "cline": Tool(
         render=lambda t: _json_text(cline_settings(t)),
@@ -391,6 +424,7 @@ TOOLS_BY_NAME = {
         merge=merge_codex,
         default_path=_codex_path,
         file_hint="merge into Codex's config.toml and export the key variable",
+        note=CODEX_NOTE,
     ),
     "openai-env": Tool(
         render=exports_text,
@@ -454,7 +488,8 @@ def _replace(path: Path, old: str | None, new: str) -> Path | None:
 
 
 def _note(message: str) -> None:
-    print(message, file=sys.stderr)
+    if message:
+        print(message.rstrip("\n"), file=sys.stderr)
 
 
 def _usage_error(message: str) -> int:

@@ -75,6 +75,26 @@ class Sampled:
     logprob: TokenLogprob | None = None
 
 
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """What a request gets for each sampling field it leaves out: the model's
+    recommendation (GGUF ``general.sampling.*``) over the engine's defaults."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    def overridden(self, recommended: dict[str, float]) -> SamplingDefaults:
+        """These defaults with the model's recommended values put over them."""
+        return SamplingDefaults(
+            temperature=recommended.get("temperature", self.temperature),
+            top_p=recommended.get("top_p", self.top_p),
+            top_k=int(recommended.get("top_k", self.top_k)),
+            min_p=recommended.get("min_p", self.min_p),
+        )
+
+
 @dataclass
 class BatchItem:
     """Tokens of one sequence for one decode step.
@@ -100,6 +120,8 @@ class ModelInfo:
     architecture: str = ""
     size_bytes: int = 0
     extra: dict[str, str] = field(default_factory=dict)
+    # The model's recommended sampling from its GGUF (temperature, top_p, top_k, min_p).
+    recommended_sampling: dict[str, float] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,13 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _F16_BYTES = 2
 _NO_SEED = 0xFFFFFFFF
 _KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
+# GGUF keys of a model's recommended sampling (llama.cpp names them), and our names.
+_RECOMMENDED_SAMPLING = (
+    (llama.LLAMA_MODEL_META_KEY_SAMPLING_TEMP, "temperature"),
+    (llama.LLAMA_MODEL_META_KEY_SAMPLING_TOP_P, "top_p"),
+    (llama.LLAMA_MODEL_META_KEY_SAMPLING_TOP_K, "top_k"),
+    (llama.LLAMA_MODEL_META_KEY_SAMPLING_MIN_P, "min_p"),
+)
 _LLAMA_MAX_SEQ = 256
 _PROBE_TOOL = "edge_llm_probe_tool"
 # llama_token_data as numpy sees it, so candidate arrays are filled without a Python loop.
@@ -199,7 +207,19 @@ class LlamaBackend:
             n_vocab=llama.llama_vocab_n_tokens(self._vocab),
             architecture=arch,
             size_bytes=path.stat().st_size,
+            recommended_sampling=self._recommended_sampling(),
         )
+
+    def _recommended_sampling(self) -> dict[str, float]:
+        """``general.sampling.*`` values the GGUF carries (often none)."""
+        found = {}
+        for key, name in _RECOMMENDED_SAMPLING:
+            gguf_key = llama.llama_model_meta_key_str(key)
+            text = self._meta(gguf_key.decode()) if gguf_key else None
+            value = _finite_float(text)
+            if value is not None:
+                found[name] = value
+        return found
 
     def _kv_capacity(self, kv_budget_bytes: int, kv_unified: bool) -> int:
         """Cells in the context: the budget, rounded down to what llama.cpp allocates
@@ -517,6 +537,14 @@ def _new_chain(params: SamplingParams) -> ctypes.c_void_p:
     seed = _NO_SEED if params.seed is None else params.seed & 0xFFFFFFFF
     llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
     return chain  # type: ignore[no-any-return]
+
+
+def _finite_float(text: str | None) -> float | None:
+    try:
+        value = float(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def _compile_jinja(template: str) -> jinja2.Template | None:

@@ -34,6 +34,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session: str | None = None
     request_id: str = ""
+    # Set when max_tokens was lowered to fit ("max_tokens_cap", "context" or "kv").
+    max_tokens_limited_by: str | None = None
 
 
 @dataclass

@@ -3,8 +3,9 @@
 Every line is one JSON object with at least ``ts`` (wall clock, Unix seconds),
 ``mono`` (monotonic seconds, for intervals), ``event`` and ``request_id``.
 Writing happens on a background thread behind a bounded queue, so the engine's
-inference thread never waits on the disk; lines that do not fit are counted in
-``dropped`` and reported in the final ``log_closed`` line.
+inference thread never waits on the disk; lines that do not fit in the queue or
+on the disk are counted in ``dropped`` (and by ``on_drop``: the engine's
+``edge_llm_event_log_dropped_total``) and reported in the final ``log_closed`` line.
 
 Engine events: ``admitted``, ``rejected``, ``prefill_progress``, ``first_token``,
 ``pause_received``, ``paused``, ``resume_received``, ``resumed``,
@@ -26,24 +27,47 @@ from pathlib import Path
 from typing import IO, Any
 
 EventSink = Callable[..., None]
+DropCounter = Callable[[str, int], None]  # (reason, lines): "queue_full" or "write_failed"
 
 _CLOSE = object()
+_MAX_BATCH = 256
 
 
 class EventLog:
-    """Append JSON lines to a file from any thread without blocking the caller."""
+    """Append JSON lines to a file from any thread without blocking the caller.
 
-    def __init__(self, path: str | Path, *, source: str, max_pending: int = 10000) -> None:
+    A line that cannot be written (the queue is full, or the disk: ENOSPC, EFBIG,
+    EIO) is counted in ``dropped`` and reported to ``on_drop``; the writer keeps
+    going and later lines are written again as soon as the file takes them.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        source: str,
+        max_pending: int = 10000,
+        on_drop: DropCounter | None = None,
+    ) -> None:
         self.path = Path(path)
         self.source = source
         self.dropped = 0
+        self._on_drop = on_drop
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
-        self._file: IO[str] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        # Unbuffered: each batch is one write() whose outcome is known at once.
+        self._file: IO[bytes] = open(self.path, "ab", buffering=0)  # noqa: SIM115
+        self._partial_line = False
         self._thread = threading.Thread(target=self._drain, name=f"{source}-event-log", daemon=True)
         self._thread.start()
 
     def emit(self, event: str, request_id: str | None = None, **fields: Any) -> None:
-        record = {
+        try:
+            self._queue.put_nowait(self._record(event, request_id, fields))
+        except queue.Full:
+            self._drop("queue_full", 1)
+
+    def _record(self, event: str, request_id: str | None, fields: dict[str, Any]) -> object:
+        return {
             "ts": round(time.time(), 6),
             "mono": round(time.monotonic(), 6),
             "source": self.source,
@@ -51,28 +75,65 @@ class EventLog:
             "request_id": request_id,
             **fields,
         }
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self.dropped += 1
 
     def close(self) -> None:
         if not self._thread.is_alive():
             return
-        self.emit("log_closed", dropped=self.dropped)
+        # Waits for room: the closing line says how many lines were lost.
+        self._queue.put(self._record("log_closed", None, {"dropped": self.dropped}))
         self._queue.put(_CLOSE)
         self._thread.join(timeout=5)
         self._file.close()
 
+    def _drop(self, reason: str, lines: int) -> None:
+        self.dropped += lines
+        if self._on_drop is not None:
+            self._on_drop(reason, lines)
+
     def _drain(self) -> None:
         while True:
-            record = self._queue.get()
-            if record is _CLOSE:
-                self._file.flush()
+            batch = self._next_batch()
+            records = [record for record in batch if record is not _CLOSE]
+            if records:
+                self._write(records)
+            if len(records) < len(batch):
                 return
-            self._file.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
-            if self._queue.empty():
-                self._file.flush()
+
+    def _next_batch(self) -> list[object]:
+        batch = [self._queue.get()]
+        while len(batch) < _MAX_BATCH:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _write(self, records: list[object]) -> None:
+        data = b"".join(_encode_line(record) for record in records)
+        if self._partial_line and not self._write_all(b"\n"):
+            self._drop("write_failed", len(records))
+            return
+        written = self._write_some(data)
+        self._partial_line = written > 0 and data[written - 1 : written] != b"\n"
+        lost = len(records) - data[:written].count(b"\n")
+        if lost:
+            self._drop("write_failed", lost)
+
+    def _write_all(self, data: bytes) -> bool:
+        return self._write_some(data) == len(data)
+
+    def _write_some(self, data: bytes) -> int:
+        """Bytes the file took; a full disk takes part of a batch or nothing."""
+        try:
+            return self._file.write(data) or 0
+        except OSError:
+            return 0
+
+
+def _encode_line(record: object) -> bytes:
+    # backslashreplace: a field that is not valid Unicode must not stop the writer.
+    text = json.dumps(record, ensure_ascii=False, default=str) + "\n"
+    return text.encode("utf-8", "backslashreplace")
 
 
 def null_sink(event: str, request_id: str | None = None, **fields: Any) -> None:

@@ -78,7 +78,16 @@ class EngineMetrics:
         self.kv_restores = Counter(
             PREFIX + "kv_restores", "Offloaded streams restored into KV", registry=r
         )
+        self.event_log_dropped = Counter(
+            PREFIX + "event_log_dropped",
+            "Event log lines lost: queue full, or the file refused them (disk full)",
+            ["reason"],
+            registry=r,
+        )
         self._init_labels()
+
+    def count_event_log_drop(self, reason: str, lines: int) -> None:
+        self.event_log_dropped.labels(reason).inc(lines)
 
     def _init_labels(self) -> None:
         """Expose every documented label value at zero from the start."""
@@ -97,6 +106,8 @@ class EngineMetrics:
             self.cancellations.labels(reason)
         for reason in ("queue_full", "kv_budget_exceeded", "prompt_too_long", "shutting_down"):
             self.rejections.labels(reason)
+        for reason in ("queue_full", "write_failed"):
+            self.event_log_dropped.labels(reason)
 
     def bind_gauges(
         self,

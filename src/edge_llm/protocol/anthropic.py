@@ -20,6 +20,10 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
   with calls end with ``stop_reason: "tool_use"``; streamed calls arrive as
   ``tool_use`` blocks with ``input_json_delta`` deltas. Server tools (a
   ``type`` such as ``web_search_20250305``) get a 400 naming the type.
+- A ``system`` message inside ``messages`` (Claude Code sends them mid-conversation)
+  is a system turn at that place, after the top-level ``system``.
+- ``thinking`` (``adaptive``, ``enabled`` with ``budget_tokens``, ``disabled``) is
+  accepted and ignored: the model has no separate reasoning to show.
 - A trailing ``assistant`` message is a prefill: the answer continues it.
 - Fields of Anthropic's API that do not change what this engine generates are
   accepted and have no effect: ``thinking``, ``cache_control`` (top
@@ -27,7 +31,9 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
   ``container``, ``context_management``, ``mcp_servers``, ``diagnostics``,
   ``inference_geo``, ``user_profile_id``, ``workspace_id``, ``output_config``
   (its ``effort``); the response header ``X-Edge-LLM-Ignored`` lists those given.
-  What cannot be honoured is a 400: an ``output_config.format`` (structured output).
+- ``output_config.format`` (``{"type": "json_schema", "schema": {...}}``,
+  structured output) is enforced by a grammar built from the schema, as OpenAI's
+  ``response_format``; a schema that cannot be converted is a 400.
 - ``temperature``, ``top_p`` and ``top_k`` are honoured (recent SDKs send them
   only through ``extra_body``).
 - Unknown fields, wrong types and out-of-range numbers: 400 naming the field.
@@ -46,7 +52,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from edge_llm.engine.backend import SamplingParams
+from edge_llm.engine.backend import SamplingDefaults, SamplingParams
 from edge_llm.errors import (
     AuthenticationFailed,
     BodyTooLarge,
@@ -156,7 +162,8 @@ Block = TextBlock | ToolUseBlock | ToolResultBlock
 
 
 class Message(_Strict):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: Claude Code's mid-conversation system turns.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
     @field_validator("content", mode="before")
@@ -222,6 +229,15 @@ class ToolChoiceParam(_Strict):
     disable_parallel_tool_use: bool | None = None
 
 
+class Thinking(BaseModel):
+    """Extended thinking: accepted and ignored (this engine's models do not reason
+    apart from their answer); only its kind is checked."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True)
+    type: Literal["adaptive", "enabled", "disabled"]
+    budget_tokens: Annotated[int, Field(ge=0)] | None = None
+
+
 class Metadata(_Strict):
     user_id: Annotated[str, Field(max_length=256)] | None = None
 
@@ -241,7 +257,7 @@ class MessagesRequest(_Strict):
     tool_choice: ToolChoiceParam | None = None
     output_config: dict[str, Any] | None = None
     # Accepted, no effect here (see the module docstring); any JSON value.
-    thinking: Any = None
+    thinking: Thinking | None = None
     cache_control: Any = None
     service_tier: Any = None
     speed: Any = None
@@ -298,10 +314,21 @@ class MessagesRequest(_Strict):
 
     @field_validator("output_config")
     @classmethod
-    def _no_output_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("format") is not None:
-            raise ValueError("structured output (format) is not supported by this engine")
+    def _output_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        fmt = None if value is None else value.get("format")
+        if fmt is None:
+            return value
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+            raise ValueError("format must be {'type': 'json_schema', 'schema': {...}}")
+        if not isinstance(fmt.get("schema"), dict) or set(fmt) - {"type", "schema"}:
+            raise ValueError("format needs a 'schema' object (and nothing else)")
         return value
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema of ``output_config.format`` (structured output), if any."""
+        fmt = (self.output_config or {}).get("format")
+        return dict(fmt["schema"]) if fmt else None
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -326,17 +353,21 @@ class MessagesRequest(_Strict):
         head = [{"role": "system", "content": system}] if system else []
         return head + [d for m in turns for d in m.template_dicts()]
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, defaults: SamplingDefaults) -> SamplingParams:
+        """The request's sampling; ``defaults`` fill each field it leaves out."""
         return SamplingParams(
-            temperature=self.temperature if self.temperature is not None else 1.0,
-            top_p=self.top_p if self.top_p is not None else 1.0,
-            top_k=self.top_k or 0,
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=defaults.min_p,
             stop=self.stops,
         )
 
     def ignored(self) -> list[str]:
         """Fields given that have no effect on this engine."""
         names = [name for name in IGNORED_FIELDS if getattr(self, name) is not None]
+        if self.output_config is not None and set(self.output_config) <= {"format"}:
+            names.remove("output_config")  # a format alone is honoured
         if self._blocks_have("cache_control") and "cache_control" not in names:
             names.append("cache_control")
         if self._blocks_have("citations"):

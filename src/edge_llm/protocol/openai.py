@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from edge_llm.engine.backend import SamplingParams, TokenLogprob
+from edge_llm.engine.backend import SamplingDefaults, SamplingParams, TokenLogprob
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol.tools import (
     ArgumentsOut,
@@ -33,6 +33,7 @@ from edge_llm.protocol.tools import (
 )
 
 _M = TypeVar("_M", bound=BaseModel)
+_V = TypeVar("_V", int, float)
 _MAX_SEED = 2**63 - 1
 _MAX_STOP = 4
 _MAX_STOP_CHARS = 256
@@ -232,13 +233,14 @@ class _Sampling(Strict):
             raise ValueError(f"at most {_MAX_STOP} stop strings of {_MAX_STOP_CHARS} characters")
         return value
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, defaults: SamplingDefaults) -> SamplingParams:
+        """The request's sampling; ``defaults`` fill each field it leaves out."""
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         return SamplingParams(
-            temperature=self.temperature if self.temperature is not None else 1.0,
-            top_p=self.top_p if self.top_p is not None else 1.0,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
+            temperature=_given(self.temperature, defaults.temperature),
+            top_p=_given(self.top_p, defaults.top_p),
+            top_k=_given(self.top_k, defaults.top_k),
+            min_p=_given(self.min_p, defaults.min_p),
             seed=self.seed,
             stop=tuple(stops),
             presence_penalty=self.presence_penalty or 0.0,
@@ -371,6 +373,10 @@ class CompletionRequest(_Sampling):
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+def _given(value: _V | None, default: _V) -> _V:
+    return default if value is None else value
 
 
 def _template_role(role: str) -> str:

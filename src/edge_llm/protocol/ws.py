@@ -14,9 +14,11 @@ produces an ``error`` frame and leaves the protocol usable.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from edge_llm.errors import InvalidRequest
+from edge_llm.protocol.json_body import decode_json
 
 
 class State(enum.Enum):
@@ -80,9 +82,10 @@ class StreamProtocol:
 
     def _decode(self, text: str) -> dict[str, Any] | None:
         try:
-            frame = json.loads(text)
-        except ValueError:
-            self._error("invalid_frame", "frame is not valid JSON")
+            frame = decode_json(text, what="frame")
+        except InvalidRequest as exc:
+            extra = {"param": exc.param} if exc.param else {}
+            self._error("invalid_frame", exc.message, **extra)
             return None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             self._error("invalid_frame", 'frame must be a JSON object with a string "type"')

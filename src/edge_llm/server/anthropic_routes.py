@@ -16,6 +16,7 @@ stream started is an ``error`` event, then the stream ends.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
@@ -28,6 +29,7 @@ from edge_llm.protocol.tools import ToolOutputParser, ToolSetup
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 
 _PING = encode_event("ping", anthropic.ping())
@@ -86,10 +88,14 @@ async def _start(
     setup: ToolSetup | None,
 ) -> StreamHandle:
     service = ctx.service
+    sampling = req.sampling(service.sampling_defaults)
+    if req.output_schema is not None:
+        grammar = service.json_grammar(req.output_schema, param="output_config.format")
+        sampling = replace(sampling, grammar=grammar)
     return await service.start_chat(
         req.chat_messages(),
-        max_tokens=min(req.max_tokens, service.limits.max_tokens_cap),
-        sampling=req.sampling(),
+        max_tokens=req.max_tokens,
+        sampling=sampling,
         session=session,
         tools=setup,
         prefill=req.prefill or "",
@@ -97,7 +103,7 @@ async def _start(
 
 
 def _headers(handle: StreamHandle, req: anthropic.MessagesRequest) -> dict[str, str]:
-    headers = {"X-Request-Id": handle.id}
+    headers = response_headers(handle)
     ignored = req.ignored()
     if ignored:
         headers["X-Edge-LLM-Ignored"] = ",".join(ignored)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,9 @@ from edge_llm.errors import (
     Overloaded,
     TooManyConnections,
 )
+from edge_llm.protocol.json_body import decode_json
+
+_DECODE_IN_THREAD_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -37,19 +39,17 @@ def error_response(error: EdgeLLMError) -> web.Response:
 
 
 async def read_json(request: web.Request, settings: ConnectionSettings) -> Any:
-    """The request body as JSON, within the body size and time limits."""
+    """The request body as JSON, within the body size and time limits; every
+    hostile body is a 400 (see :mod:`edge_llm.protocol.json_body`)."""
     try:
         raw = await asyncio.wait_for(request.read(), settings.body_timeout_s)
     except web.HTTPRequestEntityTooLarge as exc:
         raise BodyTooLarge(f"request body larger than {request.client_max_size} bytes") from exc
     except TimeoutError as exc:
         raise InvalidRequest("request body not received in time") from exc
-    try:
-        return json.loads(raw)
-    except UnicodeDecodeError as exc:
-        raise InvalidRequest(f"body is not valid UTF-8 (byte {exc.start})") from exc
-    except ValueError as exc:
-        raise InvalidRequest(f"body is not valid JSON: {exc}") from exc
+    if len(raw) > _DECODE_IN_THREAD_BYTES:  # a large body must not hold up other streams
+        return await asyncio.to_thread(decode_json, raw)
+    return decode_json(raw)
 
 
 def tune_connection(request: web.Request, settings: ConnectionSettings) -> None:

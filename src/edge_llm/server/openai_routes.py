@@ -17,6 +17,7 @@ from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, Tool
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 
 
@@ -110,7 +111,7 @@ def request_sampling(
 ) -> SamplingParams:
     """The request's sampling, with a grammar when ``response_format`` asks for JSON
     (a schema that cannot be enforced is refused here, before admission)."""
-    sampling = req.sampling()
+    sampling = req.sampling(ctx.service.sampling_defaults)
     if req.wants_json:
         grammar = ctx.service.json_grammar(req.output_schema, param="response_format")
         sampling = replace(sampling, grammar=grammar)
@@ -141,7 +142,7 @@ async def _respond(
         text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings, records)
         return web.json_response(
             shape.whole(ids, text, finish_reason, handle.usage(), records),
-            headers={"X-Request-Id": handle.id},
+            headers=response_headers(handle),
         )
 
 
@@ -159,7 +160,7 @@ async def _stream_sse(
     *,
     include_usage: bool,
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, handle.id)
+    writer = SseWriter(request, ctx, handle.id, response_headers(handle))
     first = shape.first(ids)
     async for event in pump(ctx.engine, handle, ctx.pump_settings):
         if isinstance(event, Delta):

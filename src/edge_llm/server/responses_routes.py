@@ -31,6 +31,7 @@ from edge_llm.protocol.tools import ToolOutputParser
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, pump
+from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 
 
@@ -51,7 +52,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         responses.response_id(handle.id), ctx.service.model_id, int(time.time()), req
     )
     parser = ToolOutputParser(setup, openai.new_call_id)
-    headers = {"X-Request-Id": handle.id}
+    headers = response_headers(handle)
     if req.hosted_tools():
         headers["X-Edge-LLM-Ignored"] = ",".join(f"tools.{t}" for t in req.hosted_tools())
     with ctx.guard(handle):
@@ -90,9 +91,12 @@ def _with_instructions(
 
 
 def _sampling(ctx: ServerContext, req: responses.ResponsesRequest) -> SamplingParams:
+    defaults = ctx.service.sampling_defaults
     sampling = SamplingParams(
-        temperature=req.temperature if req.temperature is not None else 1.0,
-        top_p=req.top_p if req.top_p is not None else 1.0,
+        temperature=defaults.temperature if req.temperature is None else req.temperature,
+        top_p=defaults.top_p if req.top_p is None else req.top_p,
+        top_k=defaults.top_k,
+        min_p=defaults.min_p,
     )
     constrained, schema = req.format_schema()
     if not constrained:

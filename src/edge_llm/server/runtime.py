@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from edge_llm.config import EngineConfig
-from edge_llm.engine.backend import Backend
+from edge_llm.engine.backend import Backend, SamplingDefaults
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.observability.events import EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
@@ -92,14 +92,26 @@ class RunningServer:
 async def start_server(config: EngineConfig, backend: Backend | None = None) -> RunningServer:
     """Load the model (unless given a backend), start the engine and listen."""
     server = config.server
-    event_log = EventLog(server.event_log, source="engine") if server.event_log else None
+    metrics = EngineMetrics()
+    event_log = None
+    if server.event_log:
+        event_log = EventLog(
+            server.event_log, source="engine", on_drop=metrics.count_event_log_drop
+        )
     events: EventSink = event_log.emit if event_log else null_sink
     if backend is None:
         backend = await asyncio.to_thread(load_backend, config)
-    engine = Engine(backend, engine_settings(config), metrics=EngineMetrics(), events=events)
+    engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
-    runner = web.AppRunner(create_app(ctx), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        create_app(ctx),
+        handler_cancellation=True,
+        access_log=None,
+        # A connection that sends no complete request head (nothing, half the
+        # headers) or idles between requests is closed after the body timeout.
+        keepalive_timeout=ctx.connection.body_timeout_s,
+    )
     await runner.setup()
     aiohttp_server = runner.server
     if aiohttp_server is not None:
@@ -121,8 +133,14 @@ def build_context(
         max_tokens_cap=sched.max_tokens_cap,
         max_messages=server.max_messages,
     )
+    defaults = SamplingDefaults(temperature=sched.default_temperature, top_p=sched.default_top_p)
     service = GenerationService(
-        engine, backend, limits, events=events, log_prompts=server.log_prompts
+        engine,
+        backend,
+        limits,
+        events=events,
+        log_prompts=server.log_prompts,
+        sampling_defaults=defaults,
     )
     return ServerContext(
         engine=engine,

@@ -1,4 +1,15 @@
-"""From a validated API request to an admitted stream (shared by every route)."""
+"""From a validated API request to an admitted stream (shared by every route).
+
+Limits are enforced here, the same way for every API. A prompt longer than
+``max_prompt_tokens``, or one that leaves no room for a single token in the
+model's context or in one sequence's KV share, is a 400 ``prompt_too_long`` with
+both counts. ``max_tokens`` is an upper bound, as llama-server treats
+``n_predict``: a value larger than ``max_tokens_cap`` or than what the context and
+KV leave after the prompt is lowered to fit, the response says so in
+``X-Max-Tokens-Clamped`` (the value granted) and the event log records a
+``max_tokens_clamped`` event. Sampling fields a request leaves out get the
+model's recommendation, else the engine's defaults (``sampling_defaults``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +17,7 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge_llm.engine.backend import Backend, SamplingParams
+from edge_llm.engine.backend import Backend, SamplingDefaults, SamplingParams
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.stream import StreamHandle
@@ -16,6 +27,7 @@ from edge_llm.protocol.tools import ToolSetup, template_messages
 
 # Tokenizing a long text takes a few ms; beyond this size it leaves the event loop.
 _TOKENIZE_INLINE_CHARS = 8192
+MAX_TOKENS_CLAMPED_HEADER = "X-Max-Tokens-Clamped"
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,15 @@ class Limits:
     default_max_tokens: int
     max_tokens_cap: int
     max_messages: int
+
+
+@dataclass(frozen=True)
+class MaxTokens:
+    """The ``max_tokens`` granted, and what lowered it below the wish (if anything)."""
+
+    granted: int
+    wanted: int
+    limit: str | None = None  # "max_tokens_cap", "context" or "kv"
 
 
 class GenerationService:
@@ -35,12 +56,15 @@ class GenerationService:
         *,
         events: EventSink,
         log_prompts: bool = False,
+        sampling_defaults: SamplingDefaults | None = None,
     ) -> None:
         self.engine = engine
         self.backend = backend
         self.limits = limits
         self.events = events
         self.log_prompts = log_prompts
+        engine_defaults = sampling_defaults or SamplingDefaults()
+        self.sampling_defaults = engine_defaults.overridden(backend.info.recommended_sampling)
 
     @property
     def model_id(self) -> str:
@@ -127,17 +151,25 @@ class GenerationService:
         tokens = await self._tokenize(prompt)
         if not tokens:
             raise InvalidRequest("prompt is empty (it has no tokens)", param="prompt")
-        if len(tokens) > self.limits.max_prompt_tokens:
-            self.engine.metrics.rejections.labels("prompt_too_long").inc()
-            raise PromptTooLong(len(tokens), self.limits.max_prompt_tokens)
+        self._check_prompt_fits(len(tokens))
+        budget = self.max_tokens(max_tokens, len(tokens))
         request = GenerationRequest(
             prompt_tokens=tokens,
-            max_tokens=self._max_tokens(max_tokens, len(tokens)),
+            max_tokens=budget.granted,
             sampling=sampling,
             session=session,
             request_id=self.engine.new_request_id(),
+            max_tokens_limited_by=budget.limit,
         )
         handle = self.engine.submit(request)
+        if budget.limit is not None:
+            self.events(
+                "max_tokens_clamped",
+                handle.id,
+                requested=budget.wanted,
+                max_tokens=budget.granted,
+                limit=budget.limit,
+            )
         if self.log_prompts:
             self.events("prompt", handle.id, prompt=prompt)
         return handle
@@ -147,14 +179,35 @@ class GenerationService:
             return self.backend.tokenize(text, add_special=True)
         return await asyncio.to_thread(self.backend.tokenize, text, add_special=True)
 
-    def _max_tokens(self, requested: int | None, n_prompt: int) -> int:
-        if requested is not None and requested > self.limits.max_tokens_cap:
-            raise InvalidRequest(
-                f"max_tokens {requested} is above the cap {self.limits.max_tokens_cap}",
-                param="max_tokens",
-            )
-        room = self.backend.info.n_ctx_train - n_prompt
-        if room < 1:
-            raise PromptTooLong(n_prompt, self.backend.info.n_ctx_train - 1)
+    def _check_prompt_fits(self, n_prompt: int) -> None:
+        """A prompt over the configured limit, or with no room left for one token."""
+        limit = min(self.limits.max_prompt_tokens, self._room(0) - 1)
+        if n_prompt > limit:
+            self.engine.metrics.rejections.labels("prompt_too_long").inc()
+            raise PromptTooLong(n_prompt, limit)
+
+    def _room(self, n_prompt: int) -> int:
+        """Tokens one sequence may still generate after its prompt (context and KV)."""
+        return min(self.backend.info.n_ctx_train, self.engine.kv.sequence_tokens) - n_prompt
+
+    def max_tokens(self, requested: int | None, n_prompt: int) -> MaxTokens:
+        """``requested`` (else the default) lowered to the cap and to the room
+        the context and one sequence's KV share leave after the prompt."""
         wanted = requested if requested is not None else self.limits.default_max_tokens
-        return min(wanted, room)
+        limits = (
+            ("max_tokens_cap", self.limits.max_tokens_cap),
+            ("context", self.backend.info.n_ctx_train - n_prompt),
+            ("kv", self.engine.kv.sequence_tokens - n_prompt),
+        )
+        name, bound = min(limits, key=lambda item: item[1])
+        if wanted <= bound:
+            return MaxTokens(wanted, wanted)
+        return MaxTokens(max(1, bound), wanted, name)
+
+
+def response_headers(handle: StreamHandle) -> dict[str, str]:
+    """Headers every response for an admitted stream carries."""
+    headers = {"X-Request-Id": handle.id}
+    if handle.seq.request.max_tokens_limited_by is not None:
+        headers[MAX_TOKENS_CLAMPED_HEADER] = str(handle.seq.request.max_tokens)
+    return headers

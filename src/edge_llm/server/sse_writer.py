@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from aiohttp import web
 
@@ -15,7 +15,13 @@ class SseWriter:
     """Prepares the response on the first write, so an error before any byte
     can still be a plain HTTP error."""
 
-    def __init__(self, request: web.Request, ctx: ServerContext, request_id: str) -> None:
+    def __init__(
+        self,
+        request: web.Request,
+        ctx: ServerContext,
+        request_id: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.request = request
         self.ctx = ctx
         self.response = web.StreamResponse(
@@ -24,6 +30,7 @@ class SseWriter:
                 "Cache-Control": "no-cache",
                 "X-Request-Id": request_id,
                 "X-Accel-Buffering": "no",
+                **(headers or {}),
             }
         )
 

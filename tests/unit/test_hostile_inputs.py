@@ -1,0 +1,136 @@
+"""Property: no request body, on any endpoint, and no WebSocket frame gets a 5xx,
+an error in another shape, or leaves the server unable to serve the next request.
+
+Runs the real HTTP stack (aiohttp, the routes, the engine) over the fake backend,
+so that many examples fit in ``make test``; ``tests/e2e/test_fuzz_api.py`` runs
+the same properties, fewer examples, against the real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from edge_llm.config import load_config
+from edge_llm.engine.engine import Engine
+from edge_llm.server.app import create_app
+from edge_llm.server.runtime import build_context, engine_settings
+
+from fakes import FakeBackend
+from hostile import (
+    BASE_BODIES,
+    NORMAL_CHAT,
+    HostileRequest,
+    RawWebSocket,
+    check_reply,
+    check_ws_frame,
+    hostile_frames,
+    hostile_requests,
+    post_raw,
+    served_post_paths,
+)
+
+EXAMPLES = int(os.environ.get("EDGE_LLM_FUZZ_EXAMPLES", "150"))  # more: a longer hunt
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+class FakeServer:
+    """The application over a fake backend, served on 127.0.0.1 from a loop in a
+    thread, so that synchronous hypothesis tests can talk to it over real sockets."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.url = self._run(self._start())
+
+    def _run(self, coro):  # type: ignore[no-untyped-def]
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    async def _start(self) -> str:
+        config = load_config(None, env={}, overrides={"max_body_bytes": 1 << 20})
+        backend = FakeBackend()
+        self.engine = Engine(backend, engine_settings(config))
+        self.engine.start(asyncio.get_running_loop())
+        self.app = create_app(build_context(config, self.engine, backend, lambda *a, **k: None))
+        self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self.runner.addresses[0][:2]
+        return f"http://{host}:{port}"
+
+    def stop(self) -> None:
+        self._run(self.runner.cleanup())
+        self.engine.stop()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeServer]:
+    running = FakeServer()
+    yield running
+    running.stop()
+
+
+def test_every_post_route_is_fuzzed_with_a_valid_base(server: FakeServer) -> None:
+    paths = served_post_paths()
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/messages"} <= set(paths)
+    missing = [path for path in paths if path not in BASE_BODIES]
+    assert not missing, f"add a valid body for {missing} to tests/hostile.py BASE_BODIES"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/messages"])
+def test_the_reported_hostile_bodies_are_400_naming_the_field(
+    server: FakeServer, path: str
+) -> None:
+    text_field = {"/v1/completions": b'"prompt"'}.get(path, b'"messages"')
+    cases = {
+        b'{"model": "m", ' + text_field + b': "\\ud800"}': text_field.strip(b'"').decode(),
+        b'{"model": "m", "x": ' + b"[" * 50_000 + b"]" * 50_000 + b"}": None,
+        b'{"model": "m", "max_tokens": 1e999}': "max_tokens",
+        b'{"model": "m", "max_tokens": NaN}': "max_tokens",
+        b'{"max_tokens": ' + b"1" * 10_000 + b"}": "max_tokens",
+    }
+    for body, param in cases.items():
+        reply = post_raw(server.url, path, HostileRequest(body, "application/json"))
+        assert reply.status == 400, reply
+        check_reply(path, reply)
+        assert (param or "nested deeper") in reply.body.decode()
+
+
+@given(data=st.data())
+@FUZZ
+def test_no_body_on_any_endpoint_gets_a_5xx(server: FakeServer, data: st.DataObject) -> None:
+    path = data.draw(st.sampled_from(served_post_paths()), label="path")
+    request = data.draw(hostile_requests(BASE_BODIES.get(path, {})), label="request")
+    check_reply(path, post_raw(server.url, path, request))
+    normal = post_raw(server.url, "/v1/chat/completions", _json(NORMAL_CHAT))
+    assert normal.status == 200, normal
+
+
+@given(frame=hostile_frames())
+@FUZZ
+def test_no_websocket_frame_breaks_the_socket_or_the_server(
+    server: FakeServer, frame: bytes
+) -> None:
+    check_ws_frame(server.url, RawWebSocket(server.url), frame, then_stream=True)
+
+
+def _json(body: object) -> HostileRequest:
+    return HostileRequest(json.dumps(body).encode(), "application/json")
