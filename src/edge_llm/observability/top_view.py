@@ -223,11 +223,17 @@ STREAM_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
 )
 
 
+# Columns a narrow terminal (or a long session name) must never squeeze out.
+KEPT_WIDTHS = {"ID": ID_WIDTH, "STATE": len("offloaded"), "WHY": len("socket_full")}
+SESSION_MAX_WIDTH = 24  # a long session id is cut ("…") instead of squeezing out the rest
+
+
 def streams_table(streams: StreamsDoc, rates: Rates) -> Table:
     table = Table(box=None, pad_edge=False, header_style="bold")
     for title, justify in STREAM_COLUMNS:
-        keep = ID_WIDTH if title == "ID" else None  # narrow terminals shrink the others
-        table.add_column(title, justify=justify, no_wrap=True, min_width=keep)
+        keep = KEPT_WIDTHS.get(title)  # narrow terminals shrink the others
+        cap = SESSION_MAX_WIDTH if title == "SESSION" else None
+        table.add_column(title, justify=justify, no_wrap=True, min_width=keep, max_width=cap)
     rows = list(streams.get("streams", []))
     for stream in rows:
         table.add_row(*stream_row(stream, rates))
