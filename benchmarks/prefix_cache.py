@@ -60,13 +60,19 @@ OFFLOAD_ENGINE = ["--max-kv-cache-mb", "12", "--offload-paused-after-ms", "200"]
 OFFLOAD_MAX_TOKENS = 160
 
 
+def new_session(**kwargs: Any) -> aiohttp.ClientSession:
+    """A connection per request: llama-server closes a streamed response's connection,
+    and a reused one failed the next request ("Cannot write to closing transport")."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), **kwargs)
+
+
 def tag() -> str:
     return f"[{uuid.uuid4().hex[:8]}] "
 
 
 def chat(messages: list[dict[str, str]], max_tokens: int, **extra: Any) -> dict[str, Any]:
     return {
-        "model": "any", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+        "messages": messages, "max_tokens": max_tokens, "temperature": 0,
         "stream": True, "stream_options": {"include_usage": True}, **extra,
     }  # fmt: skip
 
@@ -76,6 +82,8 @@ async def stream(session: aiohttp.ClientSession, root: str, body: dict[str, Any]
     start = time.perf_counter()
     ttft, n_tokens, usage = None, 0, {}
     async with session.post(root + "/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            raise PeerError(f"{root}: HTTP {response.status}: {await response.text()}")
         async for raw in response.content:
             line = raw.decode().strip()
             if not line.startswith("data: {"):
@@ -110,7 +118,7 @@ def prompt_counters(server: ServerProcess) -> tuple[float, float]:
 
 async def regenerate(server: ServerProcess) -> dict[str, Any]:
     messages = [{"role": "user", "content": tag() + NOTES * REGENERATE_SENTENCES}]
-    async with aiohttp.ClientSession() as session:
+    async with new_session() as session:
         sends = [await stream(session, server.root, chat(messages, 4)) for _ in range(4)]
     ttfts = [s["ttft"] for s in sends]
     return {"ttft_s": ttfts, "repeat_ttft_s": statistics.median(ttfts[1:])}
@@ -120,7 +128,7 @@ async def storm(server: ServerProcess) -> dict[str, Any]:
     messages = [{"role": "user", "content": tag() + NOTES * REGENERATE_SENTENCES}]
     session_id = uuid.uuid4().hex
     before = prompt_counters(server)
-    async with aiohttp.ClientSession(headers={"X-Session-Id": session_id}) as session:
+    async with new_session(headers={"X-Session-Id": session_id}) as session:
         one = chat(messages, 8, user=session_id)
         clicks = []
         for _ in range(CLICKS):
@@ -132,7 +140,7 @@ async def storm(server: ServerProcess) -> dict[str, Any]:
         await asyncio.gather(*clicks[:-1], return_exceptions=True)
     wait_idle(server)
     after = prompt_counters(server)
-    async with aiohttp.ClientSession() as session:  # one prompt's size, from a fresh tag
+    async with new_session() as session:  # one prompt's size, from a fresh tag
         n_prompt = await prompt_size(session, server.root, messages)
     computed = after[0] - before[0]
     return {
@@ -153,7 +161,7 @@ async def prompt_size(session: aiohttp.ClientSession, root: str, messages: list[
 async def shared_system(server: ServerProcess) -> dict[str, Any]:
     system = tag() + "You answer questions about rivers. " + NOTES * SYSTEM_SENTENCES
     questions = ["Name a river.", "Why do rivers flood?", "What is a delta?", "Who uses rivers?"]
-    async with aiohttp.ClientSession() as session:
+    async with new_session() as session:
         start = time.perf_counter()
         runs = await asyncio.gather(*[
             stream(session, server.root, chat(
@@ -172,7 +180,7 @@ async def offload(model: str, threads: int) -> dict[str, Any]:
     engine = start_engine(model, threads, OFFLOAD_ENGINE)
     try:
         alone = await fast_pair(engine)
-        async with aiohttp.ClientSession() as session:
+        async with new_session() as session:
             paused = [await paused_stream(session, engine) for _ in range(2)]
             beside = await fast_pair(engine)
             offloads = metric(engine.root, "edge_llm_kv_offloads_total")
@@ -185,7 +193,7 @@ async def offload(model: str, threads: int) -> dict[str, Any]:
 
 
 async def fast_pair(engine: ServerProcess) -> float:
-    async with aiohttp.ClientSession() as session:
+    async with new_session() as session:
         start = time.perf_counter()
         runs = await asyncio.gather(*[
             stream(session, engine.root, chat(

@@ -226,10 +226,10 @@ async def test_without_pause_on_socket_full_a_slow_reader_gets_everything(engine
     assert await drain(engine, handle) == "".join(f"t{t} " for t in range(10, 40))
 
 
-async def offload_setup(engine_of, *, host_fits_one: bool = False):
+async def offload_setup(engine_of, *, host_fits_one: bool = False, **settings: object):
     """A KV budget for two running requests; two streams paused, two more waiting."""
     backend = FakeBackend(kv_capacity_tokens=100, max_sequences=4)
-    engine = engine_of(backend, offload_paused_after_s=0.0)
+    engine = engine_of(backend, **{"offload_paused_after_s": 0.0, **settings})
     paused = [engine.submit(request(max_tokens=40)) for _ in range(2)]
     for handle in paused:
         await wait_for(handle, lambda h=handle: h.seq.n_generated >= 3)
@@ -283,3 +283,17 @@ async def test_a_resumed_offloaded_stream_gets_the_kv_of_a_stream_paused_since(e
     engine.resume(paused[1])  # no room: the paused blocker paused first makes it
     assert await drain(engine, paused[1]) == "".join(f"t{t} " for t in range(10, 50))
     assert blockers[0].seq.public_state() == "offloaded"
+
+
+async def test_the_idle_engine_wakes_when_a_paused_stream_becomes_due_for_offload(
+    engine_of,
+) -> None:
+    """Regression: with nothing to decode the thread slept until the next timeout (5 s
+    measured) although the waiting requests could run once a paused stream was offloaded."""
+    after = 4.0  # under the engine's 5 s idle wait; long enough not to fall due in the test
+    _, engine, paused, waiting = await offload_setup(
+        engine_of, offload_paused_after_s=after, ttft_timeout_s=None, max_pause_s=None
+    )
+    with engine._lock:
+        assert all(h.seq.public_state() == "queued" for h in waiting)
+        assert engine._idle_timeout() <= after

@@ -470,9 +470,22 @@ class Engine:
     def _idle_timeout(self) -> float:
         """Lock held: how long to sleep before the next deadline is due."""
         deadlines = [when for when, _, _ in self._deadlines()]
+        deadlines.extend(self._offload_times())
         if not deadlines:
             return _IDLE_WAIT_S
         return max(0.0, min(_IDLE_WAIT_S, min(deadlines) - self.clock()))
+
+    def _offload_times(self) -> Iterator[float]:
+        """Lock held: when paused streams become due for offload, while requests wait
+        (without these the idle thread slept until the next timeout, measured: 5 s)."""
+        if not self.host.enabled or not self.scheduler.head_blocked:
+            return
+        after, now = self.settings.offload_paused_after_s, self.clock()
+        for seq in self.scheduler.running:
+            due = None if seq.paused_since is None else seq.paused_since + after
+            # Past due and still here: it cannot be offloaded (too large), no wake-up.
+            if due is not None and due > now and seq.num_computed:
+                yield due
 
     def _deadlines(self) -> Iterator[tuple[float, StreamHandle, str]]:
         """(when, stream, reason) for every timeout that applies now."""
