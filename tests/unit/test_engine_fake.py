@@ -291,7 +291,7 @@ async def test_the_idle_engine_wakes_when_a_paused_stream_becomes_due_for_offloa
     """Regression: with nothing to decode the thread slept until the next timeout (5 s
     measured) although the waiting requests could run once a paused stream was offloaded."""
     after = 4.0  # under the engine's 5 s idle wait; long enough not to fall due in the test
-    _, engine, paused, waiting = await offload_setup(
+    _, engine, _, waiting = await offload_setup(
         engine_of, offload_paused_after_s=after, ttft_timeout_s=None, max_pause_s=None
     )
     with engine._lock:
