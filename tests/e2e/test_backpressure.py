@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from support import RawSseClient, chat_body, wait_until
+from support import COUNTING, RawSseClient, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -93,7 +93,7 @@ async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None
 
 
 async def test_paused_and_resumed_text_equals_uninterrupted(engine_server) -> None:
-    body = chat_body("Explain how rivers form, in detail.", max_tokens=60)
+    body = chat_body(COUNTING, max_tokens=60)
     async with aiohttp.ClientSession() as session:
         async with session.post(
             engine_server.base_url + "/chat/completions", json={**body, "stream": False}

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import chat_body, wait_until
+from support import COUNTING, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -30,18 +30,6 @@ TOPIC = (
     "rock far from the coast, keeps a logbook, feeds a grey cat, repairs the lamp, and "
     "listens to the radio every evening. One night the wind rises, a fishing boat loses "
     "its way, and the keeper must decide what to do."
-)
-
-
-# The paused streams' answers are compared with uninterrupted runs. A story has
-# near-ties between next tokens (top two log-probabilities 0.001 apart, measured), and
-# llama.cpp's attention rounds differently with the cells at other places in the pool,
-# so a story may take another turn after a restore or a cache hit (1 run in 3 here), as
-# it may beside other streams (README, "Batching"). Continuing a list leaves no near-tie
-# (margins above 1.2 measured): a wrong restore still shows, rounding does not.
-COUNTING = (
-    "Continue this list of numbers up to 100, separated by commas: "
-    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
 )
 
 

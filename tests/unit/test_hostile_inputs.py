@@ -28,14 +28,18 @@ from fakes import FakeBackend
 from hostile import (
     BASE_BODIES,
     NORMAL_CHAT,
+    PING,
+    PONG,
     HostileRequest,
     RawWebSocket,
     check_reply,
     check_ws_frame,
+    finish_ws_stream,
     hostile_frames,
     hostile_requests,
     post_raw,
     served_post_paths,
+    ws_frame,
 )
 
 EXAMPLES = int(os.environ.get("EDGE_LLM_FUZZ_EXAMPLES", "150"))  # more: a longer hunt
@@ -51,7 +55,8 @@ class FakeServer:
     """The application over a fake backend, served on 127.0.0.1 from a loop in a
     thread, so that synchronous hypothesis tests can talk to it over real sockets."""
 
-    def __init__(self) -> None:
+    def __init__(self, **overrides: object) -> None:
+        self.overrides = {"max_body_bytes": 1 << 20, **overrides}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -61,7 +66,7 @@ class FakeServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
 
     async def _start(self) -> str:
-        config = load_config(None, env={}, overrides={"max_body_bytes": 1 << 20})
+        config = load_config(None, env={}, overrides=self.overrides)
         backend = FakeBackend()
         self.engine = Engine(backend, engine_settings(config))
         self.engine.start(asyncio.get_running_loop())
@@ -130,6 +135,43 @@ def test_no_websocket_frame_breaks_the_socket_or_the_server(
     server: FakeServer, frame: bytes
 ) -> None:
     check_ws_frame(server.url, RawWebSocket(server.url), frame, then_stream=True)
+
+
+@pytest.fixture(scope="module")
+def impatient_server() -> Iterator[FakeServer]:
+    running = FakeServer(body_timeout_ms=300)
+    yield running
+    running.stop()
+
+
+def test_half_a_websocket_frame_cannot_hold_the_socket(impatient_server: FakeServer) -> None:
+    """The client sends a frame's head and a few bytes of its payload, then waits
+    with the socket open. The server's ping cannot be answered (its pong would be
+    read as the missing payload), so the socket is closed: 1008, then EOF."""
+    ws = RawWebSocket(impatient_server.url, timeout=30)
+    try:
+        ws.sock.sendall(
+            ws_frame(json.dumps({"type": "start", "request": NORMAL_CHAT}).encode())[:12]
+        )
+        assert ws.receive_json_or_close() == 1008
+        with pytest.raises(EOFError):
+            ws.receive()
+    finally:
+        ws.close()
+
+
+def test_an_idle_websocket_that_answers_pings_stays_open(impatient_server: FakeServer) -> None:
+    ws = RawWebSocket(impatient_server.url, timeout=30)
+    try:
+        for _ in range(2):  # two rounds of the watchdog: each ping answered
+            opcode, payload = ws.receive()
+            assert opcode == PING
+            ws.send(payload, PONG)
+        ws.send_json({"type": "start", "request": NORMAL_CHAT})
+        assert ws.receive_json()["type"] == "started"
+        assert finish_ws_stream(ws)["type"] == "done"
+    finally:
+        ws.close()
 
 
 def _json(body: object) -> HostileRequest:

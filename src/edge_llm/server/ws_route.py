@@ -7,7 +7,7 @@ import contextlib
 from typing import Any
 from urllib.parse import urlsplit
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
@@ -41,24 +41,73 @@ class _Connection:
             writer_limit=max(1024, server.write_buffer_bytes),
             # Echoed when offered (browsers send the key beside it, see app._auth).
             protocols=(SUBPROTOCOL,),
+            # Pongs must reach serve(): they are the idle watchdog's proof of life.
+            autoping=False,
         )
         self.protocol = StreamProtocol()
         self.handle: StreamHandle | None = None
         self.pump_task: asyncio.Task[None] | None = None
+        self.heard = asyncio.Event()  # set by every complete frame the client sends
 
     async def serve(self) -> web.WebSocketResponse:
         await self.ws.prepare(self.request)
         tune_connection(self.request, self.ctx.connection)
+        watchdog = asyncio.create_task(self._watch_idle())
         try:
             async for message in self.ws:
+                self.heard.set()
                 if message.type is WSMsgType.TEXT:
                     await self._on_text(message.data)
                 elif message.type is WSMsgType.BINARY:
                     self.protocol.on_rejected("invalid_frame", "binary frames are not supported")
                     await self._flush()
+                elif message.type is WSMsgType.PING:
+                    await self.ws.pong(message.data)
         finally:
+            watchdog.cancel()
             self._abandon()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watchdog
         return self.ws
+
+    async def _watch_idle(self) -> None:
+        """Close a socket whose client stopped mid-frame or vanished between streams.
+
+        aiohttp waits for a frame's last byte without limit, so half a frame would
+        hold the socket forever. After ``body_timeout_ms`` without a complete frame
+        and with no stream running, the server pings; a live client's pong (any
+        frame) keeps the socket, silence for as long again closes it. While a
+        stream runs, a silent reader is the pump's business: its stream pauses and
+        times out by ``max_pause_ms``, as on any socket.
+        """
+        patience = self.ctx.config.server.body_timeout_ms / 1000
+        while True:
+            if await self._heard_within(patience) or self.handle is not None:
+                continue
+            self.heard.clear()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                await asyncio.wait_for(self.ws.ping(), patience)
+            if not await self._heard_within(patience, clear=False):
+                await self._close_silent(patience)
+                return
+
+    async def _heard_within(self, seconds: float, *, clear: bool = True) -> bool:
+        if clear:
+            self.heard.clear()
+        try:
+            await asyncio.wait_for(self.heard.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _close_silent(self, patience: float) -> None:
+        reason = f"no complete frame within {patience * 1000:.0f} ms".encode()
+        with contextlib.suppress(ConnectionError, TimeoutError):
+            # A client that does not read cannot take the close frame either:
+            # the time-out makes aiohttp drop the transport.
+            await asyncio.wait_for(
+                self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=reason), patience
+            )
 
     async def _on_text(self, text: str) -> None:
         for command in self.protocol.receive(text):
