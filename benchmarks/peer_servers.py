@@ -132,13 +132,19 @@ def start_engine(model: str, threads: int, extra: list[str]) -> ServerProcess:
 
 
 def start_llama_server(
-    binary: str, model: str, threads: int, ctx: int, parallel: int
+    binary: str,
+    model: str,
+    threads: int,
+    ctx: int,
+    parallel: int,
+    *,
+    extra: list[str] | None = None,
 ) -> ServerProcess:
-    """``llama-server -m MODEL -t T -tb T -np N -c CTX``; ready once /health says ok."""
+    """``llama-server -m MODEL -t T -tb T -np N -c CTX [extra]``; ready once /health says ok."""
     port = free_port()
     cmd = [
         binary, "-m", model, "-t", str(threads), "-tb", str(threads), "-np", str(parallel),
-        "-c", str(ctx), "--host", "127.0.0.1", "--port", str(port), "--metrics",
+        "-c", str(ctx), "--host", "127.0.0.1", "--port", str(port), "--metrics", *(extra or []),
     ]  # fmt: skip
     proc, lines = _spawn(cmd)
     server = ServerProcess("llama-server", f"http://127.0.0.1:{port}", proc)

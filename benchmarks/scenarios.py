@@ -9,6 +9,7 @@ prompt-cache hits beyond the chat template's fixed system prompt.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from edge_llm.bench.chat_stream import ChatStream, RequestOptions, run_request
 from edge_llm.bench.connection import SMALL_LIMIT
 from edge_llm.bench.prompts import Prompt, long_text
 from edge_llm.bench.record import RequestRecord
+from edge_llm.bench.stats import percentile
 from edge_llm.bench.targets import Target
 
 # The unique tag comes first: llama-server reuses a slot's cached KV for a common
@@ -40,6 +42,11 @@ STALL_AFTER_CHUNKS = 4
 # start, time for the client's and the server's socket buffers to fill.
 STALL_SETTLE_S = 3.0
 PREFILL_HEAD_START_S = 0.3
+# Sentences of long_text for cold prompts of about 150, 270, 500 and 950 tokens
+# (with the chat template; the figures give the prompt tokens each server counted).
+COLD_SENTENCES = {150: 5, 270: 12, 500: 26, 950: 54}
+BESIDE_TOKENS = 600  # the decoding streams outlast the long prompt's prefill
+DECODING_AFTER_CHUNKS = 8
 RSS_SAMPLE_S = 0.05
 MIB = 1 << 20
 FLOOD_BUDGET_EXTRA_BYTES = 150 * 1000 * 1000
@@ -265,3 +272,80 @@ async def _sample_rss(server: ServerProcess, seconds: float) -> int:
         peak = max(peak, await asyncio.to_thread(server.rss_bytes))
         await asyncio.sleep(RSS_SAMPLE_S)
     return peak
+
+
+def cold_ttft(size: int) -> Scenario:
+    """TTFT of a lone request with a unique prompt of about ``size`` tokens."""
+
+    async def run(ctx: Context) -> Figures:
+        text = long_text(500 + ctx.variant, COLD_SENTENCES[size])
+        record = await ctx.request(Prompt.user(f"cold-{size}-{ctx.variant}", text), 2)
+        value = record.ttft if record.ok else None
+        return Figures(value, {"prompt_tokens": record.prompt_tokens, **_failures([record])})
+
+    return run
+
+
+async def itl_during_prefill(ctx: Context) -> Figures:
+    """ITL p99 (ms) of 3 decoding streams while a ~1,000-token prompt prefills: the gaps
+    between their chunks that end between the long request's start and its first
+    token. Details: their median ITL in that window and before it, the long TTFT."""
+    records = [ctx.record(story(ctx, i), i) for i in range(3)]
+    streams = [
+        ChatStream(ctx.target, story(ctx, i), ctx.options(BESIDE_TOKENS), r)
+        for i, r in enumerate(records)
+    ]
+    decoding = [asyncio.Event() for _ in streams]
+    readers = [
+        asyncio.create_task(_read_signalling(s, ctx.epoch, e))
+        for s, e in zip(streams, decoding, strict=True)
+    ]
+    try:
+        await asyncio.gather(*(e.wait() for e in decoding))
+        long_prompt = Prompt.user(f"itl-long-{ctx.variant}", long_text(ctx.variant, LONG_SENTENCES))
+        long = await ctx.request(long_prompt, 2, 3)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        for stream in streams:
+            stream.close()
+    if not long.ok or long.ttft is None:
+        return Figures(None, _failures([long, *records]))
+    start, first = long.started_at, long.started_at + long.ttft
+    inside, before = _gaps(records, start, first)
+    details: dict[str, object] = {
+        "itl_median_ms": percentile(inside, 50) * 1000 if inside else None,
+        "itl_median_before_ms": percentile(before, 50) * 1000 if before else None,
+        "long_ttft_s": long.ttft,
+        "long_prompt_tokens": long.prompt_tokens,
+        "gaps": len(inside),
+    }
+    return Figures(percentile(inside, 99) * 1000 if inside else None, details)
+
+
+async def _read_signalling(stream: ChatStream, epoch: float, decoding: asyncio.Event) -> None:
+    """Read a stream to its end; ``decoding`` is set after its eighth chunk (or its end)."""
+    try:
+        if await stream.open(epoch):
+            while await stream.read_some():
+                if stream.record.n_chunks >= DECODING_AFTER_CHUNKS:
+                    decoding.set()
+    finally:
+        decoding.set()
+
+
+def _gaps(
+    records: list[RequestRecord], start: float, end: float
+) -> tuple[list[float], list[float]]:
+    """Chunk gaps of the streams ending inside [start, end], and those ending before."""
+    inside: list[float] = []
+    before: list[float] = []
+    for r in records:
+        times = [r.started_at + t for t in r.chunk_times]
+        for earlier, later in itertools.pairwise(times):
+            if start < later <= end:
+                inside.append(later - earlier)
+            elif later <= start:
+                before.append(later - earlier)
+    return inside, before

@@ -22,6 +22,9 @@ Scenarios (SPEC section 9 goals in brackets):
   over their aggregate alone, per server [edge-llm >= 0.95];
 - TTFT of a short request while a ~1,000-token prompt is being prefilled [lower is better];
 - prefill tok/s of a ~500-token prompt;
+- cold TTFT of a lone request with a unique prompt of ~150, 270, 500 and 950 tokens [<= 1.0x];
+- ITL p99 of 3 decoding streams while a ~1,000-token prompt prefills (the JSON has
+  their median ITL then and before, and the long prompt's TTFT);
 - peak RSS under a 200-connection flood over model size + KV budget + 150 MB [<= 1.0].
 
 The machine is shared: under the table, the CPU time other processes used during the
@@ -51,12 +54,15 @@ from peer_servers import (
 from rich.console import Console
 from rich.table import Table
 from scenarios import (
+    COLD_SENTENCES,
     Context,
     Figures,
     Scenario,
     Settings,
+    cold_ttft,
     concurrent_decode,
     flood_rss,
+    itl_during_prefill,
     prefill_rate,
     single_decode,
     stalled_reader,
@@ -102,6 +108,19 @@ SCENARIOS = (
         "ttft_prefill", "short-request TTFT during a 1k prefill", "s", "lower", ttft_under_prefill
     ),
     ScenarioSpec("prefill", "prefill of a ~500-token prompt", "tok/s", "higher", prefill_rate),
+    *(
+        ScenarioSpec(
+            f"cold{size}", f"cold TTFT, lone ~{size}-token prompt", "s", "<= 1.0x", cold_ttft(size)
+        )
+        for size in COLD_SENTENCES
+    ),
+    ScenarioSpec(
+        "itl_prefill",
+        "ITL p99 of 3 streams during a 1k prefill",
+        "ms",
+        "lower",
+        itl_during_prefill,
+    ),
     ScenarioSpec(
         "flood_rss", "peak RSS, 200 connections / (model+KV+150MB)", "ratio", "<= 1.0", flood_rss
     ),
@@ -145,6 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flood", type=int, default=200, help="connections in the flood")
     parser.add_argument("--flood-seconds", type=float, default=3.0)
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument(
+        "--edge-flags", default="", help="extra edge-llm serve flags, space-separated"
+    )
     parser.add_argument(
         "--edge-layout",
         choices=sorted(EDGE_LAYOUTS),
@@ -275,6 +297,7 @@ class Comparison:
             "--max-prompt-tokens",
             str(MAX_PROMPT_TOKENS),
             *EDGE_LAYOUTS[self.args.edge_layout],
+            *self.args.edge_flags.split(),
         ]
         engine = start_engine(self.model, self.args.threads, flags)
         self.servers.append(engine)
@@ -307,7 +330,8 @@ class Comparison:
             f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
             f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}; edge-llm KV budget "
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
-            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'defaults'})"
+            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'defaults'}"
+            f"{' ' + self.args.edge_flags if self.args.edge_flags else ''})"
         )
         for line in machine.lines():
             self.console.print(line)

@@ -17,6 +17,7 @@ from edge_llm.engine.backend import (
     SamplingParams,
     TokenLogprob,
 )
+from edge_llm.engine.speculative import verify
 from edge_llm.errors import InvalidRequest
 
 EOG = 0
@@ -73,6 +74,7 @@ class FakeBackend:
         self._next_cell = 0
         self.generated: dict[str, int] = {}  # sampler key -> tokens sampled
         self.decode_calls: list[list[tuple[int, int]]] = []
+        self.drafts: list[int] = []  # draft length of each verified draft
         self.released: list[int] = []
         self.params: dict[str, SamplingParams] = {}  # each sequence's sampling, as started
 
@@ -123,6 +125,11 @@ class FakeBackend:
         self.generated.pop(key, None)
 
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
+        return [run[0] for run in self.decode_runs(items)]
+
+    def decode_runs(self, items: Sequence[BatchItem]) -> list[list[Sampled]]:
+        """The script's next token at each logit position, drafts verified as the
+        real backend does (position i follows the draft's first i tokens)."""
         if self.gate is not None:
             self.gate.acquire()
         if self.step_delay_s:
@@ -141,7 +148,12 @@ class FakeBackend:
             for _ in item.tokens:
                 cells.append(self._next_cell)
                 self._next_cell += 1
-        return [self._next(item.sampler) for item in items if item.sample]
+        self.drafts.extend(item.n_draft for item in items if item.n_draft)
+        return [self._verify(item) for item in items if item.sample]
+
+    def _verify(self, item: BatchItem) -> list[Sampled]:
+        draft = list(item.tokens[len(item.tokens) - item.n_draft :]) if item.n_draft else []
+        return verify(draft, lambda _: self._next(item.sampler), lambda s: s.token)
 
     def _next(self, key: str) -> Sampled:
         index = self.generated[key]

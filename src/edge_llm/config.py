@@ -13,7 +13,7 @@ import os
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -66,7 +66,13 @@ class SchedulerConfig(_Section):
         32, ge=1, le=256, description="Live sequences, paused ones included (llama n_seq_max)"
     )
     prefill_chunk_tokens: int = Field(
-        128, ge=8, le=4096, description="Prompt tokens prefilled per engine step"
+        512, ge=8, le=4096, description="Most prompt tokens prefilled in one engine step"
+    )
+    itl_target_ms: int = Field(
+        100,
+        ge=0,
+        description="While streams decode, prefill only what keeps a step near this "
+        "(0: always prefill_chunk_tokens)",
     )
     kv_unified: bool = Field(
         True,
@@ -106,6 +112,15 @@ class CacheConfig(_Section):
     )
     offload_paused_after_ms: int = Field(
         1000, ge=0, description="Offload a stream paused this long while others wait for KV"
+    )
+
+
+class SpeculativeConfig(_Section):
+    speculative: Literal["prompt_lookup", "off"] = Field(
+        "off", description="Speculative decoding: prompt_lookup (n-gram drafts) or off"
+    )
+    max_draft_tokens: int = Field(
+        8, ge=1, le=32, description="Most draft tokens verified per sequence and step"
     )
 
 
@@ -166,6 +181,7 @@ class EngineConfig(_Section):
     stream: StreamConfig = Field(default_factory=StreamConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
 
 
@@ -175,6 +191,7 @@ _SECTIONS: dict[str, type[_Section]] = {
     "stream": StreamConfig,
     "scheduler": SchedulerConfig,
     "cache": CacheConfig,
+    "speculative": SpeculativeConfig,
     "server": ServerConfig,
 }
 

@@ -99,7 +99,7 @@ async def test_a_dead_engine_thread_is_reported_not_hung(client_of) -> None:
     def explode(items: object) -> list[int]:
         raise MemoryError("simulated crash inside the runtime")
 
-    backend.decode = explode  # type: ignore[method-assign]
+    backend.decode_runs = explode  # type: ignore[method-assign,assignment]
     client = await client_of(backend)
     response = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
     body = await response.text()

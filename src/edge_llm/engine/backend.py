@@ -100,7 +100,9 @@ class BatchItem:
     """Tokens of one sequence for one decode step.
 
     ``sample`` asks for a token to be sampled from the logits of the last one,
-    with the sampler started for ``sampler`` (the sequence's key).
+    with the sampler started for ``sampler`` (the sequence's key). The last
+    ``n_draft`` tokens are a speculative draft: logits are computed for them and
+    the token before them, and sampling goes on while it agrees with the draft.
     """
 
     slot: int
@@ -108,6 +110,7 @@ class BatchItem:
     start_pos: int
     sample: bool
     sampler: str = ""
+    n_draft: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,12 @@ class Backend(Protocol):
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         """Run one ``llama_decode`` over all items; return the sampled tokens of
         the items with ``sample`` set, in order. Raises :class:`BackendError`."""
+        ...
+
+    def decode_runs(self, items: Sequence[BatchItem]) -> list[list[Sampled]]:
+        """As :meth:`decode`, with drafts verified: for each item with ``sample``
+        set, the accepted run (``speculative.verify``): one token per accepted
+        draft token plus the token sampled where the draft ended or diverged."""
         ...
 
     def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:

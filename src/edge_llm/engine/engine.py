@@ -1,7 +1,7 @@
 """The engine: one inference thread that owns the backend.
 
 Each step reads expire/offload → schedule → apply KV operations (prefix copies,
-frees, saves, restores) → decode → record tokens. The thread never touches a
+frees, saves, restores) → decode (drafts verified) → record tokens. The thread never touches a
 socket: tokens go into each stream's bounded ring and the event loop is woken once
 per step. Public methods are called from
 the event loop; they take the engine lock briefly and never wait on a decode.
@@ -39,8 +39,9 @@ from edge_llm.errors import (
 from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 
-# A decoded chunk: its sampled token (when it samples) or the error that failed it.
-_ChunkResult = tuple[ScheduledChunk, Sampled | None, Exception | None]
+# A decoded chunk: its accepted run of sampled tokens (when it samples) or the
+# error that failed it.
+_ChunkResult = tuple[ScheduledChunk, list[Sampled] | None, Exception | None]
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
 _IDLE_WAIT_S = 5.0
@@ -51,7 +52,10 @@ class EngineSettings:
     """The part of the configuration the engine thread enforces."""
 
     max_queue: int = 16
-    prefill_chunk_tokens: int = 128
+    prefill_chunk_tokens: int = 512
+    itl_target_s: float | None = 0.1  # None: every step prefills up to prefill_chunk_tokens
+    speculative: bool = False
+    max_draft_tokens: int = 8
     outbound_buffer_tokens: int = 32
     pause_on_socket_full: bool = True
     resume_threshold: float = 0.3
@@ -80,9 +84,7 @@ class Engine:
         self.metrics = metrics or EngineMetrics()
         self.events = events
         self.clock = clock
-        limits = SchedulerLimits(
-            backend.max_sequences, settings.max_queue, settings.prefill_chunk_tokens
-        )
+        limits = scheduler_limits(backend.max_sequences, settings)
         self.kv = _kv_cache(backend, settings.prefix_cache)
         self.host = HostStore(settings.host_offload_bytes)
         self.kv_ops = KvApplier(
@@ -372,7 +374,7 @@ class Engine:
             now = self.clock()
             self._expire(now)
             self._offload_paused(now)
-            plan = self.scheduler.schedule(now)
+            plan = self.scheduler.schedule(now, self._draft_room)
             ops = self._take_kv_work()
             idle_timeout = self._idle_timeout() if not plan else 0.0
         self._apply_kv(*ops)
@@ -382,15 +384,28 @@ class Engine:
             return
         self._start(plan.started)
         n_prefill = sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
+        n_decode = sum(len(c.tokens) for c in plan.chunks) - n_prefill
         began = self.clock()
         results = self._decode(plan)
-        self.rates.observe(n_prefill, len(plan.chunks), self.clock() - began)
+        took = self.clock() - began
+        self.rates.observe(n_prefill, len(plan.chunks), took)
+        self.scheduler.observe_step(n_prefill, n_decode, took)
         with self._lock:
             self._record(plan, results)
             ops = self._take_kv_work()
         self._apply_kv(*ops)  # sequences that just finished free their cells now
         self.steps += 1
         self._signal_touched()
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """Lock held: tokens the sequence may emit in one step without overrunning
+        its ring (a socket-full pause comes only after its step's last token)."""
+        handle = self._live.get(seq.id)
+        if handle is None:
+            return 0
+        ring = handle.ring
+        limit = ring.capacity if self.settings.pause_on_socket_full else ring.hard_limit
+        return limit - len(ring)
 
     def _take_kv_work(self) -> tuple[list[KvOp], list[str]]:
         """Lock held: KV operations and samplers to free, for the engine thread."""
@@ -531,11 +546,11 @@ class Engine:
 
     def _decode_chunks(self, chunks: list[ScheduledChunk]) -> list[_ChunkResult]:
         items = [
-            BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample, c.seq.id)
+            BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample, c.seq.id, c.n_draft)
             for c in chunks
         ]
-        sampled = iter(self.backend.decode(items))
-        return [(c, next(sampled) if c.sample else None, None) for c in chunks]
+        runs = iter(self.backend.decode_runs(items))
+        return [(c, next(runs) if c.sample else None, None) for c in chunks]
 
     def _decode_alone(self, chunk: ScheduledChunk) -> list[_ChunkResult]:
         try:
@@ -545,19 +560,28 @@ class Engine:
 
     def _record(self, plan: StepPlan, results: list[_ChunkResult]) -> None:
         now = self.clock()
-        for chunk, sampled, error in results:
+        for chunk, run, error in results:
             handle = self._live.get(chunk.seq.id)
             if handle is None:
                 continue  # cancelled while the step ran: its cells are freed next step
             if error is not None:
                 self._finish(handle, BackendFailure(str(error)), SequenceState.DONE, "error")
                 continue
-            was_prefill = chunk.seq.state is SequenceState.PREFILL
-            self.scheduler.complete(chunk)
-            if was_prefill:
+            if chunk.seq.state is SequenceState.PREFILL:
+                self.scheduler.complete(chunk)
                 self._record_prefill(handle, chunk)
-            if sampled is not None:
+            else:
+                self._record_verified(chunk, len(run or ()))
+            for sampled in run or ():
+                if handle.finished:
+                    break  # a stop, EOG or max_tokens inside the run: the rest is dropped
                 self._record_token(handle, sampled, now)
+
+    def _record_verified(self, chunk: ScheduledChunk, n_accepted: int) -> None:
+        self.scheduler.complete_run(chunk, n_accepted)
+        if chunk.n_draft:
+            self.metrics.spec_draft_tokens.inc(chunk.n_draft)
+            self.metrics.spec_accepted_tokens.inc(n_accepted - 1)
 
     def _record_prefill(self, handle: StreamHandle, chunk: ScheduledChunk) -> None:
         seq = handle.seq
@@ -656,6 +680,17 @@ class Engine:
                 "engine_alive": self.alive,
                 "steps": self.steps,
             }
+
+
+def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerLimits:
+    """The scheduler's limits; their ``max_batch_tokens`` sizes the backend's batch."""
+    return SchedulerLimits(
+        max_sequences,
+        settings.max_queue,
+        settings.prefill_chunk_tokens,
+        settings.itl_target_s,
+        settings.max_draft_tokens if settings.speculative else 0,
+    )
 
 
 def _kv_cache(backend: Backend, prefix_cache: bool) -> KvCache:

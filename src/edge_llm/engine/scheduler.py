@@ -1,10 +1,13 @@
 """Which sequences run in the next decode step: pure policy, no model, no I/O.
 
-Each step holds one token of every decoding sequence that is not paused, and
-then prompt chunks of prefilling sequences, shortest remaining prompt first, up
-to ``prefill_chunk_tokens``. A long prompt is therefore prefilled over many
-steps while the others keep decoding, and a short request that arrives during
-it gets its first token after one chunk, not after the whole prompt.
+Each step holds one token of every decoding sequence that is not paused (plus its
+prompt-lookup draft, when speculation is on: ``speculative.py``), and then prompt
+chunks of prefilling sequences, shortest remaining prompt first, up to the step's
+prefill budget (``prefill_budget.py``): all of ``prefill_chunk_tokens`` when nothing
+decodes, else what keeps the decoding streams' inter-token latency near its target.
+A long prompt is therefore prefilled over many steps while the others keep
+decoding, and a short request that arrives during it gets its first token after
+one chunk, not after the whole prompt.
 
 Admission needs a free slot plus KV for prompt + max_tokens minus what the
 prefix cache already holds (:class:`KvCache`, which evicts cache to make room);
@@ -17,10 +20,13 @@ operations admission, finishing and offload imply are handed to the engine
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge_llm.engine.kv_cache import KvCache, KvOp
+from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate
+from edge_llm.engine.prefill_budget import PrefillBudget
 from edge_llm.engine.sequence import Sequence, SequenceState
+from edge_llm.engine.speculative import PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
 
@@ -29,10 +35,12 @@ class SchedulerLimits:
     max_sequences: int
     max_queue: int
     prefill_chunk_tokens: int
+    itl_target_s: float | None = None  # None: a fixed chunk of prefill_chunk_tokens
+    max_draft_tokens: int = 0  # 0: no speculation
 
     @property
     def max_batch_tokens(self) -> int:
-        return self.max_sequences + self.prefill_chunk_tokens
+        return self.max_sequences * (1 + self.max_draft_tokens) + self.prefill_chunk_tokens
 
 
 @dataclass
@@ -41,6 +49,7 @@ class ScheduledChunk:
     tokens: list[int]
     start_pos: int
     sample: bool
+    n_draft: int = 0  # the last ``n_draft`` tokens are a draft to verify
 
 
 @dataclass
@@ -56,6 +65,7 @@ class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv: KvCache) -> None:
         self.limits = limits
         self.kv = kv
+        self.prefill_budget = PrefillBudget(limits.prefill_chunk_tokens, limits.itl_target_s)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.offloaded: list[Sequence] = []  # oldest first
@@ -184,20 +194,48 @@ class Scheduler:
 
     # -- the step -----------------------------------------------------------------
 
-    def schedule(self, now: float) -> StepPlan:
+    def schedule(self, now: float, draft_room: Callable[[Sequence], int] | None = None) -> StepPlan:
+        """The next step. ``draft_room(seq)``: most tokens the sequence may emit in
+        one step (room in its outbound ring); drafts stay below it."""
         started, self._started = self._started, []
         self._restored.extend(self._restore_resumed())
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
-        plan.chunks.extend(
-            ScheduledChunk(seq, [seq.last_token], seq.num_computed, sample=True)
+        decoding = [
+            seq
             for seq in self.running
             if seq.runnable and seq.state is SequenceState.DECODING and seq.last_token is not None
-        )
-        plan.chunks.extend(self._prefill_chunks())
+        ]
+        threshold = self.prefill_budget.costs.draft_threshold(len(decoding))
+        plan.chunks.extend(self._decode_chunk(seq, draft_room, threshold) for seq in decoding)
+        n_decode_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
+        plan.chunks.extend(self._prefill_chunks(self.prefill_budget.tokens(n_decode_tokens)))
         return plan
 
-    def _prefill_chunks(self) -> list[ScheduledChunk]:
-        budget = self.limits.prefill_chunk_tokens
+    def observe_step(self, n_prefill: int, n_decode: int, seconds: float) -> None:
+        """A step's measured time, for the prefill budget and the drafts' worth."""
+        self.prefill_budget.costs.observe(n_prefill, n_decode, seconds)
+
+    def _decode_chunk(
+        self, seq: Sequence, draft_room: Callable[[Sequence], int] | None, threshold: float
+    ) -> ScheduledChunk:
+        assert seq.last_token is not None
+        room = draft_room(seq) if draft_room else self.limits.max_draft_tokens + 1
+        draft = self._draft(seq, room, threshold)
+        tokens = [seq.last_token, *draft]
+        return ScheduledChunk(seq, tokens, seq.num_computed, sample=True, n_draft=len(draft))
+
+    def _draft(self, seq: Sequence, room: int, threshold: float) -> list[int]:
+        """Prompt-lookup draft: at most one token fewer than may still be emitted
+        (max_tokens, ring room), so an accepted run never overruns either."""
+        max_draft = self.limits.max_draft_tokens
+        if max_draft <= 0:
+            return []
+        if seq.lookup is None:
+            seq.lookup = PromptLookup(max_draft)
+        limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
+        return seq.lookup.propose(seq.token_ids, limit, threshold)
+
+    def _prefill_chunks(self, budget: int) -> list[ScheduledChunk]:
         prefilling = [s for s in self.running if s.runnable and s.state is SequenceState.PREFILL]
         chunks = []
         for seq in sorted(prefilling, key=lambda s: s.prefill_remaining):
@@ -229,6 +267,20 @@ class Scheduler:
         if prefill and chunk.sample:
             seq.state = SequenceState.DECODING
 
+    def complete_run(self, chunk: ScheduledChunk, n_accepted: int) -> None:
+        """A decode chunk was verified: its first ``n_accepted`` tokens (the fed-back
+        token and the accepted drafts) keep their cells, the rejected drafts' cells
+        are dropped before the next decode."""
+        seq = chunk.seq
+        slot = seq.require_slot()
+        seq.num_computed += n_accepted
+        self.kv.computed(slot, seq.token_ids, seq.num_computed, publish=False)
+        rejected = len(chunk.tokens) - n_accepted
+        if rejected > 0:
+            self._kv_ops.append(Truncate(slot, seq.num_computed, rejected, "reject"))
+        if seq.lookup is not None:
+            seq.lookup.feedback(chunk.n_draft, n_accepted - 1)
+
     @staticmethod
     def record_token(seq: Sequence, token: int, now: float) -> None:
         seq.append(token)
@@ -250,8 +302,18 @@ class Scheduler:
             self.offloaded.remove(seq)
         if seq in self.running:
             self.running.remove(seq)
+            self._trim_unused_run(seq)
             self._kv_ops.extend(self.kv.release(seq.require_slot(), seq.token_ids, keep))
             seq.kv_reserved_tokens = 0  # the slot stays as a record of where it ran
+
+    def _trim_unused_run(self, seq: Sequence) -> None:
+        """A stop, EOG or max_tokens inside an accepted run ends the sequence before
+        the run's last tokens: their cells are not its tokens and must not be
+        published to the prefix cache (release frees them)."""
+        n_valid = len(seq.token_ids) - 1
+        if seq.num_computed > n_valid:
+            seq.num_computed = n_valid
+            self.kv.computed(seq.require_slot(), seq.token_ids, n_valid, publish=False)
 
     def take_kv_ops(self) -> list[KvOp]:
         """KV operations to apply, in order, before the next decode."""

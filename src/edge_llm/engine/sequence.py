@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from edge_llm.engine.backend import SamplingParams
+from edge_llm.engine.speculative import PromptLookup
 
 
 class SequenceState(enum.Enum):
@@ -69,6 +70,7 @@ class Sequence:
     backpressure: int = 0
     backpressure_peak: int = 0
     tokens_while_paused: int = 0
+    lookup: PromptLookup | None = None  # its prompt-lookup drafts (speculation on)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -78,6 +78,12 @@ class EngineMetrics:
         self.kv_restores = Counter(
             PREFIX + "kv_restores", "Offloaded streams restored into KV", registry=r
         )
+        self.spec_draft_tokens = Counter(
+            PREFIX + "spec_draft_tokens", "Prompt-lookup draft tokens verified", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            PREFIX + "spec_accepted_tokens", "Draft tokens the model agreed with", registry=r
+        )
         self.event_log_dropped = Counter(
             PREFIX + "event_log_dropped",
             "Event log lines lost: queue full, or the file refused them (disk full)",

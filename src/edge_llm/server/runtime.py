@@ -13,7 +13,7 @@ from aiohttp import web
 
 from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend, SamplingDefaults
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
 from edge_llm.observability.events import EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.server.app import create_app
@@ -30,6 +30,9 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
     return EngineSettings(
         max_queue=sched.max_queue,
         prefill_chunk_tokens=sched.prefill_chunk_tokens,
+        itl_target_s=sched.itl_target_ms / 1000.0 if sched.itl_target_ms else None,
+        speculative=config.speculative.speculative == "prompt_lookup",
+        max_draft_tokens=config.speculative.max_draft_tokens,
         outbound_buffer_tokens=bp.outbound_buffer_tokens,
         pause_on_socket_full=bp.pause_on_socket_full,
         resume_threshold=bp.resume_threshold,
@@ -52,7 +55,9 @@ def load_backend(config: EngineConfig) -> Backend:
         config.model.model_path,
         kv_budget_bytes=config.backpressure.max_kv_cache_mb * 1024 * 1024,
         max_sequences=sched.max_sequences,
-        max_batch_tokens=sched.max_sequences + sched.prefill_chunk_tokens,
+        max_batch_tokens=scheduler_limits(
+            sched.max_sequences, engine_settings(config)
+        ).max_batch_tokens,
         n_threads=config.model.n_threads,
         kv_unified=sched.kv_unified,
         model_id=config.model.model_id,

@@ -1,0 +1,119 @@
+"""What a decode step costs, and so how many prompt tokens the next one may prefill
+and how long a draft pays: pure arithmetic on measured step times, no clock.
+
+:class:`StepCosts` fits ``seconds = fixed_s + token_s * n_tokens`` to recent steps
+without prompt tokens (least squares, older steps weighing less), and learns what a
+prompt token adds to a step that also decodes.
+
+:class:`PrefillBudget`: a lone prompt (nothing decoding) gets the whole batch, so it
+prefills in as few ``llama_decode`` calls as the batch allows, as llama-server does.
+While streams decode, every prompt token in a step delays all of their next tokens,
+so the step gets only the prompt tokens that keep it near ``itl_target_s``
+(token-budget scheduling as in Sarathi-Serve), at least ``min_tokens`` so that a
+long prompt still makes progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Before anything is measured: SmolLM2-135M on 2 cores (NOTES.md), a step of one
+# token 10 ms and of nine 37 ms; measured steps outweigh these within a few dozen.
+_PRIOR_POINTS = ((1.0, 0.010), (9.0, 0.037))
+_PRIOR_WEIGHT = 0.5
+DECAY = 0.97
+DEFAULT_PREFILL_TOKEN_S = 1.0 / 300.0
+EWMA_WEIGHT = 0.3
+MIN_PREFILL_TOKENS = 16
+MIN_SAMPLE_TOKENS = 4  # prefill steps smaller than this say more about overhead than cost
+
+
+@dataclass
+class _Sums:
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float, weight: float = 1.0) -> None:
+        self.w += weight
+        self.x += weight * x
+        self.y += weight * y
+        self.xx += weight * x * x
+        self.xy += weight * x * y
+
+    def decay(self, factor: float) -> None:
+        self.w, self.x, self.y = self.w * factor, self.x * factor, self.y * factor
+        self.xx, self.xy = self.xx * factor, self.xy * factor
+
+    def plus(self, other: _Sums) -> _Sums:
+        return _Sums(
+            self.w + other.w, self.x + other.x, self.y + other.y,
+            self.xx + other.xx, self.xy + other.xy,
+        )  # fmt: skip
+
+
+def _prior() -> _Sums:
+    sums = _Sums()
+    for x, y in _PRIOR_POINTS:
+        sums.add(x, y, _PRIOR_WEIGHT)
+    return sums
+
+
+@dataclass
+class StepCosts:
+    prefill_token_s: float = DEFAULT_PREFILL_TOKEN_S
+    _measured: _Sums = field(default_factory=_Sums)
+    _prior: _Sums = field(default_factory=_prior)
+
+    def fit(self) -> tuple[float, float]:
+        """(fixed_s, token_s) of a step without prompt tokens."""
+        s = self._measured.plus(self._prior)
+        spread = s.w * s.xx - s.x * s.x
+        token_s = max((s.w * s.xy - s.x * s.y) / spread, 0.0) if spread > 0 else 0.0
+        fixed_s = max((s.y - token_s * s.x) / s.w, 0.0)
+        return fixed_s, token_s
+
+    def decode_step_s(self, n_tokens: int) -> float:
+        fixed_s, token_s = self.fit()
+        return fixed_s + token_s * n_tokens
+
+    def draft_threshold(self, n_decoding: int) -> float:
+        """What one more token in a step costs over what a token of that step costs
+        on average: a draft token pays when its chance of acceptance is above it."""
+        fixed_s, token_s = self.fit()
+        step_s = fixed_s + token_s * max(n_decoding, 1)
+        return token_s * max(n_decoding, 1) / step_s if step_s > 0 else 0.0
+
+    def observe(self, n_prefill: int, n_decode: int, seconds: float) -> None:
+        """One step took ``seconds`` for ``n_prefill`` prompt tokens beside
+        ``n_decode`` decode tokens (drafts included)."""
+        if seconds <= 0 or n_decode + n_prefill == 0:
+            return
+        if n_prefill == 0:
+            self._measured.decay(DECAY)
+            self._measured.add(n_decode, seconds)
+            return
+        if n_decode == 0 or n_prefill < MIN_SAMPLE_TOKENS:
+            return  # a lone prompt's big batch costs less per token than a mixed step's
+        per_token = max(seconds - self.decode_step_s(n_decode), 0.0) / n_prefill
+        # Never below a tenth of the first guess: one cheap step must not open the gate.
+        per_token = max(per_token, DEFAULT_PREFILL_TOKEN_S / 10)
+        self.prefill_token_s += EWMA_WEIGHT * (per_token - self.prefill_token_s)
+
+
+@dataclass
+class PrefillBudget:
+    max_tokens: int
+    itl_target_s: float | None  # None: always ``max_tokens`` (a fixed chunk)
+    costs: StepCosts = field(default_factory=StepCosts)
+    min_tokens: int = MIN_PREFILL_TOKENS
+
+    def tokens(self, n_decode_tokens: int) -> int:
+        """Prompt tokens for a step that also carries ``n_decode_tokens`` (drafts included)."""
+        if n_decode_tokens == 0 or self.itl_target_s is None:
+            return self.max_tokens
+        spare_s = self.itl_target_s - self.costs.decode_step_s(n_decode_tokens)
+        budget = int(spare_s / self.costs.prefill_token_s) if spare_s > 0 else 0
+        return max(min(self.min_tokens, self.max_tokens), min(budget, self.max_tokens))

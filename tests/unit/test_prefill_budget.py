@@ -1,0 +1,100 @@
+"""The prefill budget alone, then through the scheduler: a lone prompt gets the whole
+batch; beside decoding streams the budget follows the measured step costs."""
+
+from __future__ import annotations
+
+from edge_llm.engine.kv_cache import KvCache
+from edge_llm.engine.prefill_budget import MIN_PREFILL_TOKENS, PrefillBudget, StepCosts
+from edge_llm.engine.scheduler import Scheduler, SchedulerLimits
+from edge_llm.engine.sequence import GenerationRequest, Sequence, SequenceState
+
+
+def measured(fixed_s: float, token_s: float, prefill_token_s: float = 0.002) -> StepCosts:
+    """Costs that saw many decode steps of 1 to 9 tokens at these rates."""
+    costs = StepCosts(prefill_token_s=prefill_token_s)
+    for _ in range(20):
+        for n in range(1, 10):
+            costs.observe(0, n, fixed_s + token_s * n)
+    return costs
+
+
+def test_step_costs_fit_the_measured_steps() -> None:
+    fixed_s, token_s = measured(0.02, 0.005).fit()
+    assert abs(fixed_s - 0.02) < 0.002 and abs(token_s - 0.005) < 0.0005
+    fixed_s, token_s = measured(0.002, 0.0001).fit()  # a GPU: tokens nearly free
+    assert token_s < 0.0005
+
+
+def test_drafts_pay_less_beside_more_streams() -> None:
+    costs = measured(0.0066, 0.0034)
+    alone, beside = costs.draft_threshold(1), costs.draft_threshold(4)
+    assert 0.2 < alone < 0.5 < beside < 1.0
+
+
+def test_a_lone_prompt_gets_the_whole_batch() -> None:
+    budget = PrefillBudget(512, itl_target_s=0.1)
+    assert budget.tokens(n_decode_tokens=0) == 512
+
+
+def test_beside_decoding_streams_the_budget_fills_the_target_step() -> None:
+    budget = PrefillBudget(512, itl_target_s=0.1, costs=measured(0.01, 0.0033, 0.002))
+    step_s = budget.costs.decode_step_s(3)
+    assert abs(step_s - 0.02) < 0.002
+    assert budget.tokens(n_decode_tokens=3) == int((0.1 - step_s) / 0.002)
+
+
+def test_a_target_below_the_decode_step_still_prefills_the_minimum() -> None:
+    budget = PrefillBudget(512, itl_target_s=0.01, costs=measured(0.02, 0.003))
+    assert budget.tokens(n_decode_tokens=1) == MIN_PREFILL_TOKENS
+
+
+def test_without_a_target_every_step_gets_the_fixed_chunk() -> None:
+    assert PrefillBudget(128, itl_target_s=None).tokens(n_decode_tokens=4) == 128
+
+
+def test_mixed_steps_teach_the_cost_of_a_prompt_token() -> None:
+    costs = measured(0.01, 0.003, prefill_token_s=0.005)
+    budget = PrefillBudget(512, itl_target_s=0.1, costs=costs)
+    before = budget.tokens(3)
+    for _ in range(30):
+        costs.observe(30, 3, costs.decode_step_s(3) + 30 * 0.001)
+    assert abs(costs.prefill_token_s - 0.001) < 1e-4
+    assert budget.tokens(3) > before
+
+
+def test_lone_prefill_steps_do_not_teach_the_mixed_cost() -> None:
+    costs = StepCosts(prefill_token_s=0.002)
+    costs.observe(500, 0, 0.5)  # 1 ms per token in a big batch of its own
+    assert costs.prefill_token_s == 0.002
+
+
+def make_seq(n_prompt: int, name: str, max_tokens: int = 50) -> Sequence:
+    request = GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens)
+    return Sequence(request, name, created_at=0.0)
+
+
+def complete(scheduler: Scheduler) -> list[tuple[str, int]]:
+    """One step: every chunk decoded, token 7 sampled where asked; (id, tokens) per chunk."""
+    plan = scheduler.schedule(0.0)
+    for chunk in plan.chunks:
+        if chunk.seq.state is SequenceState.PREFILL:
+            scheduler.complete(chunk)
+        else:
+            scheduler.complete_run(chunk, 1)
+        if chunk.sample:
+            scheduler.record_token(chunk.seq, 7, 0.0)
+    return [(c.seq.id, len(c.tokens)) for c in plan.chunks]
+
+
+def test_scheduler_prefills_a_lone_prompt_in_one_step_and_a_second_beside_decoding() -> None:
+    kv = KvCache(10_000, 10, num_seq_ids=4, share=False)
+    scheduler = Scheduler(SchedulerLimits(2, 2, 512, itl_target_s=0.1), kv)
+    scheduler.prefill_budget.costs = measured(0.01, 0.01, prefill_token_s=0.004)
+    first = make_seq(400, "first")
+    scheduler.add(first, 0.0)
+    assert complete(scheduler) == [("first", 400)]  # one decode call for the whole prompt
+    second = make_seq(400, "second")
+    scheduler.add(second, 0.0)
+    (decode, prefill) = complete(scheduler)
+    assert decode == ("first", 1)
+    assert prefill[0] == "second" and 18 <= prefill[1] <= 20  # (0.1 - 0.02) / 0.004

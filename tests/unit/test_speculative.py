@@ -1,0 +1,220 @@
+"""Prompt-lookup speculation: the lookup and verification alone, then the engine with
+the fake backend (which verifies drafts as llama.cpp's logits would: position i
+follows the draft's first i tokens) against the same engine with speculation off."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+
+import pytest
+
+from edge_llm.engine.backend import SamplingParams
+from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.engine.speculative import PromptLookup, verify
+from edge_llm.engine.stream import StreamHandle
+
+from fakes import EOG, FakeBackend, text_script
+
+COPIED = list(range(20, 40))
+# The prompt holds the text the fake model will copy, then an EOG and two more tokens.
+PROMPT = [1, 2, 3, *COPIED, EOG, 50, 51, 4, 5]
+
+
+# -- the lookup -----------------------------------------------------------------------
+
+
+def test_propose_continues_the_latest_occurrence_of_the_longest_suffix() -> None:
+    lookup = PromptLookup(max_draft=8)
+    tokens = [1, 2, 3, 9, 9, 2, 3, 4, 5, 6, 1, 2, 3]
+    # (1, 2, 3) first occurs at the start, followed by 9; (2, 3) alone later is followed by 4.
+    assert lookup.propose(tokens, limit=8)[:2] == [9, 9]
+
+
+def test_no_match_no_draft_and_the_limit_caps_the_draft() -> None:
+    assert PromptLookup(max_draft=8).propose([1, 2, 3, 4], limit=8) == []
+    assert PromptLookup(max_draft=8).propose([5, 6, 7, 5, 6], limit=1) == [7]
+    assert PromptLookup(max_draft=8).propose([5, 6, 7, 5, 6, 7, 5, 6], limit=0) == []
+
+
+def test_draft_length_follows_acceptance_and_cost() -> None:
+    lookup = PromptLookup(max_draft=8)
+    tokens = list(range(30)) * 2
+    assert lookup.draft_length(threshold=0.0) == 8  # extra tokens are free: draft all
+    assert lookup.draft_length(threshold=0.3) == 2  # the prior 0.6: 0.36 > 0.3 > 0.216
+    for _ in range(10):
+        lookup.feedback(8, 8)
+    assert lookup.draft_length(threshold=0.3) == 8
+    assert len(lookup.propose(tokens[:40], limit=99, threshold=0.3)) == 8
+    lookup.feedback(8, 0)  # the copying stopped: the next draft is shorter at once
+    assert lookup.draft_length(threshold=0.3) < 8
+    for _ in range(20):
+        lookup.feedback(1, 0)  # nothing accepted: drafts no longer pay
+    assert lookup.acceptance < 0.3
+    drafts = [lookup.propose(tokens[: 41 + i], limit=99, threshold=0.3) for i in range(32)]
+    probes = [i for i, draft in enumerate(drafts) if draft]
+    assert probes == [15, 31] and all(len(drafts[i]) == 1 for i in probes)
+    assert (lookup.num_drafted, lookup.num_accepted) == (108, 80)
+
+
+def test_verify_stops_at_the_first_sample_that_differs() -> None:
+    model = [7, 8, 5, 6]
+    asked: list[int] = []
+
+    def sample_at(i: int) -> int:
+        asked.append(i)
+        return model[i]
+
+    assert verify([7, 8, 9], sample_at, int) == [7, 8, 5]
+    assert asked == [0, 1, 2]  # position 3 is never sampled: it followed a rejected token
+    assert verify([], lambda i: 4, int) == [4]
+
+
+# -- the engine -------------------------------------------------------------------------
+
+
+class FreeDrafts(StepCosts):
+    """The fake's steps take no time to speak of: tests fix what a token costs (a
+    GPU-like step, extra tokens free) so that every match is drafted in full."""
+
+    def fit(self) -> tuple[float, float]:
+        return 0.01, 0.0
+
+    def observe(self, n_prefill: int, n_decode: int, seconds: float) -> None:
+        return None
+
+
+@pytest.fixture
+async def engine_of() -> AsyncIterator[object]:
+    engines: list[Engine] = []
+
+    def make(backend: FakeBackend, **settings: object) -> Engine:
+        engine = Engine(backend, EngineSettings(**settings))  # type: ignore[arg-type]
+        engine.scheduler.prefill_budget.costs = FreeDrafts()
+        engine.start(asyncio.get_running_loop())
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        if engine.backend.gate is not None:  # type: ignore[attr-defined]
+            engine.backend.gate.release(10_000)  # type: ignore[attr-defined]
+        await asyncio.to_thread(engine.stop)
+
+
+async def drain(engine: Engine, handle: StreamHandle) -> str:
+    parts = []
+    while True:
+        pieces = handle.ring.peek(100)
+        if pieces:
+            parts.extend(pieces)
+            engine.consumed(handle, len(pieces))
+            continue
+        if handle.outcome is not None:
+            return "".join(parts) + handle.outcome.tail
+        assert await handle.wait_changed(10.0), "engine made no progress"
+
+
+def request(
+    prompt: list[int] = PROMPT, max_tokens: int = 40, stop: tuple[str, ...] = ()
+) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_tokens=list(prompt), max_tokens=max_tokens, sampling=SamplingParams(stop=stop)
+    )
+
+
+async def generate(engine_of, speculative: bool, req: GenerationRequest, **settings: object):
+    backend = FakeBackend(script=COPIED)
+    engine = engine_of(backend, speculative=speculative, **settings)
+    handle = engine.submit(req)
+    text = await drain(engine, handle)
+    return backend, engine, handle, text
+
+
+async def test_copied_text_is_identical_and_takes_fewer_decode_steps(engine_of) -> None:
+    off_backend, _, off, off_text = await generate(engine_of, False, request())
+    on_backend, engine, on, on_text = await generate(engine_of, True, request())
+    assert on_text == off_text == "".join(f"t{t} " for t in COPIED)
+    assert on.seq.token_ids == off.seq.token_ids
+    assert on_backend.drafts and not off_backend.drafts
+    assert len(on_backend.decode_calls) < len(off_backend.decode_calls) - 5
+    drafted = engine.metrics.spec_draft_tokens._value.get()
+    accepted = engine.metrics.spec_accepted_tokens._value.get()
+    assert drafted == sum(on_backend.drafts) and 0 < accepted <= drafted
+
+
+async def test_kv_cells_match_the_tokens_after_rejected_drafts(engine_of) -> None:
+    # The model stops copying where the prompt has EOG: the draft [EOG, 50, 51...] is
+    # verified up to EOG, which ends the stream inside the accepted run.
+    backend, engine, handle, _ = await generate(engine_of, True, request())
+    seq = handle.seq
+    assert handle.outcome.finish_reason == "stop"
+    assert seq.token_ids[-1] == EOG and seq.n_generated == len(COPIED) + 1
+    # The finished answer stays as prefix cache: exactly its tokens' cells, no draft's.
+    assert backend.cells[seq.slot] == len(seq.token_ids) - 1 == seq.num_computed
+    assert engine.kv_used_bytes == 0
+
+
+async def test_max_tokens_inside_an_accepted_run(engine_of) -> None:
+    for max_tokens in (5, 9, 14):
+        off = await generate(engine_of, False, request(max_tokens=max_tokens))
+        backend, _, handle, text = await generate(engine_of, True, request(max_tokens=max_tokens))
+        assert text == off[3]
+        assert handle.seq.n_generated == max_tokens
+        assert handle.outcome.finish_reason == "length"
+        assert backend.cells[handle.seq.slot] == len(handle.seq.token_ids) - 1
+
+
+async def test_a_stop_string_inside_an_accepted_run(engine_of) -> None:
+    off = await generate(engine_of, False, request(stop=("t27",)))
+    backend, _, handle, text = await generate(engine_of, True, request(stop=("t27",)))
+    assert text == off[3] == "".join(f"t{t} " for t in range(20, 27))
+    assert max(backend.drafts) > 2  # the stop fell inside a run, not at a draft's edge
+    assert backend.cells[handle.seq.slot] == len(handle.seq.token_ids) - 1
+
+
+async def test_beside_other_streams_each_text_is_its_own(engine_of) -> None:
+    text = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."
+    backend = FakeBackend(script=text_script(text))
+    engine = engine_of(backend, speculative=True)
+    prompt = [7, *text_script(text), 8]
+    handles = [engine.submit(request(prompt, max_tokens=100)) for _ in range(4)]
+    texts = await asyncio.gather(*(drain(engine, h) for h in handles))
+    assert texts == [text] * 4
+    assert backend.drafts
+
+
+async def test_a_full_ring_is_never_overrun_by_a_run(engine_of) -> None:
+    backend = FakeBackend(script=COPIED)
+    engine = engine_of(backend, speculative=True, outbound_buffer_tokens=6)
+    stalled = engine.submit(request())
+    while not stalled.seq.paused:
+        assert await stalled.wait_changed(10.0)
+    assert stalled.ring.write_cursor == 6  # a draft never holds more than the ring's room
+    assert engine.alive
+    assert await drain(engine, stalled) == "".join(f"t{t} " for t in COPIED)
+
+
+async def test_pause_in_a_run_lets_through_at_most_that_step(engine_of) -> None:
+    _, _, _, uninterrupted = await generate(engine_of, True, request())
+    backend = FakeBackend(script=COPIED)
+    backend.gate = threading.Semaphore(0)
+    engine = engine_of(backend, speculative=True)
+    handle = engine.submit(request())
+    backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
+    while handle.seq.n_generated < 3:
+        assert await handle.wait_changed(10.0)
+    engine.pause(handle)  # the next step may already be waiting at the gate
+    at_pause, calls_at_pause = handle.seq.n_generated, len(backend.decode_calls)
+    backend.gate.release(10_000)
+    other = engine.submit(request([9, 9, 9], max_tokens=10))
+    await drain(engine, other)  # the engine kept stepping for the other stream
+    slot = handle.seq.slot
+    steps_since = [c for c in backend.decode_calls[calls_at_pause:] if slot in dict(c)]
+    assert len(steps_since) <= 1  # only the step in flight
+    assert handle.seq.tokens_while_paused == handle.seq.n_generated - at_pause <= 1 + 8
+    engine.resume(handle)
+    assert await drain(engine, handle) == uninterrupted
