@@ -31,9 +31,13 @@ def test_drafts_pay_less_beside_more_streams() -> None:
     assert 0.2 < alone < 0.5 < beside < 1.0
 
 
-def test_a_lone_prompt_gets_the_whole_batch() -> None:
-    budget = PrefillBudget(512, itl_target_s=0.1)
-    assert budget.tokens(n_decode_tokens=0) == 512
+def test_a_lone_prompt_gets_the_whole_batch_two_prompts_share_the_target() -> None:
+    budget = PrefillBudget(512, itl_target_s=0.1, costs=measured(0.01, 0.0033, 0.002))
+    assert budget.tokens(n_decode_tokens=0, n_prefilling=1) == 512
+    # A short request arriving during a long prefill waits for small steps only.
+    assert budget.tokens(n_decode_tokens=0, n_prefilling=2) == int(
+        (0.1 - budget.costs.decode_step_s(0)) / 0.002
+    )
 
 
 def test_beside_decoding_streams_the_budget_fills_the_target_step() -> None:

@@ -5,10 +5,11 @@ and how long a draft pays: pure arithmetic on measured step times, no clock.
 without prompt tokens (least squares, older steps weighing less), and learns what a
 prompt token adds to a step that also decodes.
 
-:class:`PrefillBudget`: a lone prompt (nothing decoding) gets the whole batch, so it
-prefills in as few ``llama_decode`` calls as the batch allows, as llama-server does.
-While streams decode, every prompt token in a step delays all of their next tokens,
-so the step gets only the prompt tokens that keep it near ``itl_target_s``
+:class:`PrefillBudget`: a lone prompt (nothing decoding, no other prompt) gets the
+whole batch, so it prefills in as few ``llama_decode`` calls as the batch allows, as
+llama-server does. While streams decode or other prompts wait for their first
+token, every prompt token in a step delays them all, so the step gets only the
+prompt tokens that keep it near ``itl_target_s``
 (token-budget scheduling as in Sarathi-Serve), at least ``min_tokens`` so that a
 long prompt still makes progress.
 """
@@ -110,9 +111,11 @@ class PrefillBudget:
     costs: StepCosts = field(default_factory=StepCosts)
     min_tokens: int = MIN_PREFILL_TOKENS
 
-    def tokens(self, n_decode_tokens: int) -> int:
-        """Prompt tokens for a step that also carries ``n_decode_tokens`` (drafts included)."""
-        if n_decode_tokens == 0 or self.itl_target_s is None:
+    def tokens(self, n_decode_tokens: int, n_prefilling: int = 1) -> int:
+        """Prompt tokens for a step that also carries ``n_decode_tokens`` (drafts
+        included) while ``n_prefilling`` prompts are being prefilled."""
+        alone = n_decode_tokens == 0 and n_prefilling <= 1
+        if alone or self.itl_target_s is None:
             return self.max_tokens
         spare_s = self.itl_target_s - self.costs.decode_step_s(n_decode_tokens)
         budget = int(spare_s / self.costs.prefill_token_s) if spare_s > 0 else 0

@@ -3,8 +3,8 @@
 Each step holds one token of every decoding sequence that is not paused (plus its
 prompt-lookup draft, when speculation is on: ``speculative.py``), and then prompt
 chunks of prefilling sequences, shortest remaining prompt first, up to the step's
-prefill budget (``prefill_budget.py``): all of ``prefill_chunk_tokens`` when nothing
-decodes, else what keeps the decoding streams' inter-token latency near its target.
+prefill budget (``prefill_budget.py``): all of ``prefill_chunk_tokens`` for a lone
+prompt, else what keeps the others' inter-token latency near its target.
 A long prompt is therefore prefilled over many steps while the others keep
 decoding, and a short request that arrives during it gets its first token after
 one chunk, not after the whole prompt.
@@ -208,7 +208,9 @@ class Scheduler:
         threshold = self.prefill_budget.costs.draft_threshold(len(decoding))
         plan.chunks.extend(self._decode_chunk(seq, draft_room, threshold) for seq in decoding)
         n_decode_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
-        plan.chunks.extend(self._prefill_chunks(self.prefill_budget.tokens(n_decode_tokens)))
+        prefilling = [s for s in self.running if s.runnable and s.state is SequenceState.PREFILL]
+        budget = self.prefill_budget.tokens(n_decode_tokens, len(prefilling))
+        plan.chunks.extend(self._prefill_chunks(prefilling, budget))
         return plan
 
     def observe_step(self, n_prefill: int, n_decode: int, seconds: float) -> None:
@@ -235,8 +237,7 @@ class Scheduler:
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
         return seq.lookup.propose(seq.token_ids, limit, threshold)
 
-    def _prefill_chunks(self, budget: int) -> list[ScheduledChunk]:
-        prefilling = [s for s in self.running if s.runnable and s.state is SequenceState.PREFILL]
+    def _prefill_chunks(self, prefilling: list[Sequence], budget: int) -> list[ScheduledChunk]:
         chunks = []
         for seq in sorted(prefilling, key=lambda s: s.prefill_remaining):
             if budget <= 0:
