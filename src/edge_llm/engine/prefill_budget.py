@@ -10,8 +10,9 @@ whole batch, so it prefills in as few ``llama_decode`` calls as the batch allows
 llama-server does. While streams decode or other prompts wait for their first
 token, every prompt token in a step delays them all, so the step gets only the
 prompt tokens that keep it near ``itl_target_s``
-(token-budget scheduling as in Sarathi-Serve), at least ``min_tokens`` so that a
-long prompt still makes progress.
+(token-budget scheduling as in Sarathi-Serve), or near twice a decode step when
+that is longer (a loaded machine), and at least ``min_tokens``, so that a long
+prompt still makes progress.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ _PRIOR_WEIGHT = 0.5
 DECAY = 0.97
 DEFAULT_PREFILL_TOKEN_S = 1.0 / 300.0
 EWMA_WEIGHT = 0.3
-MIN_PREFILL_TOKENS = 16
+MIN_PREFILL_TOKENS = 32
+# A step with prompt tokens may take this many decode steps, whatever the target: on
+# a loaded machine, where a decode step alone exceeds the target, a long prompt still
+# prefills in a bounded number of steps.
+MIN_STEP_IN_DECODE_STEPS = 2.0
 MIN_SAMPLE_TOKENS = 4  # prefill steps smaller than this say more about overhead than cost
 
 
@@ -98,9 +103,10 @@ class StepCosts:
             return
         if n_decode == 0 or n_prefill < MIN_SAMPLE_TOKENS:
             return  # a lone prompt's big batch costs less per token than a mixed step's
-        per_token = max(seconds - self.decode_step_s(n_decode), 0.0) / n_prefill
-        # Never below a tenth of the first guess: one cheap step must not open the gate.
-        per_token = max(per_token, DEFAULT_PREFILL_TOKEN_S / 10)
+        # The step's cost per token: above the marginal cost of a prompt token (the
+        # step's fixed part is spread over it), so budgets err on the short side, and
+        # it needs no difference of two noisy estimates.
+        per_token = seconds / (n_prefill + n_decode)
         self.prefill_token_s += EWMA_WEIGHT * (per_token - self.prefill_token_s)
 
 
@@ -117,6 +123,7 @@ class PrefillBudget:
         alone = n_decode_tokens == 0 and n_prefilling <= 1
         if alone or self.itl_target_s is None:
             return self.max_tokens
-        spare_s = self.itl_target_s - self.costs.decode_step_s(n_decode_tokens)
+        decode_s = self.costs.decode_step_s(n_decode_tokens)
+        spare_s = max(self.itl_target_s, MIN_STEP_IN_DECODE_STEPS * decode_s) - decode_s
         budget = int(spare_s / self.costs.prefill_token_s) if spare_s > 0 else 0
         return max(min(self.min_tokens, self.max_tokens), min(budget, self.max_tokens))
