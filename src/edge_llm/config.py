@@ -17,6 +17,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
+
 ENV_PREFIX = "EDGE_LLM_"
 # The SPEC's serve flag --model names the GGUF path.
 _FLAG_ALIASES = {"model_path": ("--model",)}
@@ -166,6 +168,18 @@ class ServerConfig(_Section):
     playground: bool = Field(
         True, description="Serve the playground page at / (--no-playground: 404)"
     )
+    upstream_health_interval_ms: int = Field(
+        5000, ge=100, description="Period of each upstream's health check (GET /v1/models)"
+    )
+    upstream_connect_timeout_ms: int = Field(
+        3000, ge=10, description="Time allowed to open a TCP connection to an upstream"
+    )
+    upstream_receive_buffer_bytes: int = Field(
+        16384,
+        ge=0,
+        description="SO_RCVBUF of upstream connections: what a paused stream lets the "
+        "upstream send before TCP stops it (0: kernel default, autotuned to MBs)",
+    )
 
     @field_validator("api_key", "cors_allow_origin", mode="before")
     @classmethod
@@ -183,6 +197,8 @@ class EngineConfig(_Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    # [upstream.NAME] tables and --upstream NAME=URL (see edge_llm.upstream).
+    upstream: dict[str, UpstreamConfig] = Field(default_factory=dict)
 
 
 _SECTIONS: dict[str, type[_Section]] = {
@@ -213,14 +229,44 @@ def _section_of(key: str) -> str:
 def _toml_to_tree(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Map the TOML layout onto sections, naming any unknown key in full."""
     tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    tree[_UPSTREAM] = {}
     for top, value in data.items():
-        if top == "server" and isinstance(value, dict):
+        if top == _UPSTREAM and isinstance(value, dict):
+            _merge_upstreams(value, tree[_UPSTREAM])
+        elif top == "server" and isinstance(value, dict):
             _merge_table("server", value, tree, "server")
         elif top == "engine" and isinstance(value, dict):
             _merge_engine(value, tree)
         else:
             raise ConfigError(f"unknown configuration table or key {top!r}")
     return tree
+
+
+_UPSTREAM = "upstream"
+
+
+def _merge_upstreams(tables: Mapping[str, Any], upstreams: dict[str, Any]) -> None:
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"upstream.{name} must be a table with at least 'url'")
+        try:
+            check_name(name)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        unknown = set(table) - set(UpstreamConfig.model_fields)
+        if unknown:
+            raise ConfigError(f"unknown configuration key 'upstream.{name}.{sorted(unknown)[0]}'")
+        upstreams[name] = dict(table)
+
+
+def _add_upstream_flags(values: list[str], upstreams: dict[str, Any]) -> None:
+    """``NAME=URL`` items: a new upstream, or a new url for one the file names."""
+    for text in values:
+        try:
+            name, url = parse_upstream_flag(text)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        upstreams[name] = {**upstreams.get(name, {}), "url": url}
 
 
 def _merge_engine(engine: Mapping[str, Any], tree: dict[str, dict[str, Any]]) -> None:
@@ -247,9 +293,13 @@ def _merge_table(
 
 def _build(tree: Mapping[str, Mapping[str, Any]]) -> EngineConfig:
     try:
-        return EngineConfig.model_validate(
-            {name: _SECTIONS[name](**values) for name, values in tree.items()}
-        )
+        sections: dict[str, Any] = {
+            name: _SECTIONS[name](**values) for name, values in tree.items() if name in _SECTIONS
+        }
+        sections[_UPSTREAM] = {
+            name: UpstreamConfig(**values) for name, values in tree.get(_UPSTREAM, {}).items()
+        }
+        return EngineConfig.model_validate(sections)
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from exc
 
@@ -309,12 +359,19 @@ def load_config(
     as the CLI produces them. Raises :class:`ConfigError` naming the bad key.
     """
     tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    tree[_UPSTREAM] = {}
     if path is not None:
         tree = load_toml(path)
-    for section, key, text in _env_overrides(os.environ if env is None else env):
+    environment = os.environ if env is None else env
+    for section, key, text in _env_overrides(environment):
         tree[section][key] = _coerce_text(section, key, text)
+    env_upstreams = environment.get(ENV_PREFIX + "UPSTREAM", "")
+    _add_upstream_flags([t.strip() for t in env_upstreams.split(",") if t.strip()], tree[_UPSTREAM])
     for key, value in (overrides or {}).items():
-        tree[_section_of(key)][key] = value
+        if key == _UPSTREAM:
+            _add_upstream_flags(list(value) if isinstance(value, list) else [], tree[_UPSTREAM])
+        else:
+            tree[_section_of(key)][key] = value
     return _build(tree)
 
 
@@ -332,6 +389,14 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(*flags, dest=key, action="append", help=help_text)
         else:
             parser.add_argument(*flags, dest=key, type=_flag_type(field.annotation), help=help_text)
+    parser.add_argument(
+        "--upstream",
+        dest=_UPSTREAM,
+        action="append",
+        metavar="NAME=URL",
+        help="An OpenAI-compatible engine behind this one (repeatable; more keys in "
+        f"[upstream.NAME] tables) [{ENV_PREFIX}UPSTREAM, comma-separated]",
+    )
 
 
 def _flag_type(annotation: object) -> type:
@@ -343,8 +408,7 @@ def _flag_type(annotation: object) -> type:
 
 def flag_overrides(namespace: argparse.Namespace) -> dict[str, object]:
     """The configuration keys that were given on the command line."""
+    keys = [key for _, key in _keys()] + [_UPSTREAM]
     return {
-        key: getattr(namespace, key)
-        for _, key in _keys()
-        if getattr(namespace, key, None) is not None
+        key: getattr(namespace, key) for key in keys if getattr(namespace, key, None) is not None
     }

@@ -14,11 +14,14 @@ EdgeLLMError                      500 internal_error
 │   ├── QueueFull                 503 queue_full
 │   ├── KvBudgetExceeded          503 kv_budget_exceeded
 │   ├── EngineUnavailable         503 engine_unavailable
-│   └── TooManyConnections        503 too_many_connections
+│   ├── TooManyConnections        503 too_many_connections
+│   └── UpstreamUnavailable       503 upstream_unavailable (no upstream could take it)
+├── UpstreamRejected              the upstream's own 4xx status and code, passed on
 └── StreamEnded                   final events of a stream (status if nothing was sent yet)
     ├── Cancelled                 409 cancelled; 503 on shutdown (reason field says why)
     ├── PauseTimeout              408 pause_timeout (paused longer than max_pause_ms)
-    └── BackendFailure            500 backend_error
+    ├── BackendFailure            500 backend_error
+    └── UpstreamFailure           502 upstream_error (the upstream broke off its stream)
 """
 
 from __future__ import annotations
@@ -142,6 +145,21 @@ class TooManyConnections(Overloaded):
     code = "too_many_connections"
 
 
+class UpstreamUnavailable(Overloaded):
+    code = "upstream_unavailable"
+
+
+class UpstreamRejected(EdgeLLMError):
+    """An upstream refused the request (4xx): its status and code reach the client."""
+
+    type = "invalid_request_error"
+
+    def __init__(self, status: int, code: str, message: str, *, backend: str) -> None:
+        super().__init__(message, backend=backend)
+        self.status = status
+        self.code = code
+
+
 class StreamEnded(EdgeLLMError):
     """Why a stream stopped early; sent as its final event."""
 
@@ -170,3 +188,8 @@ class PauseTimeout(StreamEnded):
 
 class BackendFailure(StreamEnded):
     code = "backend_error"
+
+
+class UpstreamFailure(StreamEnded):
+    status = 502
+    code = "upstream_error"

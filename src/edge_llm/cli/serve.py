@@ -52,6 +52,12 @@ async def _serve(config: EngineConfig) -> None:
         f"{server.ctx.engine.kv.capacity_tokens} tokens)",
         flush=True,
     )
+    for upstream in server.ctx.router.registry.upstreams:
+        state = "healthy" if upstream.healthy else f"unreachable ({upstream.last_error})"
+        role = ", fallback" if upstream.config.fallback else ""
+        models = ", ".join(upstream.models) or "none listed"
+        print(f"edge-llm: upstream {upstream.name} {upstream.config.url}: {state}; "
+              f"models: {models}{role}", flush=True)  # fmt: skip
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

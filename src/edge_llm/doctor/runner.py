@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from edge_llm.doctor import api_checks, net, proxy, static_checks
+from edge_llm.doctor import api_checks, net, proxy, static_checks, upstreams
 from edge_llm.doctor.probe import StreamProbe
 from edge_llm.doctor.result import CheckResult, Status, failed, skipped
 from edge_llm.doctor.settings import DoctorSettings
@@ -51,6 +51,9 @@ async def _api_checks(settings: DoctorSettings, base_url: str) -> list[CheckResu
             return [failure] + [skipped(n, "no answer to GET /models") for n in API_CHECKS[1:]]
         models = api_checks.diagnose_models(auth.models, settings.model.value, base_url)
         results = [auth.result, models.result]
+        upstream_health = await upstreams.check_upstreams(session, base_url, auth.key)
+        if upstream_health is not None:
+            results.append(upstream_health)
         if auth.result.status is Status.FAIL:
             return results + [skipped(n, "the key is not accepted") for n in API_CHECKS[2:]]
         return results + await _stream_checks(session, settings, base_url, auth.key, models.model)

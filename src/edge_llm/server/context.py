@@ -16,6 +16,7 @@ from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService
+from edge_llm.upstream.router import UpstreamRouter
 
 
 @dataclass
@@ -25,6 +26,8 @@ class ServerContext:
     config: EngineConfig
     pump_settings: PumpSettings
     connection: ConnectionSettings
+    # Upstream engines (none configured: every request runs locally).
+    router: UpstreamRouter
     started_at: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     # Open connections; set once the aiohttp server exists.

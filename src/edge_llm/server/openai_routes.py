@@ -14,11 +14,13 @@ from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai, sse
 from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, ToolSetup
+from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
 from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
+from edge_llm.upstream.router import FALLBACK_ERRORS
 
 
 @dataclass
@@ -74,20 +76,27 @@ _Ids = tuple[str, str, int]  # request id, model, created
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
-    req = openai.parse_request(
-        openai.ChatCompletionRequest, await read_json(request, ctx.connection)
-    )
-    ctx.service.check_model(req.model)
+    body = await read_json(request, ctx.connection)
+    req = openai.parse_request(openai.ChatCompletionRequest, body)
+    upstreams = ctx.router.upstreams_for(req.model)
+    if upstreams is not None:
+        return await upstream_routes.respond(
+            request, ctx, body, upstreams, route="model", user=req.user
+        )
     setup = req.tool_setup()
     if setup is not None and setup.active and req.n_logprobs is not None:
         raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
-    handle = await ctx.service.start_chat(
-        req.chat_messages(),
-        max_tokens=req.requested_max_tokens,
-        sampling=request_sampling(ctx, req),
-        session=session_of(request, req.user),
-        tools=setup,
-    )
+    try:
+        handle = await ctx.service.start_chat(
+            req.chat_messages(),
+            max_tokens=req.requested_max_tokens,
+            sampling=request_sampling(ctx, req),
+            session=session_of(request, req.user),
+            tools=setup,
+        )
+    except FALLBACK_ERRORS as exc:
+        return await upstream_routes.fallback(request, ctx, body, exc, user=req.user)
+    ctx.router.note_local(handle.id, handle.seq.session)
     if setup is not None and setup.active:
         return await _respond_with_tools(request, ctx, handle, req, setup)
     return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=True))
@@ -95,14 +104,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
-    req = openai.parse_request(openai.CompletionRequest, await read_json(request, ctx.connection))
-    ctx.service.check_model(req.model)
-    handle = await ctx.service.start_text(
-        req.prompt_text(),
-        max_tokens=req.requested_max_tokens,
-        sampling=request_sampling(ctx, req),
-        session=session_of(request, req.user),
-    )
+    body = await read_json(request, ctx.connection)
+    req = openai.parse_request(openai.CompletionRequest, body)
+    upstreams = ctx.router.upstreams_for(req.model)
+    if upstreams is not None:
+        return await upstream_routes.respond(
+            request, ctx, body, upstreams, route="model", user=req.user
+        )
+    try:
+        handle = await ctx.service.start_text(
+            req.prompt_text(),
+            max_tokens=req.requested_max_tokens,
+            sampling=request_sampling(ctx, req),
+            session=session_of(request, req.user),
+        )
+    except FALLBACK_ERRORS as exc:
+        return await upstream_routes.fallback(request, ctx, body, exc, user=req.user)
+    ctx.router.note_local(handle.id, handle.seq.session)
     return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=False))
 
 
@@ -147,8 +165,14 @@ async def _respond(
 
 
 async def models(request: web.Request) -> web.Response:
+    """The local model first, then every upstream's (``owned_by`` names the upstream)."""
     ctx = context_of(request)
-    return web.json_response(openai.model_list(ctx.service.model_id, ctx.started_at))
+    listing = openai.model_list(ctx.service.model_id, ctx.started_at)
+    for model, backend in ctx.router.model_entries():
+        if model != ctx.service.model_id:
+            entry = {"id": model, "object": "model", "created": ctx.started_at, "owned_by": backend}
+            listing["data"].append(entry)
+    return web.json_response(listing)
 
 
 async def _stream_sse(

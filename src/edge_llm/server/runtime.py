@@ -21,6 +21,10 @@ from edge_llm.server.context import ServerContext
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService, Limits
+from edge_llm.upstream.metrics import BackendMetrics
+from edge_llm.upstream.registry import Upstream, UpstreamRegistry
+from edge_llm.upstream.router import LOCAL, UpstreamRouter
+from edge_llm.upstream.stream import StreamSettings
 
 _log = logging.getLogger("edge_llm.server")
 
@@ -88,7 +92,9 @@ class RunningServer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*running), grace_s)
         engine.cancel_all("shutdown")
+        self.ctx.router.cancel_all("shutdown")
         await self.runner.cleanup()
+        await self.ctx.router.registry.close()
         await asyncio.to_thread(engine.stop)
         if self.event_log is not None:
             self.event_log.close()
@@ -109,6 +115,7 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
+    await ctx.router.registry.start()
     runner = web.AppRunner(
         create_app(ctx),
         handler_cancellation=True,
@@ -151,6 +158,7 @@ def build_context(
         engine=engine,
         service=service,
         config=config,
+        router=build_router(config, engine, service.model_id, events),
         pump_settings=PumpSettings(
             chunk_tokens=stream.chunk_size_tokens,
             flush_interval_s=stream.flush_interval_ms / 1000.0,
@@ -161,6 +169,58 @@ def build_context(
             write_buffer_bytes=server.write_buffer_bytes,
             body_timeout_s=server.body_timeout_ms / 1000.0,
         ),
+    )
+
+
+def build_router(
+    config: EngineConfig, engine: Engine, local_model: str, events: EventSink
+) -> UpstreamRouter:
+    bp, server = config.backpressure, config.server
+
+    def health_changed(upstream: Upstream, healthy: bool) -> None:
+        level = logging.INFO if healthy else logging.WARNING
+        _log.log(level, "upstream %s is %s", upstream.name, "healthy" if healthy else
+                 f"unhealthy: {upstream.last_error}")  # fmt: skip
+        events("upstream_health", None, backend=upstream.name, healthy=healthy,
+               error=upstream.last_error)  # fmt: skip
+
+    registry = UpstreamRegistry(
+        dict(config.upstream),
+        health_interval_s=server.upstream_health_interval_ms / 1000.0,
+        connect_timeout_s=server.upstream_connect_timeout_ms / 1000.0,
+        receive_buffer_bytes=server.upstream_receive_buffer_bytes,
+        on_health_change=health_changed,
+    )
+    metrics = BackendMetrics(engine.metrics.registry, LOCAL, list(config.upstream))
+    for upstream in registry.upstreams:
+        metrics.bind_upstream(
+            upstream.name,
+            healthy=lambda u=upstream: float(u.healthy),  # type: ignore[misc]
+            streams_open=lambda u=upstream: float(u.num_open),  # type: ignore[misc]
+        )
+
+    def cancel_local_session(session: str) -> None:
+        if not config.scheduler.supersede_sessions:
+            return
+        for handle in engine.live_handles():
+            if handle.seq.session == session:
+                engine.cancel(handle, "superseded")
+
+    settings = StreamSettings(
+        buffer_chunks=bp.outbound_buffer_tokens,
+        resume_threshold=bp.resume_threshold,
+        heartbeat_interval_s=config.stream.heartbeat_interval_ms / 1000.0,
+        connect_timeout_s=server.upstream_connect_timeout_ms / 1000.0,
+        ttft_timeout_s=bp.ttft_timeout_ms / 1000.0 if bp.ttft_timeout_ms else None,
+        max_pause_s=bp.max_pause_ms / 1000.0 if bp.max_pause_ms else None,
+    )
+    return UpstreamRouter(
+        registry,
+        local_model=local_model,
+        settings=settings,
+        metrics=metrics,
+        events=events,
+        cancel_local_session=cancel_local_session,
     )
 
 

@@ -25,6 +25,8 @@ from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import tune_connection
 from edge_llm.server.openai_routes import request_sampling
 from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
+from edge_llm.upstream.registry import Upstream
+from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
 
 SUBPROTOCOL = "edge-llm"
 
@@ -46,6 +48,7 @@ class _Connection:
         )
         self.protocol = StreamProtocol()
         self.handle: StreamHandle | None = None
+        self.upstream: UpstreamStream | None = None
         self.pump_task: asyncio.Task[None] | None = None
         self.heard = asyncio.Event()  # set by every complete frame the client sends
 
@@ -118,6 +121,8 @@ class _Connection:
         engine = self.ctx.engine
         if isinstance(command, StartStream):
             await self._start(command.request)
+        elif self.upstream is not None:
+            _control_upstream(self.upstream, command)
         elif self.handle is None:
             return
         elif isinstance(command, PauseStream):
@@ -129,15 +134,17 @@ class _Connection:
 
     async def _start(self, body: dict[str, Any]) -> None:
         service = self.ctx.service
+        session: str | None = None
         try:
             req = openai.parse_request(openai.ChatCompletionRequest, body)
-            service.check_model(req.model)
             _no_tools(req)
             if req.logprobs:
                 raise InvalidRequest(
                     "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
                 )
             session = self.request.headers.get("X-Session-Id") or req.user
+            if self._start_upstream(body, req.model, session):
+                return
             handle = await service.start_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
@@ -145,11 +152,51 @@ class _Connection:
                 session=session,
             )
         except EdgeLLMError as exc:
-            self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
+            if not self._start_upstream(body, None, session, refused=exc):
+                self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
             return
+        self.ctx.router.note_local(handle.id, session)
         self.handle = handle
         self.protocol.on_started(handle.id)
         self.pump_task = asyncio.create_task(self._pump(handle))
+
+    def _start_upstream(
+        self,
+        body: dict[str, Any],
+        model: str | None,
+        session: str | None,
+        refused: EdgeLLMError | None = None,
+    ) -> bool:
+        """Start the stream on an upstream if the model or a local refusal says so."""
+        router = self.ctx.router
+        candidates: list[Upstream] | None
+        if refused is not None:
+            candidates, route = router.fallback_for(refused), f"fallback_{refused.code}"
+        else:
+            candidates, route = router.upstreams_for(model), "model"
+        if not candidates:
+            return False
+        path = "/v1/chat/completions"
+        stream = router.open(path, body, candidates, route=route, session=session)
+        self.upstream = stream
+        self.protocol.on_started(stream.id)
+        self.pump_task = asyncio.create_task(self._pump_upstream(stream))
+        return True
+
+    async def _pump_upstream(self, stream: UpstreamStream) -> None:
+        n_deltas = 0
+        try:
+            async for event in stream.events():
+                if isinstance(event, UpstreamChunk):
+                    if not event.text:
+                        continue
+                    self._report(stream, Delta(event.text, 1, n_deltas))
+                    n_deltas += 1
+                else:
+                    self._report(stream, event)
+                await self._flush()
+        finally:
+            self.ctx.router.closed(stream)
 
     async def _pump(self, handle: StreamHandle) -> None:
         with self.ctx.guard(handle):
@@ -158,7 +205,9 @@ class _Connection:
                 await self._flush()
 
     def _report(
-        self, handle: StreamHandle, event: Delta | Heartbeat | PauseChanged | Finished
+        self,
+        handle: StreamHandle | UpstreamStream,
+        event: Delta | Heartbeat | PauseChanged | Finished,
     ) -> None:
         protocol = self.protocol
         if isinstance(event, Delta):
@@ -171,7 +220,7 @@ class _Connection:
             else:
                 protocol.on_paused(event.cause)
         else:
-            self.handle = None
+            self.handle = self.upstream = None
             error = event.outcome.error
             now = self.ctx.engine.clock()
             if error is None:
@@ -190,8 +239,19 @@ class _Connection:
         """The socket closed: cancel the stream (reason: disconnect)."""
         if self.handle is not None and not self.handle.finished:
             self.ctx.engine.cancel(self.handle, "disconnect")
+        if self.upstream is not None:
+            self.upstream.cancel("disconnect")
         if self.pump_task is not None:
             self.pump_task.cancel()
+
+
+def _control_upstream(stream: UpstreamStream, command: Command) -> None:
+    if isinstance(command, PauseStream):
+        stream.pause()
+    elif isinstance(command, ResumeStream):
+        stream.resume()
+    elif isinstance(command, CancelStream):
+        stream.cancel("client")
 
 
 def _details(error: EdgeLLMError) -> dict[str, Any]:

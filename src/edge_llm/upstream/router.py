@@ -1,0 +1,172 @@
+"""Local or upstream: which backend takes a request, and the upstream streams alive.
+
+A request naming an upstream's model goes to the upstreams listing it. A request
+for the local model (or naming none) runs locally; when the device refuses it
+(``prompt_too_long``, ``queue_full``, ``kv_budget_exceeded``) it goes to the
+upstreams with ``fallback = true``, else the client gets the local refusal.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from edge_llm.errors import (
+    EdgeLLMError,
+    KvBudgetExceeded,
+    KvBudgetNeverFits,
+    ModelNotFound,
+    PromptTooLong,
+    QueueFull,
+)
+from edge_llm.observability.events import EventSink
+from edge_llm.upstream.metrics import BackendMetrics
+from edge_llm.upstream.registry import Upstream, UpstreamRegistry
+from edge_llm.upstream.stream import StreamSettings, UpstreamStream
+
+LOCAL = "local"
+# Local refusals an upstream with fallback = true may take instead.
+FALLBACK_ERRORS = (PromptTooLong, QueueFull, KvBudgetExceeded, KvBudgetNeverFits)
+_RECENT = 64  # finished upstream streams kept for /debug/streams
+_RECENT_SECONDS = 30.0
+
+
+class UpstreamRouter:
+    def __init__(
+        self,
+        registry: UpstreamRegistry,
+        *,
+        local_model: str,
+        settings: StreamSettings,
+        metrics: BackendMetrics,
+        events: EventSink,
+        cancel_local_session: Callable[[str], None],
+    ) -> None:
+        self.registry = registry
+        self.local_model = local_model
+        self.settings = settings
+        self.metrics = metrics
+        self.events = events
+        self._cancel_local_session = cancel_local_session
+        self._live: dict[str, UpstreamStream] = {}
+        self._sessions: dict[str, UpstreamStream] = {}
+        self._recent: deque[UpstreamStream] = deque(maxlen=_RECENT)
+
+    # -- decisions ---------------------------------------------------------------------
+
+    def upstreams_for(self, model: str | None) -> list[Upstream] | None:
+        """None: run locally. Else the upstreams serving ``model`` (ModelNotFound
+        when nobody serves it)."""
+        if model is None or model == self.local_model:
+            return None
+        serving = self.registry.serving(model)
+        if not serving:
+            available = [self.local_model, *(m for m, _ in self.registry.all_models())]
+            raise ModelNotFound(
+                f"model {model!r} is not served here; available: {', '.join(available)}",
+                param="model",
+                available=available,
+            )
+        return serving
+
+    def fallback_for(self, error: EdgeLLMError) -> list[Upstream]:
+        """Healthy upstreams with room that may take a request the device refused
+        with ``error`` (none: the client gets the device's refusal, which says more
+        than ``upstream_unavailable``)."""
+        if not isinstance(error, FALLBACK_ERRORS):
+            return []
+        return [u for u in self.registry.fallbacks() if u.healthy and u.has_room]
+
+    def note_local(self, request_id: str, session: str | None) -> None:
+        """A request runs locally: it supersedes its session's upstream stream."""
+        self.metrics.requests.labels(LOCAL, "local").inc()
+        self._supersede(session)
+
+    # -- streams -----------------------------------------------------------------------
+
+    def open(
+        self,
+        path: str,
+        body: dict[str, Any],
+        candidates: list[Upstream],
+        *,
+        route: str,
+        session: str | None,
+    ) -> UpstreamStream:
+        """Start relaying ``body`` (with ``stream`` on and usage asked for) to the
+        first usable candidate. ``route`` is ``model`` or ``fallback_<code>``."""
+        fallback = route != "model"
+        client_model = self.local_model if fallback else str(body.get("model"))
+        usable = self.registry.usable(candidates)
+        stream = UpstreamStream(
+            stream_id="chatcmpl-" + uuid.uuid4().hex[:24],
+            path=path,
+            body=upstream_body(body),
+            candidates=usable,
+            registry=self.registry,
+            settings=self.settings,
+            client_model=client_model,
+            session=session,
+            metrics=self.metrics,
+            events=self.events,
+        )
+        self._supersede(session)
+        if session:
+            self._cancel_local_session(session)
+            self._sessions[session] = stream
+        self._live[stream.id] = stream
+        backend = usable[0].name if usable else "none"
+        self.metrics.requests.labels(backend, route).inc()
+        self.events(
+            "routed",
+            stream.id,
+            backend=backend,
+            route=route,
+            candidates=[u.name for u in usable],
+            session=session,
+        )
+        stream.start()
+        return stream
+
+    def closed(self, stream: UpstreamStream) -> None:
+        """The connection is done with ``stream`` (it is finished by then)."""
+        if not stream.finished:
+            stream.cancel("disconnect")
+        self._live.pop(stream.id, None)
+        if stream.session and self._sessions.get(stream.session) is stream:
+            del self._sessions[stream.session]
+        self._recent.append(stream)
+
+    def _supersede(self, session: str | None) -> None:
+        old = self._sessions.pop(session, None) if session else None
+        if old is not None and not old.finished:
+            old.cancel("superseded")
+
+    def cancel_all(self, reason: str) -> None:
+        for stream in list(self._live.values()):
+            stream.cancel(reason)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        recent = [s for s in self._recent if now - (s.finished_at or now) <= _RECENT_SECONDS]
+        return [s.describe(now) for s in [*self._live.values(), *recent]]
+
+    def model_entries(self) -> list[tuple[str, str]]:
+        """(model id, backend) of every upstream model."""
+        return self.registry.all_models()
+
+
+def upstream_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The client's request as the upstream gets it: streamed, with usage (each
+    attempt sets ``model`` to what that upstream calls it)."""
+    forwarded = dict(body)
+    forwarded["stream"] = True
+    options = forwarded.get("stream_options")
+    forwarded["stream_options"] = {
+        **(options if isinstance(options, dict) else {}),
+        "include_usage": True,
+    }
+    return forwarded

