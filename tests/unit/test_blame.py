@@ -463,7 +463,7 @@ def test_text_rendering_has_a_summary_line_evidence_and_a_total() -> None:
     lines = text.splitlines()
     assert lines[1].split()[:3] == ["chatcmpl-0c0000000000000000000003", "client", "length"]
     assert any("watermark_high" in line and "pause_enabled=false" in line for line in lines)
-    assert lines[-1].startswith("total: 1 requests: engine 0, transport 0, client 1")
+    assert lines[-1].startswith("total: 1 requests: engine 0, upstream 0, transport 0, client 1")
 
 
 def test_evidence_line_shows_offset_source_event_and_fields() -> None:
@@ -480,6 +480,7 @@ def test_json_report_keeps_the_evidence_lines_as_logged() -> None:
     assert document["total"] == {
         "requests": 1,
         "engine": 1,
+        "upstream": 0,
         "transport": 0,
         "client": 0,
         "unknown": 0,
@@ -572,3 +573,42 @@ def test_log_closed_lines_are_not_requests_but_their_drops_are_noted() -> None:
     )
     assert [r.request_id for r in report.requests] == [RID]
     assert report.notes == ("the client log dropped 3 lines: evidence may be missing",)
+
+
+# -- requests relayed to an upstream ---------------------------------------------------------
+
+
+def relayed(ttft_ms: float, error: str | None = None, **end: Any) -> list[dict[str, Any]]:
+    return [
+        eng(0.0, "routed", backend="gpu", route="model", candidates=["gpu"], session=None),
+        eng(ttft_ms / 1000.0, "first_token", ttft_ms=ttft_ms, backend="gpu"),
+        eng(
+            9.0,
+            "end",
+            finish_reason=None if error else "stop",
+            error=error,
+            n_generated=40,
+            ttft_ms=ttft_ms,
+            pauses=0,
+            paused_ms=0.0,
+            backend="gpu",
+            **end,
+        ),
+    ]
+
+
+def test_a_slow_first_token_from_an_upstream_is_the_upstreams() -> None:
+    report = judge_one(relayed(5200.0), client_start() + client_end(9.1))
+    assert report.verdict == "upstream"
+    assert report.findings[0].rule == "slow_upstream"
+    assert "'gpu'" in report.findings[0].message
+
+
+def test_an_upstream_that_broke_off_is_blamed_and_no_kv_rule_applies() -> None:
+    report = judge_one(relayed(80.0, "upstream_error"), client_start() + client_end(9.1))
+    assert [f.rule for f in report.findings] == ["upstream_failed"]
+    assert report.verdict == "upstream"
+
+
+def test_a_quick_upstream_stream_is_ok() -> None:
+    assert judge_one(relayed(80.0), client_start() + client_end(9.1)).verdict == "ok"

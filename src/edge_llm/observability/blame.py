@@ -10,7 +10,7 @@ Input is the engine's and the client's JSONL event logs (see
 2. Each rule is a small function ``(Timeline, Thresholds) -> list[Finding]``. A
    finding names a party and carries the evidence lines, untouched.
 3. :func:`judge` runs every rule: the verdict is the most serious party found
-   (``engine`` > ``transport`` > ``client`` > ``unknown``), else ``ok``.
+   (``engine`` > ``upstream`` > ``transport`` > ``client`` > ``unknown``), else ``ok``.
 
 Parties:
 
@@ -21,6 +21,10 @@ Parties:
 - ``transport``: the ring filled while the client was reading, a first token that
   took long to cross from engine to client, a connection that dropped with nobody
   asking for it.
+- ``upstream``: a request relayed to an upstream engine (its ``routed`` line names
+  one) whose first token came late from the upstream while nobody paused, or that
+  the upstream ended with an error or a TTFT time-out. Rules about the local
+  decode loop (tokens after PAUSE, KV freed) do not apply to such requests.
 - ``unknown``: a stall that only the missing log could attribute.
 
 Cross-log comparisons use the wall clock ``ts`` (``mono`` is per process), so they
@@ -36,11 +40,12 @@ from typing import Any
 Event = Mapping[str, Any]
 
 ENGINE = "engine"
+UPSTREAM = "upstream"
 CLIENT = "client"
 TRANSPORT = "transport"
 UNKNOWN = "unknown"
 OK = "ok"
-VERDICT_PRIORITY = (ENGINE, TRANSPORT, CLIENT, UNKNOWN)
+VERDICT_PRIORITY = (ENGINE, UPSTREAM, TRANSPORT, CLIENT, UNKNOWN)
 VERDICTS = (*VERDICT_PRIORITY, OK)
 
 MAX_PAUSE_TOKENS = 1  # the step already in flight when the pause took effect
@@ -49,6 +54,8 @@ CLIENT_LOW_EVENTS = ("watermark_low", "resume_sent", "read_resumed")
 CLIENT_PAUSE_EVENTS = ("pause_sent", "read_paused")
 TRANSPORT_ERROR_CODES = ("read_error", "dead_connection", "socket_eagain")
 LINES_AFTER_CANCEL_ALLOWED = ("end", "kv_freed")
+LOCAL_BACKEND = "local"
+UPSTREAM_ERROR_CODES = ("upstream_error", "upstream_unavailable", "ttft_timeout")
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Thresholds:
     grace_s: float = 0.5  # watermark_high -> PAUSE sent; PAUSE/CANCEL sent -> engine acts
     lag_s: float = 1.0  # engine first token -> client first token
     kv_grace_s: float = 1.0  # end/cancel -> kv_freed (a step, with margin)
+    upstream_ttft_s: float = 3.0  # an upstream's first token (the client's ttft_warn_ms)
 
 
 @dataclass(frozen=True)
@@ -625,7 +633,54 @@ def _client_went_on(t: Timeline, when: float) -> bool:
     return any(_ts(e) >= when for e in t.client)
 
 
+# -- upstream rules ------------------------------------------------------------------------
+
+
+def upstream_of(t: Timeline) -> tuple[str, Event] | None:
+    """The upstream the request was relayed to, with its ``routed`` line."""
+    routed = _first(t.engine, "routed")
+    backend = routed.get("backend") if routed is not None else None
+    if routed is None or not backend or backend == LOCAL_BACKEND:
+        return None
+    return str(backend), routed
+
+
+def upstream_failed(t: Timeline, th: Thresholds) -> list[Finding]:
+    """Upstream: it ended the stream with an error or never sent a first token in time."""
+    relayed = upstream_of(t)
+    end = _last(t.engine, "end")
+    if relayed is None or end is None or end.get("error") not in UPSTREAM_ERROR_CODES:
+        return []
+    backend, routed = relayed
+    failovers = _named(t.engine, "upstream_failover")
+    message = f"the upstream {backend!r} ended the stream: {end.get('error')}"
+    if failovers:
+        message += f" (after {len(failovers)} failover(s))"
+    return [Finding(UPSTREAM, "upstream_failed", message, (routed, *failovers, end))]
+
+
+def slow_upstream(t: Timeline, th: Thresholds) -> list[Finding]:
+    """Upstream: its first token took longer than ``upstream_ttft_s``, not paused."""
+    relayed = upstream_of(t)
+    first = _first(t.engine, "first_token")
+    if relayed is None or first is None:
+        return []
+    backend, routed = relayed
+    ttft_ms = _num(first, "ttft_ms") or 0.0
+    if ttft_ms <= th.upstream_ttft_s * 1000.0 or _within(
+        t.engine, _ts(routed), _ts(first), "paused"
+    ):
+        return []
+    message = (
+        f"the upstream {backend!r} sent its first token after {ttft_ms:.0f} ms "
+        f"(over {_ms(th.upstream_ttft_s)}), nothing paused: the wait was the upstream's"
+    )
+    return [Finding(UPSTREAM, "slow_upstream", message, (routed, first))]
+
+
 Rule = Callable[[Timeline, Thresholds], list[Finding]]
+# About the local decode loop: a relayed request has none.
+LOCAL_ONLY_RULES: tuple[Rule, ...] = (tokens_after_pause, kv_not_freed)
 RULES: tuple[Rule, ...] = (
     tokens_after_pause,
     lines_after_cancel,
@@ -636,6 +691,8 @@ RULES: tuple[Rule, ...] = (
     socket_full_cause,
     late_first_token,
     dropped_connection,
+    upstream_failed,
+    slow_upstream,
 )
 
 
@@ -733,7 +790,9 @@ def verdict_of(findings: Iterable[Finding]) -> str:
 
 
 def judge(t: Timeline, th: Thresholds) -> RequestReport:
-    findings = tuple(f for rule in RULES for f in rule(t, th))
+    relayed = upstream_of(t) is not None
+    rules = [r for r in RULES if not (relayed and r in LOCAL_ONLY_RULES)]
+    findings = tuple(f for rule in rules for f in rule(t, th))
     return RequestReport(
         request_id=t.request_id,
         client_request_ids=tuple(t.client_request_ids),

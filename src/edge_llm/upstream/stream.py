@@ -167,6 +167,7 @@ class UpstreamStream:
             return
         self._client_paused = True
         self._unpaused.clear()
+        self.log_event("pause_received", self.id, n_generated=self.progress.n_content)
         self._note_pause_change(was_paused=self._socket_full)
         if self.settings.max_pause_s:
             loop = asyncio.get_running_loop()
@@ -177,6 +178,7 @@ class UpstreamStream:
             return
         self._client_paused = False
         self._unpaused.set()
+        self.log_event("resume_received", self.id, n_generated=self.progress.n_content)
         if self._pause_timer is not None:
             self._pause_timer.cancel()
         self._note_pause_change(was_paused=True)
