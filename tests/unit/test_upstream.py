@@ -377,3 +377,14 @@ async def test_models_lists_upstream_models_and_unknown_is_404(servers, front_of
     assert (await missing.json())["error"]["available"] == ["fake", "m"]
     streams = await (await client.get("/debug/streams")).json()
     assert streams["upstreams"][0]["name"] == "u"
+
+
+async def test_responses_api_names_the_upstream_it_cannot_relay_to(servers, front_of) -> None:
+    fake = await servers(["x"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    body = {"model": "m", "input": "hi"}
+    refused = await client.post("/v1/responses", json=body)
+    assert refused.status == 400
+    error = (await refused.json())["error"]
+    assert error["param"] == "model" and "upstream 'u'" in error["message"]
+    assert fake.requests == []

@@ -38,6 +38,7 @@ from edge_llm.server.sse_writer import SseWriter
 async def create_response(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     req = responses.parse(await read_json(request, ctx.connection))
+    ctx.router.refuse_upstream_model(req.model, "/v1/responses")
     ctx.service.check_model(req.model)
     history = _conversation(ctx, req)
     setup = req.tool_setup()
