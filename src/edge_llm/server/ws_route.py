@@ -85,7 +85,8 @@ class _Connection:
         """
         patience = self.ctx.config.server.body_timeout_ms / 1000
         while True:
-            if await self._heard_within(patience) or self.handle is not None:
+            streaming = self.handle is not None or self.upstream is not None
+            if await self._heard_within(patience) or streaming:
                 continue
             self.heard.clear()
             with contextlib.suppress(ConnectionError, TimeoutError):
