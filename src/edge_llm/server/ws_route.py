@@ -85,8 +85,8 @@ class _Connection:
         """
         patience = self.ctx.config.server.body_timeout_ms / 1000
         while True:
-            streaming = self.handle is not None or self.upstream is not None
-            if await self._heard_within(patience) or streaming:
+            heard = await self._heard_within(patience)
+            if heard or self.handle is not None or self.upstream is not None:
                 continue
             self.heard.clear()
             with contextlib.suppress(ConnectionError, TimeoutError):
