@@ -119,6 +119,40 @@ def test_the_reported_hostile_bodies_are_400_naming_the_field(
         assert (param or "nested deeper") in reply.body.decode()
 
 
+UNHASHABLE_TYPE_BODIES = {
+    "/v1/chat/completions": {
+        "messages": [{"role": "user", "content": [{"type": {}, "text": "Hi"}]}],
+        "tools": [{"type": [], "function": {"name": "f"}}],
+    },
+    "/v1/messages": {
+        "messages": [
+            {"role": "user", "content": [{"type": {}, "text": "Hi"}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": {}}]}],
+            },
+        ],
+        "tools": [{"type": {}, "name": "f", "input_schema": {}}],
+    },
+    "/v1/responses": {"tools": [{"type": {}, "name": "f"}]},
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [(path, field) for path, fields in UNHASHABLE_TYPE_BODIES.items() for field in fields],
+)
+def test_a_type_that_is_an_object_is_a_400(server: FakeServer, path: str, field: str) -> None:
+    """Found by the fuzzer: ``"type": {}`` in a content block reached a set lookup
+    (TypeError, 500). Every field whose "type" names a kind is checked."""
+    value = UNHASHABLE_TYPE_BODIES[path][field]
+    for item in value:
+        body = {**BASE_BODIES[path], field: [item]}
+        reply = post_raw(server.url, path, _json(body))
+        assert reply.status == 400, reply
+        check_reply(path, reply)
+
+
 @given(data=st.data())
 @FUZZ
 def test_no_body_on_any_endpoint_gets_a_5xx(server: FakeServer, data: st.DataObject) -> None:

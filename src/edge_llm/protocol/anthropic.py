@@ -124,7 +124,7 @@ def _text_only(value: object, allowed: tuple[str, ...] = ("text",)) -> object:
     if isinstance(value, list):
         for block in value:
             kind = block.get("type") if isinstance(block, dict) else None
-            if kind is not None and kind not in allowed:
+            if isinstance(kind, str) and kind not in allowed:
                 reason = _UNSUPPORTED_BLOCKS.get(kind, f"only {', '.join(allowed)}")
                 raise ValueError(f"content block type {kind!r} is not supported ({reason})")
     return value
@@ -291,7 +291,7 @@ class MessagesRequest(_Strict):
         if isinstance(value, list):
             for tool in value:
                 kind = tool.get("type") if isinstance(tool, dict) else None
-                if kind is not None and kind != "custom":
+                if isinstance(kind, str) and kind != "custom":
                     raise ValueError(f"tool type {kind!r} is not supported (client tools only)")
         return value
 

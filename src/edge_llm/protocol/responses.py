@@ -237,7 +237,7 @@ class ResponsesRequest(Strict):
         if isinstance(value, list):
             for tool in value:
                 kind = tool.get("type") if isinstance(tool, dict) else None
-                if kind is not None and kind not in _TOOL_TYPES:
+                if isinstance(kind, str) and kind not in _TOOL_TYPES:
                     raise ValueError(
                         f"tool type {kind!r} is not supported (function, namespace; "
                         f"hosted tools are accepted and not offered: {', '.join(HOSTED_TOOLS)})"
