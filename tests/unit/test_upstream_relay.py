@@ -9,16 +9,19 @@ import json
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from edge_llm.client.sse import SSEParser
 from edge_llm.config import ConfigError, load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
+from edge_llm.protocol import anthropic, responses
+from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
 from edge_llm.server.pump import Finished
@@ -28,34 +31,74 @@ from edge_llm.upstream.config import UpstreamConfig
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 from edge_llm.upstream.stream import StreamSettings, UpstreamChunk, UpstreamStream
+from edge_llm.upstream.translate import (
+    ChatChunkReader,
+    messages_chat_body,
+    responses_chat_body,
+    usage_counts,
+)
 
 from fakes import FakeBackend
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _chunk(text: str, finish: str | None = None) -> bytes:
-    choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
-    return b"data: " + json.dumps({"id": "x", "choices": [choice]}).encode() + b"\n\n"
+def _chunk(text: str, finish: str | None = None, *, chat: bool = True) -> bytes:
+    choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if chat:
+        choice["delta"] = {"content": text}
+    else:
+        choice["text"] = text
+    return _data({"id": "x", "choices": [choice]})
+
+
+def _data(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _call_chunks(name: str, pieces: list[str]) -> list[bytes]:
+    """A streamed tool call: id and name first, then the arguments in pieces."""
+    start = {"index": 0, "id": "call_up1", "type": "function",
+             "function": {"name": name, "arguments": ""}}  # fmt: skip
+    deltas = [start] + [{"index": 0, "function": {"arguments": p}} for p in pieces]
+    choices = [{"index": 0, "delta": {"tool_calls": [d]}, "finish_reason": None} for d in deltas]
+    return [_data({"id": "x", "choices": [c]}) for c in choices]
 
 
 class FakeUpstream:
-    """Streams ``texts`` then [DONE]; ``break_after`` drops the connection after
+    """Streams ``texts`` (then ``tool_call``'s chunks), a usage chunk and [DONE]
+    for chat and text completions; ``break_after`` drops the connection after
     that many chunks; ``status`` answers an error instead."""
 
+    # vLLM sends null prompt_tokens_details
+    USAGE: ClassVar[dict[str, Any]] = {
+        "prompt_tokens": 7,
+        "completion_tokens": 5,
+        "total_tokens": 12,
+        "prompt_tokens_details": None,
+    }
+
     def __init__(
-        self, texts: list[str], *, break_after: int | None = None, status: int = 200
+        self,
+        texts: list[str],
+        *,
+        break_after: int | None = None,
+        status: int = 200,
+        tool_call: tuple[str, list[str]] | None = None,
     ) -> None:
         self.texts = texts
         self.break_after = break_after
         self.status = status
+        self.tool_call = tool_call
         self.requests: list[dict[str, Any]] = []
+        self.paths: list[str] = []
         self.closed_by_client = asyncio.Event()
         self.server = TestServer(self._app())
 
     def _app(self) -> web.Application:
         app = web.Application()
-        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/chat/completions", self._complete)
+        app.router.add_post("/v1/completions", self._complete)
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -66,22 +109,31 @@ class FakeUpstream:
     def url(self) -> str:
         return str(self.server.make_url("")).rstrip("/")
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    def _chunks(self, chat: bool) -> list[bytes]:
+        chunks = [_chunk(text, chat=chat) for text in self.texts]
+        finish = "stop"
+        if self.tool_call is not None:
+            chunks += _call_chunks(*self.tool_call)
+            finish = "tool_calls"
+        usage = _data({"id": "x", "choices": [], "usage": self.USAGE})
+        return [*chunks, _chunk("", finish, chat=chat) + usage + b"data: [DONE]\n\n"]
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(await request.json())
+        self.paths.append(request.path)
         if self.status != 200:
             error = {"error": {"message": "too long", "code": "prompt_too_long"}}
             return web.json_response(error, status=self.status)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
-            for n, text in enumerate(self.texts):
+            for n, chunk in enumerate(self._chunks(request.path.endswith("/chat/completions"))):
                 if n == self.break_after:
                     assert request.transport is not None
                     request.transport.abort()
                     return response
-                await response.write(_chunk(text))
+                await response.write(chunk)
                 await asyncio.sleep(0.01)
-            await response.write(_chunk("", "stop") + b"data: [DONE]\n\n")
         except (ConnectionResetError, asyncio.CancelledError):
             self.closed_by_client.set()
             raise
@@ -379,12 +431,350 @@ async def test_models_lists_upstream_models_and_unknown_is_404(servers, front_of
     assert streams["upstreams"][0]["name"] == "u"
 
 
-async def test_responses_api_names_the_upstream_it_cannot_relay_to(servers, front_of) -> None:
+# -- Responses, Messages and text completions over an upstream ---------------------------
+
+TOOL = {"name": "get_weather", "description": "Weather of a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+
+
+def _sse_events(raw: str) -> list[tuple[str | None, Any]]:
+    events = SSEParser().feed(raw.encode())
+    return [(e.event, None if e.data == "[DONE]" else json.loads(e.data)) for e in events]
+
+
+def _runs(names: list[str | None]) -> list[str | None]:
+    """Event names with repeats folded (a run of deltas is one entry)."""
+    return [name for n, name in enumerate(names) if n == 0 or names[n - 1] != name]
+
+
+async def _stream_of(client: TestClient, stream_id: str) -> dict[str, Any]:
+    streams = (await (await client.get("/debug/streams")).json())["streams"]
+    return next(s for s in streams if s["id"] == stream_id)
+
+
+async def test_responses_streamed_through_an_upstream(servers, front_of) -> None:
+    fake = await servers(["Hello", ",", " world"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    body = {"model": "m", "input": "hi", "instructions": "Be brief.", "stream": True,
+            "max_output_tokens": 20, "temperature": 0, "tools": [{"type": "function", **TOOL}],
+            "tool_choice": "auto", "text": {"format": {"type": "json_object"}}}  # fmt: skip
+    response = await client.post("/v1/responses", json=body)
+    assert response.status == 200
+    events = _sse_events(await response.text())
+    assert all(name == data["type"] for name, data in events)
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert _runs([name for name, _ in events]) == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    deltas = [d["delta"] for name, d in events if name == "response.output_text.delta"]
+    assert deltas == ["Hello", ",", " world"]
+    final = events[-1][1]["response"]
+    assert final["model"] == "m" and final["status"] == "completed"
+    assert final["output"][0]["content"][0]["text"] == "Hello, world"
+    assert final["usage"]["input_tokens"] == 7 and final["usage"]["output_tokens"] == 5
+    (sent,) = fake.requests
+    assert fake.paths == ["/v1/chat/completions"]
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert (sent["model"], sent["max_tokens"], sent["temperature"]) == ("m", 20, 0)
+    assert sent["tools"] == [{"type": "function", "function": TOOL}]
+    assert sent["tool_choice"] == "auto"
+    assert sent["response_format"] == {"type": "json_object"}
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    stream = await _stream_of(client, response.headers["X-Request-Id"])
+    assert (stream["backend"], stream["state"]) == ("u", "done")
+
+
+async def test_responses_not_streamed_with_a_call_and_a_stored_conversation(
+    servers, front_of
+) -> None:
+    fake = await servers(["Checking."], tool_call=("get_weather", ['{"city":', ' "Paris"}']))
+    client = await front_of(upstream=[f"u={fake.url}"])
+    tools = [{"type": "function", **TOOL}]
+    body = {"model": "m", "input": "Weather in Paris?", "tools": tools}
+    first = await (await client.post("/v1/responses", json=body)).json()
+    assert first["status"] == "completed" and first["model"] == "m"
+    message, call = first["output"]
+    assert message["content"][0]["text"] == "Checking."
+    assert (call["type"], call["name"], call["call_id"]) == (
+        "function_call",
+        "get_weather",
+        "call_up1",
+    )
+    assert call["arguments"] == '{"city": "Paris"}'
+    output = {"type": "function_call_output", "call_id": "call_up1", "output": "sunny"}
+    follow_up = {"model": "m", "input": [output], "previous_response_id": first["id"]}
+    second = await client.post("/v1/responses", json=follow_up)
+    assert second.status == 200
+    assert fake.requests[1]["messages"] == [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "call_up1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_up1", "content": "sunny"},
+    ]  # fmt: skip
+
+
+async def test_messages_streamed_through_an_upstream(servers, front_of) -> None:
+    fake = await servers(["Hello", ",", " world"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    body = {"model": "m", "max_tokens": 30, "stream": True, "system": "Be brief.",
+            "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["END"],
+            "top_k": 5, "metadata": {"user_id": "ann"}}  # fmt: skip
+    response = await client.post("/v1/messages", json=body)
+    assert response.status == 200
+    events = _sse_events(await response.text())
+    assert all(name == data["type"] for name, data in events)
+    assert _runs([name for name, _ in events]) == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[0][1]["message"]["model"] == "m"
+    text = [d["delta"]["text"] for name, d in events if name == "content_block_delta"]
+    assert text == ["Hello", ",", " world"]
+    assert events[-2][1]["delta"]["stop_reason"] == "end_turn"
+    assert events[-2][1]["usage"] == {"input_tokens": 7, "output_tokens": 5}
+    (sent,) = fake.requests
+    assert sent["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hi"},
+    ]
+    assert (sent["max_tokens"], sent["stop"], sent["top_k"], sent["user"]) == (
+        30,
+        ["END"],
+        5,
+        "ann",
+    )
+    stream = await _stream_of(client, response.headers["X-Request-Id"])
+    assert stream["backend"] == "u"
+
+
+async def test_messages_not_streamed_with_a_tool_use(servers, front_of) -> None:
+    fake = await servers(["Let me see."], tool_call=("get_weather", ['{"city": ', '"Oslo"}']))
+    client = await front_of(upstream=[f"u={fake.url}"])
+    tool = {"name": "get_weather", "input_schema": TOOL["parameters"]}
+    choice = {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}
+    body = {"model": "m", "max_tokens": 30, "tools": [tool], "tool_choice": choice,
+            "messages": [{"role": "user", "content": "Weather in Oslo?"}]}  # fmt: skip
+    response = await client.post("/v1/messages", json=body)
+    assert response.status == 200
+    message = await response.json()
+    assert message["model"] == "m" and message["stop_reason"] == "tool_use"
+    assert message["content"] == [
+        {"type": "text", "text": "Let me see."},
+        {"type": "tool_use", "id": "call_up1", "name": "get_weather", "input": {"city": "Oslo"}},
+    ]
+    assert message["usage"]["input_tokens"] == 7
+    (sent,) = fake.requests
+    assert sent["tools"] == [{"type": "function", "function": {
+        "name": "get_weather", "parameters": TOOL["parameters"]}}]  # fmt: skip
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert sent["parallel_tool_calls"] is False
+
+
+async def test_messages_prefill_cannot_be_relayed(servers, front_of) -> None:
     fake = await servers(["x"])
     client = await front_of(upstream=[f"u={fake.url}"])
-    body = {"model": "m", "input": "hi"}
-    refused = await client.post("/v1/responses", json=body)
-    assert refused.status == 400
-    error = (await refused.json())["error"]
-    assert error["param"] == "model" and "upstream 'u'" in error["message"]
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}]
+    response = await client.post(
+        "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": turns}
+    )
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+    assert "prefill" in error["message"]
     assert fake.requests == []
+
+
+async def test_messages_with_another_model_id_still_run_locally(servers, front_of) -> None:
+    fake = await servers(["x"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    body = {"model": "claude-x", "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    response = await client.post("/v1/messages", json=body)
+    assert response.status == 200
+    assert (await response.json())["model"] == "fake"
+    assert fake.requests == []
+
+
+async def _post_fallback(client: TestClient, endpoint: str, prompt: str) -> Any:
+    bodies = {
+        "/v1/responses": {"input": prompt, "max_output_tokens": 4},
+        "/v1/messages": {"model": "fake", "max_tokens": 4,
+                         "messages": [{"role": "user", "content": prompt}]},
+    }  # fmt: skip
+    return await client.post(endpoint, json=bodies[endpoint])
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/responses", "/v1/messages"])
+async def test_a_refused_prompt_falls_back_for_responses_and_messages(
+    servers, front_of, tmp_path: Path, endpoint: str
+) -> None:
+    fallback = await servers(["from", " upstream"])
+    long_prompt = "word " * 40
+    plain = await front_of(max_prompt_tokens=8, upstream=[f"big={fallback.url}"])
+    refused = await _post_fallback(plain, endpoint, long_prompt)
+    assert refused.status == 400  # no fallback configured: the device's refusal
+    assert (await refused.json())["error"]["code"] == "prompt_too_long"
+
+    path = tmp_path / "engine.toml"
+    path.write_text(f'[upstream.big]\nurl = "{fallback.url}"\nfallback = true\n', "utf-8")
+    client = await front_of(path, max_prompt_tokens=8)
+    served = await _post_fallback(client, endpoint, long_prompt)
+    assert served.status == 200
+    answer = await served.json()
+    assert answer["model"] == "fake"  # the client asked for the local model
+    text = (
+        answer["output"][0]["content"][0]["text"]
+        if "output" in answer
+        else answer["content"][0]["text"]
+    )
+    assert text == "from upstream"
+    assert fallback.requests[-1]["model"] == "m"
+    assert fallback.requests[-1]["messages"][-1]["content"] == long_prompt
+    stream = await _stream_of(client, served.headers["X-Request-Id"])
+    assert stream["backend"] == "big"
+    metrics = await (await client.get("/metrics")).text()
+    assert 'backend_requests_total{backend="big",route="fallback_prompt_too_long"} 1.0' in metrics
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "marker"),
+    [
+        ("/v1/responses", {"input": "hi"}, b"response.output_text.delta"),
+        ("/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+         b"content_block_delta"),
+    ],
+)  # fmt: skip
+async def test_disconnect_closes_the_upstream_request(
+    servers, front_of, endpoint: str, body: dict[str, Any], marker: bytes
+) -> None:
+    slow = await servers([f" {n}" for n in range(2000)])
+    client = await front_of(upstream=[f"u={slow.url}"])
+    response = await client.post(endpoint, json={**body, "model": "m", "stream": True})
+    await asyncio.wait_for(response.content.readuntil(marker), 30)
+    stream_id = response.headers["X-Request-Id"]
+    response.close()  # the client goes away mid-stream
+    await asyncio.wait_for(slow.closed_by_client.wait(), 30)
+    stream = await _stream_of(client, stream_id)
+    assert (stream["state"], stream["cancel_reason"]) == ("cancelled", "disconnect")
+    assert stream["n_generated"] < 2000
+
+
+async def test_responses_upstream_break_ends_with_error_and_failed(servers, front_of) -> None:
+    broken = await servers(["one", " two", " three"], break_after=2)
+    client = await front_of(upstream=[f"u={broken.url}"])
+    response = await client.post(
+        "/v1/responses", json={"model": "m", "input": "hi", "stream": True}
+    )
+    events = _sse_events(await response.text())
+    names = [name for name, _ in events]
+    assert names[-2:] == ["error", "response.failed"]
+    assert "response.completed" not in names
+    assert events[-2][1]["code"] == "upstream_error"
+    failed = events[-1][1]["response"]
+    assert failed["status"] == "failed" and failed["output"][0]["content"][0]["text"] == "one two"
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/responses", "/v1/messages"])
+async def test_an_upstream_4xx_before_any_byte_is_a_plain_error(
+    servers, front_of, endpoint: str
+) -> None:
+    refusing = await servers([], status=400)
+    client = await front_of(upstream=[f"u={refusing.url}"])
+    body = {"model": "m", "stream": True, "input": "hi", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    for unused in ("messages", "max_tokens") if endpoint == "/v1/responses" else ("input",):
+        del body[unused]
+    response = await client.post(endpoint, json=body)
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert error["code"] == "prompt_too_long" and "upstream 'u'" in error["message"]
+
+
+async def test_responses_bad_tool_choice_is_refused_before_the_upstream(servers, front_of) -> None:
+    fake = await servers(["x"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    body = {"model": "m", "input": "hi", "tool_choice": "required"}
+    response = await client.post("/v1/responses", json=body)
+    assert response.status == 400
+    assert (await response.json())["error"]["param"] == "tool_choice"
+    assert fake.requests == []
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_text_completions_through_an_upstream(servers, front_of, stream: bool) -> None:
+    fake = await servers(["Once", " upon", " a time"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    body = {"model": "m", "prompt": "Tell me", "max_tokens": 5, "stream": stream}
+    response = await client.post("/v1/completions", json=body)
+    assert response.status == 200
+    assert fake.paths == ["/v1/completions"] and fake.requests[0]["prompt"] == "Tell me"
+    if stream:
+        events = _sse_events(await response.text())
+        assert events[-1] == (None, None)  # [DONE]
+        chunks = [data for _, data in events[:-1]]
+        assert {c["id"] for c in chunks} == {response.headers["X-Request-Id"]}
+        assert "".join(c["choices"][0]["text"] for c in chunks) == "Once upon a time"
+        assert {c["model"] for c in chunks} == {"m"}
+    else:
+        whole = await response.json()
+        assert whole["object"] == "text_completion" and whole["model"] == "m"
+        assert whole["choices"][0]["text"] == "Once upon a time"
+        assert whole["usage"]["completion_tokens"] == 5
+
+
+def test_formats_and_tool_choices_map_to_chat() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "name": "point", "schema": schema, "strict": True}
+    req = responses.parse({"model": "m", "input": "x", "text": {"format": fmt}})
+    assert responses_chat_body(req, [])["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "point", "schema": schema, "strict": True},
+    }
+    tool = {"name": "get_weather", "input_schema": TOOL["parameters"]}
+    messages = anthropic.parse_request(
+        {
+            "model": "m",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [tool],
+            "tool_choice": {"type": "any"},
+            "output_config": {"format": {"type": "json_schema", "schema": schema}},
+        }
+    )
+    body = messages_chat_body(messages)
+    assert body["tool_choice"] == "required" and "parallel_tool_calls" not in body
+    assert body["response_format"]["json_schema"] == {"name": "response", "schema": schema}
+
+
+def test_chat_chunks_read_as_parser_events() -> None:
+    reader = ChatChunkReader(lambda: "generated")
+    call = {"index": 0, "function": {"name": "f", "arguments": '{"a"'}}
+    delta = {"role": "assistant", "content": "Hi", "tool_calls": [call]}
+    events = reader.feed({"choices": [{"index": 0, "delta": delta}]})
+    assert events == [TextOut("Hi"), CallStarted(0, "generated", "f"), ArgumentsOut(0, '{"a"')]
+    more = {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}
+    assert reader.feed({"choices": [{"index": 0, "delta": more}]}) == [ArgumentsOut(0, ": 1}")]
+    assert reader.feed({"choices": [], "usage": {}}) == []
+    assert reader.calls == [ToolCall("generated", "f", '{"a": 1}')] and reader.text == "Hi"
+    assert usage_counts({"prompt_tokens": 3, "prompt_tokens_details": None}) == {
+        "prompt_tokens": 3,
+        "completion_tokens": 0,
+        "total_tokens": 3,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }

@@ -12,11 +12,19 @@ token or the first heartbeat, so that an error before then is still a plain HTTP
 error), ``content_block_delta``..., ``ping`` while no token flows,
 ``content_block_stop``, ``message_delta``, ``message_stop``. An error after the
 stream started is an ``error`` event, then the stream ends.
+
+A request naming an upstream's model (any other id runs locally), or one the
+device refuses when an upstream has ``fallback = true``, is relayed to the
+upstream as a chat completion (:mod:`edge_llm.upstream.translate`); its answer
+is encoded as content blocks by the same code as a local answer with tools.
+``message_start`` then reports 0 input tokens (the upstream counts them at the
+end), and ``message_delta`` the upstream's counts.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -26,11 +34,23 @@ from edge_llm.errors import EdgeLLMError, Overloaded
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
 from edge_llm.protocol.tools import ToolOutputParser, ToolSetup
+from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.generation import (
+    Ended,
+    Failed,
+    GenerationEvent,
+    Produced,
+    local_answer,
+    upstream_answer,
+)
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
 from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
+from edge_llm.upstream.registry import Upstream
+from edge_llm.upstream.router import FALLBACK_ERRORS
+from edge_llm.upstream.translate import CHAT_PATH, ChatChunkReader, messages_chat_body
 
 _PING = encode_event("ping", anthropic.ping())
 
@@ -64,18 +84,38 @@ def error_response(error: EdgeLLMError) -> web.Response:
     return web.json_response(anthropic.error_body(error), status=error.status, headers=headers)
 
 
+@dataclass(frozen=True)
+class _Answerer:
+    """Who answers, as the response names it before the first token."""
+
+    request_id: str
+    model: str
+    n_prompt: int  # 0 from an upstream: it counts them at the end
+    headers: dict[str, str]
+
+
 async def _messages(request: web.Request, ctx: ServerContext) -> web.StreamResponse:
     body = await read_json(request, ctx.connection)
     req = anthropic.parse_request(body)
     setup = req.tool_setup()
-    handle = await _start(ctx, req, session_of(request, req.session), setup)
+    upstreams = ctx.router.upstreams_naming(req.model)
+    if upstreams is not None:
+        return await _relay(request, ctx, req, upstreams, route="model")
+    try:
+        handle = await _start(ctx, req, session_of(request, req.session), setup)
+    except FALLBACK_ERRORS as exc:
+        candidates = ctx.router.fallback_for(exc)
+        if not candidates or req.prefill is not None:
+            raise  # a prefill cannot be relayed (see translate): the refusal stands
+        return await _relay(request, ctx, req, candidates, route=f"fallback_{exc.code}")
+    ctx.router.note_local(handle.id, handle.seq.session)
     headers = _headers(handle, req)
     with ctx.guard(handle):
         if setup is not None and setup.active:
             parser = ToolOutputParser(setup, anthropic.new_tool_use_id)
-            if req.stream:
-                return await _stream_tools(request, ctx, handle, parser, headers)
-            return await _reply_tools(ctx, handle, parser, headers)
+            answerer = _Answerer(handle.id, ctx.service.model_id, handle.seq.n_prompt, headers)
+            answer = local_answer(ctx, handle, parser)
+            return await _respond_blocks(request, ctx, req, answerer, answer)
         if req.stream:
             return await _stream(request, ctx, handle, req, headers)
         return await _reply(ctx, handle, req, headers)
@@ -102,8 +142,30 @@ async def _start(
     )
 
 
+async def _relay(
+    request: web.Request,
+    ctx: ServerContext,
+    req: anthropic.MessagesRequest,
+    candidates: list[Upstream],
+    *,
+    route: str,
+) -> web.StreamResponse:
+    """Served by an upstream, asked as a chat completion."""
+    body = messages_chat_body(req)
+    async with upstream_routes.relayed(
+        request, ctx, body, candidates, route=route, user=req.session, path=CHAT_PATH
+    ) as stream:
+        headers = _ignored_header(req, {"X-Request-Id": stream.id})
+        answerer = _Answerer(stream.id, stream.client_model, 0, headers)
+        answer = upstream_answer(stream, ChatChunkReader(anthropic.new_tool_use_id))
+        return await _respond_blocks(request, ctx, req, answerer, answer)
+
+
 def _headers(handle: StreamHandle, req: anthropic.MessagesRequest) -> dict[str, str]:
-    headers = response_headers(handle)
+    return _ignored_header(req, response_headers(handle))
+
+
+def _ignored_header(req: anthropic.MessagesRequest, headers: dict[str, str]) -> dict[str, str]:
     ignored = req.ignored()
     if ignored:
         headers["X-Edge-LLM-Ignored"] = ",".join(ignored)
@@ -182,74 +244,95 @@ def _closing(stop: tuple[str, str | None], usage: dict[str, int]) -> bytes:
     )
 
 
-def _stop(handle: StreamHandle, *, tool_use: bool = False) -> tuple[str, str | None]:
+def _stop(handle: StreamHandle) -> tuple[str, str | None]:
     outcome = handle.outcome
     if outcome is None:
-        return anthropic.stop_reason(None, None, tool_use=tool_use)
-    return anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence, tool_use=tool_use)
+        return anthropic.stop_reason(None, None)
+    return anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence)
 
 
 def _usage(handle: StreamHandle) -> dict[str, int]:
-    counts = handle.usage()
-    cached = counts["prompt_tokens_details"]["cached_tokens"]
-    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"], cached)
+    return _counted(handle.usage())
 
 
-# -- answers with tools: text and tool_use blocks from the tool-call parser -------------
+# -- answers as content blocks: tools (local) and every upstream answer -----------------
 
 
-async def _reply_tools(
-    ctx: ServerContext, handle: StreamHandle, parser: ToolOutputParser, headers: dict[str, str]
-) -> web.Response:
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
-        if isinstance(event, Delta):
-            parser.feed(event.text)
-        elif isinstance(event, Finished):
-            if event.outcome.error is not None:
-                raise event.outcome.error
-            parser.finish()
-    body = anthropic.message(
-        anthropic.message_id(handle.id),
-        ctx.service.model_id,
-        parser.text,
-        _stop(handle, tool_use=bool(parser.calls)),
-        _usage(handle),
-        calls=parser.calls,
-    )
-    return web.json_response(body, headers=headers)
-
-
-async def _stream_tools(
+async def _respond_blocks(
     request: web.Request,
     ctx: ServerContext,
-    handle: StreamHandle,
-    parser: ToolOutputParser,
-    headers: dict[str, str],
+    req: anthropic.MessagesRequest,
+    answerer: _Answerer,
+    answer: AsyncIterator[GenerationEvent],
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, handle.id)
-    writer.response.headers.update(headers)
+    if req.stream:
+        return await _stream_blocks(request, ctx, answerer, answer)
+    return await _reply_blocks(answerer, answer)
+
+
+async def _reply_blocks(
+    answerer: _Answerer, answer: AsyncIterator[GenerationEvent]
+) -> web.Response:
+    async for event in answer:
+        if isinstance(event, Failed):
+            raise event.error
+        if isinstance(event, Ended):
+            body = anthropic.message(
+                anthropic.message_id(answerer.request_id),
+                answerer.model,
+                event.text,
+                _ended_stop(event),
+                _counted(event.usage),
+                calls=event.calls,
+            )
+            return web.json_response(body, headers=answerer.headers)
+    raise RuntimeError("answer ended without Ended or Failed")  # both generators end so
+
+
+async def _stream_blocks(
+    request: web.Request,
+    ctx: ServerContext,
+    answerer: _Answerer,
+    answer: AsyncIterator[GenerationEvent],
+) -> web.StreamResponse:
+    writer = SseWriter(request, ctx, answerer.request_id, answerer.headers)
     blocks = anthropic.BlockStream()
-    opening = _message_start(ctx, handle) + _PING
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
-        if isinstance(event, Delta):
-            events = [e for out in parser.feed(event.text) for e in blocks.on(out)]
+    start = anthropic.message_start(
+        anthropic.message_id(answerer.request_id), answerer.model, answerer.n_prompt
+    )
+    opening = encode_event("message_start", start) + _PING
+    async for event in answer:
+        if isinstance(event, Produced):
+            events = [e for out in event.events for e in blocks.on(out)]
             if events or opening:
                 await writer.send(opening + _encode(events))
                 opening = b""
         elif isinstance(event, Heartbeat):
             await writer.send(opening or _PING)
             opening = b""
-        elif isinstance(event, Finished):
-            outcome = event.outcome
-            if outcome.error is not None:
-                error_event = encode_event("error", anthropic.error_body(outcome.error))
-                return await writer.fail(outcome.error, error_event, error_response)
-            events = [e for out in parser.finish() for e in blocks.on(out)] + blocks.close()
-            stop = _stop(handle, tool_use=bool(parser.calls))
-            delta = anthropic.message_delta(stop, _usage(handle))
-            events += [("message_delta", delta), ("message_stop", anthropic.message_stop())]
+        elif isinstance(event, Failed):
+            error_event = encode_event("error", anthropic.error_body(event.error))
+            return await writer.fail(event.error, error_event, error_response)
+        elif isinstance(event, Ended):
+            delta = anthropic.message_delta(_ended_stop(event), _counted(event.usage))
+            events = [
+                *blocks.close(),
+                ("message_delta", delta),
+                ("message_stop", anthropic.message_stop()),
+            ]
             await writer.send(opening + _encode(events))
     return await writer.finish()
+
+
+def _ended_stop(ended: Ended) -> tuple[str, str | None]:
+    return anthropic.stop_reason(
+        ended.finish_reason, ended.stop_sequence, tool_use=bool(ended.calls)
+    )
+
+
+def _counted(counts: dict[str, Any]) -> dict[str, int]:
+    cached = counts["prompt_tokens_details"]["cached_tokens"]
+    return anthropic.usage(counts["prompt_tokens"], counts["completion_tokens"], cached)
 
 
 def _encode(events: list[tuple[str, dict[str, Any]]]) -> bytes:

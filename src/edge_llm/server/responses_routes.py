@@ -13,57 +13,134 @@ and ``response.output_item.done``, and last ``response.completed`` (or
 ``response.incomplete`` when ``max_output_tokens`` was reached). ``: ping``
 comments while no token flows. An error after the stream started is an
 ``error`` event followed by ``response.failed``.
+
+A request naming an upstream's model, or one the device refuses when an
+upstream has ``fallback = true``, is relayed to the upstream as a chat
+completion (:mod:`edge_llm.upstream.translate`) and its answer encoded here by
+the same builder, so the client sees the same events whoever answered.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
 from edge_llm.engine.backend import SamplingParams
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import NotFound
 from edge_llm.protocol import openai, responses, sse
 from edge_llm.protocol.tools import ToolOutputParser
+from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.generation import (
+    Ended,
+    Failed,
+    GenerationEvent,
+    Produced,
+    local_answer,
+    upstream_answer,
+)
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.pump import Delta, Finished, Heartbeat, pump
+from edge_llm.server.pump import Heartbeat
 from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
+from edge_llm.upstream.registry import Upstream
+from edge_llm.upstream.router import FALLBACK_ERRORS
+from edge_llm.upstream.translate import CHAT_PATH, ChatChunkReader, responses_chat_body
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     req = responses.parse(await read_json(request, ctx.connection))
-    ctx.router.refuse_upstream_model(req.model, "/v1/responses")
-    ctx.service.check_model(req.model)
+    upstreams = ctx.router.upstreams_for(req.model)
     history = _conversation(ctx, req)
-    setup = req.tool_setup()
-    handle = await ctx.service.start_chat(
-        _with_instructions(req, history),
-        max_tokens=req.max_output_tokens,
-        sampling=_sampling(ctx, req),
-        session=session_of(request, req.user),
-        tools=setup,
-    )
+    setup = req.tool_setup()  # refuses a bad tool_choice before anything runs
+    if upstreams is not None:
+        return await _relay(request, ctx, req, history, upstreams, route="model")
+    try:
+        handle = await ctx.service.start_chat(
+            _with_instructions(req, history),
+            max_tokens=req.max_output_tokens,
+            sampling=_sampling(ctx, req),
+            session=session_of(request, req.user),
+            tools=setup,
+        )
+    except FALLBACK_ERRORS as exc:
+        candidates = ctx.router.fallback_for(exc)
+        if not candidates:
+            raise
+        route = f"fallback_{exc.code}"
+        return await _relay(request, ctx, req, history, candidates, route=route)
+    ctx.router.note_local(handle.id, handle.seq.session)
     builder = responses.ResponseBuilder(
         responses.response_id(handle.id), ctx.service.model_id, int(time.time()), req
     )
-    parser = ToolOutputParser(setup, openai.new_call_id)
-    headers = response_headers(handle)
+    answer = local_answer(ctx, handle, ToolOutputParser(setup, openai.new_call_id))
+    with ctx.guard(handle):
+        headers = _headers(req, response_headers(handle))
+        response = await _respond(request, ctx, req, builder, answer, headers=headers)
+    _store(ctx, req, history, builder)
+    return response
+
+
+async def _relay(
+    request: web.Request,
+    ctx: ServerContext,
+    req: responses.ResponsesRequest,
+    history: list[dict[str, Any]],
+    candidates: list[Upstream],
+    *,
+    route: str,
+) -> web.StreamResponse:
+    """Served by an upstream, asked as a chat completion; the answer is encoded
+    here as it is for the local engine."""
+    body = responses_chat_body(req, _with_instructions(req, history))
+    async with upstream_routes.relayed(
+        request, ctx, body, candidates, route=route, user=req.user, path=CHAT_PATH
+    ) as stream:
+        builder = responses.ResponseBuilder(
+            responses.response_id(stream.id), stream.client_model, int(time.time()), req
+        )
+        answer = upstream_answer(stream, ChatChunkReader(openai.new_call_id))
+        headers = _headers(req, {"X-Request-Id": stream.id})
+        response = await _respond(request, ctx, req, builder, answer, headers=headers)
+    _store(ctx, req, history, builder)
+    return response
+
+
+async def _respond(
+    request: web.Request,
+    ctx: ServerContext,
+    req: responses.ResponsesRequest,
+    builder: responses.ResponseBuilder,
+    answer: AsyncIterator[GenerationEvent],
+    *,
+    headers: dict[str, str],
+) -> web.StreamResponse:
+    if req.stream:
+        return await _stream(request, ctx, builder, answer, headers=headers)
+    return await _reply(builder, answer, headers=headers)
+
+
+def _headers(req: responses.ResponsesRequest, headers: dict[str, str]) -> dict[str, str]:
     if req.hosted_tools():
         headers["X-Edge-LLM-Ignored"] = ",".join(f"tools.{t}" for t in req.hosted_tools())
-    with ctx.guard(handle):
-        if req.stream:
-            response = await _stream(request, ctx, handle, builder, parser, headers=headers)
-        else:
-            response = await _reply(ctx, handle, builder, parser, headers=headers)
+    return headers
+
+
+def _store(
+    ctx: ServerContext,
+    req: responses.ResponsesRequest,
+    history: list[dict[str, Any]],
+    builder: responses.ResponseBuilder,
+) -> None:
+    """Keep the conversation for ``previous_response_id`` (either backend may
+    continue it: it is stored as chat messages)."""
     if req.stores and builder.status in ("completed", "incomplete"):
         ctx.responses.put(builder.id, history + builder.output_messages())
-    return response
 
 
 def _conversation(ctx: ServerContext, req: responses.ResponsesRequest) -> list[dict[str, Any]]:
@@ -106,55 +183,45 @@ def _sampling(ctx: ServerContext, req: responses.ResponsesRequest) -> SamplingPa
 
 
 async def _reply(
-    ctx: ServerContext,
-    handle: StreamHandle,
     builder: responses.ResponseBuilder,
-    parser: ToolOutputParser,
+    answer: AsyncIterator[GenerationEvent],
     *,
     headers: dict[str, str],
 ) -> web.Response:
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
-        if isinstance(event, Delta):
-            for out in parser.feed(event.text):
+    async for event in answer:
+        if isinstance(event, Produced):
+            for out in event.events:
                 builder.on(out)
-        elif isinstance(event, Finished):
-            if event.outcome.error is not None:
-                raise event.outcome.error
-            for out in parser.finish():
-                builder.on(out)
-            builder.finish(event.outcome.finish_reason or "stop", handle.usage())
+        elif isinstance(event, Failed):
+            raise event.error
+        elif isinstance(event, Ended):
+            builder.finish(event.finish_reason, event.usage)
     return web.json_response(builder.snapshot(), headers=headers)
 
 
 async def _stream(
     request: web.Request,
     ctx: ServerContext,
-    handle: StreamHandle,
     builder: responses.ResponseBuilder,
-    parser: ToolOutputParser,
+    answer: AsyncIterator[GenerationEvent],
     *,
     headers: dict[str, str],
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, handle.id)
-    writer.response.headers.update(headers)
+    writer = SseWriter(request, ctx, headers["X-Request-Id"], headers)
     opening = _encode(builder.opening())
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
-        if isinstance(event, Delta):
-            events = [e for out in parser.feed(event.text) for e in builder.on(out)]
+    async for event in answer:
+        if isinstance(event, Produced):
+            events = [e for out in event.events for e in builder.on(out)]
             if events or opening:
                 await writer.send(opening + _encode(events))
                 opening = b""
         elif isinstance(event, Heartbeat):
             await writer.send(opening or sse.PING)
             opening = b""
-        elif isinstance(event, Finished):
-            outcome = event.outcome
-            if outcome.error is not None:
-                return await writer.fail(
-                    outcome.error, opening + _encode(builder.failed(outcome.error))
-                )
-            events = [e for out in parser.finish() for e in builder.on(out)]
-            events += builder.finish(outcome.finish_reason or "stop", handle.usage())
+        elif isinstance(event, Failed):
+            return await writer.fail(event.error, opening + _encode(builder.failed(event.error)))
+        elif isinstance(event, Ended):
+            events = builder.finish(event.finish_reason, event.usage)
             await writer.send(opening + _encode(events))
     return await writer.finish()
 

@@ -1,12 +1,15 @@
 """Chat and text completions served by an upstream, through the same contract.
 
 The upstream is always asked to stream; a client that did not ask for a stream
-gets the chunks assembled into one completion object.
+gets the chunks assembled into one completion object. :func:`relayed` is the
+relay's lifetime for every route (Responses and Messages too).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
@@ -31,13 +34,30 @@ async def respond(
     user: str | None,
 ) -> web.StreamResponse:
     """Relay ``body`` to the first usable of ``candidates``; ``route`` says why."""
-    stream = ctx.router.open(
-        request.path, body, candidates, route=route, session=session_of(request, user)
-    )
-    try:
+    async with relayed(request, ctx, body, candidates, route=route, user=user) as stream:
         if body.get("stream"):
             return await _stream_sse(request, ctx, stream, include_usage=_include_usage(body))
         return await _whole(stream)
+
+
+@asynccontextmanager
+async def relayed(
+    request: web.Request,
+    ctx: ServerContext,
+    body: dict[str, Any],
+    candidates: list[Upstream],
+    *,
+    route: str,
+    user: str | None,
+    path: str | None = None,
+) -> AsyncIterator[UpstreamStream]:
+    """The upstream stream of ``body`` (sent to ``path``, by default the request's
+    own); however the handler ends (a disconnect, a failed write), the upstream
+    request is closed."""
+    session = session_of(request, user)
+    stream = ctx.router.open(path or request.path, body, candidates, route=route, session=session)
+    try:
+        yield stream
     finally:
         ctx.router.closed(stream)
 

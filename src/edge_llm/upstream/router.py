@@ -16,7 +16,6 @@ from typing import Any
 
 from edge_llm.errors import (
     EdgeLLMError,
-    InvalidRequest,
     KvBudgetExceeded,
     KvBudgetNeverFits,
     ModelNotFound,
@@ -73,16 +72,11 @@ class UpstreamRouter:
             )
         return serving
 
-    def refuse_upstream_model(self, model: str | None, endpoint: str) -> None:
-        """For endpoints not relayed yet: an upstream's model gets a 400 that says so
-        (rather than a 404 for a model ``/v1/models`` lists)."""
-        serving = self.registry.serving(model) if model and model != self.local_model else []
-        if serving:
-            raise InvalidRequest(
-                f"model {model!r} is served by upstream {serving[0].name!r}, and {endpoint} "
-                "is not relayed to upstreams yet: use /v1/chat/completions",
-                param="model",
-            )
+    def upstreams_naming(self, model: str) -> list[Upstream] | None:
+        """For endpoints where any model id runs locally (Anthropic's: clients send
+        their own ids): the upstreams listing ``model``, None if none does."""
+        serving = [] if model == self.local_model else self.registry.serving(model)
+        return serving or None
 
     def fallback_for(self, error: EdgeLLMError) -> list[Upstream]:
         """Healthy upstreams with room that may take a request the device refused
