@@ -17,7 +17,7 @@ from edge_llm.doctor.result import Status
 from edge_llm.doctor.upstreams import check_upstreams
 
 from conftest import EngineProcess, start_engine
-from support import chat_body, wait_until
+from support import COUNTING, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -235,6 +235,174 @@ async def test_cancel_closes_the_upstream_request_within_a_second(
     assert error["code"] == "cancelled"
     assert front.stream(stream_id)["cancel_reason"] == "client"
     assert _metric(front, "backend_cancellations_total") == cancels_before + 1
+
+
+# -- Responses and Messages over an upstream (relayed as chat completions) ----------------
+
+
+async def _post_events(
+    url: str, path: str, body: dict[str, Any]
+) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+    """(X-Request-Id, [(event name, data)]) of one streamed Responses or Messages request."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + path, json=body) as response:
+            assert response.status == 200, await response.text()
+            raw = (await response.read()).decode()
+            request_id = response.headers["X-Request-Id"]
+    events = []
+    for block in raw.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.split("\n") if ": " in line)
+        if "event" in fields:
+            events.append((fields["event"], json.loads(fields["data"])))
+    return request_id, events
+
+
+async def _upstream_chat_text(engine: EngineProcess, content: str, max_tokens: int) -> str:
+    """What the upstream answers when asked directly (greedy)."""
+    body = chat_body(content, max_tokens=max_tokens, model=UP_MODEL, stream=False)
+    async with aiohttp.ClientSession() as session:
+        async with session.post(engine.base_url + "/chat/completions", json=body) as response:
+            assert response.status == 200
+            return str((await response.json())["choices"][0]["message"]["content"])
+
+
+def _folded(names: list[str]) -> list[str]:
+    return [name for n, name in enumerate(names) if n == 0 or names[n - 1] != name]
+
+
+async def test_responses_stream_over_an_upstream_is_what_it_generated(
+    front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
+) -> None:
+    body = {"model": UP_MODEL, "input": COUNTING, "max_output_tokens": 24, "temperature": 0,
+            "stream": True}  # fmt: skip
+    request_id, events = await _post_events(front.base_url, "/responses", body)
+    names = [name for name, _ in events]
+    assert [data["sequence_number"] for _, data in events] == list(range(len(events)))
+    assert _folded(names) == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",  # max_output_tokens reached
+    ]
+    text = "".join(d["delta"] for name, d in events if name == "response.output_text.delta")
+    final = events[-1][1]["response"]
+    assert final["model"] == UP_MODEL and final["output"][0]["content"][0]["text"] == text
+    assert final["usage"]["output_tokens"] == 24 and final["usage"]["input_tokens"] > 0
+    upstream = _upstream_of(front, request_id, {"one": upstream_one, "two": upstream_two})
+    assert text == await _upstream_chat_text(upstream, COUNTING, 24)
+    assert _routed(front, request_id)["route"] == "model"
+
+
+async def test_messages_stream_over_an_upstream_is_what_it_generated(
+    front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
+) -> None:
+    body = {"model": UP_MODEL, "max_tokens": 24, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": COUNTING}]}  # fmt: skip
+    request_id, events = await _post_events(front.base_url, "/messages", body)
+    names = [name for name, _ in events]
+    assert names[:2] == ["message_start", "ping"]  # later pings: heartbeats of a slow stream
+    assert _folded([name for name in names if name != "ping"]) == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[0][1]["message"]["model"] == UP_MODEL
+    text = "".join(d["delta"]["text"] for name, d in events if name == "content_block_delta")
+    delta = events[-2][1]
+    assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 24
+    upstream = _upstream_of(front, request_id, {"one": upstream_one, "two": upstream_two})
+    assert text == await _upstream_chat_text(upstream, COUNTING, 24)
+
+
+@pytest.mark.parametrize("path", ["/responses", "/messages"])
+async def test_responses_and_messages_not_streamed_over_an_upstream(
+    front: EngineProcess, path: str
+) -> None:
+    question = [{"role": "user", "content": "Name the capital of France."}]
+    body = {"model": UP_MODEL, "temperature": 0, "max_output_tokens": 16, "input": question}
+    if path == "/messages":
+        body = {"model": UP_MODEL, "temperature": 0, "max_tokens": 16, "messages": question}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(front.base_url + path, json=body) as response:
+            assert response.status == 200, await response.text()
+            answer = await response.json()
+            request_id = response.headers["X-Request-Id"]
+    blocks = answer["output"][0]["content"] if path == "/responses" else answer["content"]
+    assert answer["model"] == UP_MODEL and "Paris" in blocks[0]["text"]
+    assert front.stream(request_id)["backend"] in ("one", "two")
+
+
+@pytest.mark.parametrize("path", ["/responses", "/messages"])
+async def test_responses_and_messages_fall_back_on_prompt_too_long(
+    front: EngineProcess, upstream_one: EngineProcess, path: str
+) -> None:
+    session = uuid.uuid4().hex
+    turns = [{"role": "user", "content": LONG_PROMPT}]
+    body: dict[str, Any] = {"input": turns, "max_output_tokens": 8, "user": session}
+    if path == "/messages":
+        body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 8, "messages": turns,
+                "metadata": {"user_id": session}}  # fmt: skip
+    request_id, events = await _post_events(front.base_url, path, {**body, "stream": True})
+    assert events[-1][0] in ("response.incomplete", "response.completed", "message_stop")
+    assert front.stream(request_id)["backend"] == "one"
+    assert _routed(front, request_id)["route"] == "fallback_prompt_too_long"
+    upstream_side = _by_session(upstream_one, session)
+    assert upstream_side is not None and upstream_side["n_prompt_tokens"] > 200
+
+
+@pytest.mark.parametrize(
+    ("path", "marker"),
+    [("/responses", b"response.output_text.delta"), ("/messages", b"content_block_delta")],
+)
+async def test_disconnect_from_responses_or_messages_cancels_the_upstream_request(
+    front: EngineProcess,
+    upstream_one: EngineProcess,
+    upstream_two: EngineProcess,
+    path: str,
+    marker: bytes,
+) -> None:
+    session = uuid.uuid4().hex
+    turns = [{"role": "user", "content": STORY}]
+    body: dict[str, Any] = {"input": turns, "max_output_tokens": 400, "user": session}
+    if path == "/messages":
+        body = {"max_tokens": 400, "messages": turns, "metadata": {"user_id": session}}
+    async with aiohttp.ClientSession() as client:
+        response = await client.post(
+            front.base_url + path, json={**body, "model": UP_MODEL, "stream": True}
+        )
+        request_id = response.headers["X-Request-Id"]
+        await asyncio.wait_for(response.content.readuntil(marker), 120)
+        upstream = _upstream_of(front, request_id, {"one": upstream_one, "two": upstream_two})
+        response.close()  # the client goes away mid-answer
+    gone = await wait_until(
+        lambda: (s := _by_session(upstream, session)) and s["state"] == "cancelled" and s,
+        timeout=30.0,
+        what="the upstream to cancel the request",
+    )
+    assert gone["cancel_reason"] == "disconnect" and gone["n_generated"] < 400
+    assert front.stream(request_id)["cancel_reason"] == "disconnect"
+
+
+async def test_text_completions_over_an_upstream(front: EngineProcess) -> None:
+    body = {"model": UP_MODEL, "prompt": "The capital of France is", "max_tokens": 8,
+            "temperature": 0, "stream": True}  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        async with session.post(front.base_url + "/completions", json=body) as response:
+            assert response.status == 200
+            raw = (await response.read()).decode()
+            request_id = response.headers["X-Request-Id"]
+    chunks = [json.loads(line[6:]) for line in raw.split("\n") if line.startswith("data: {")]
+    assert "Paris" in "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert {c["model"] for c in chunks} == {UP_MODEL} and raw.endswith("data: [DONE]\n\n")
+    assert front.stream(request_id)["backend"] in ("one", "two")
 
 
 @pytest.mark.timeout(600)  # the upstream must generate its way into full buffers first
