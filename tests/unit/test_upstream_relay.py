@@ -773,6 +773,9 @@ def test_chat_chunks_read_as_parser_events() -> None:
     assert reader.feed({"choices": [{"index": 0, "delta": more}]}) == [ArgumentsOut(0, ": 1}")]
     assert reader.feed({"choices": [], "usage": {}}) == []
     assert reader.calls == [ToolCall("generated", "f", '{"a": 1}')] and reader.text == "Hi"
+    odd = {"choices": [{"delta": {"content": 3, "tool_calls": 5}, "stop_reason": 2}]}
+    assert reader.feed(odd) == [] and reader.stop_sequence is None  # a broken upstream: skipped
+    assert usage_counts([1])["total_tokens"] == 0
     assert usage_counts({"prompt_tokens": 3, "prompt_tokens_details": None}) == {
         "prompt_tokens": 3,
         "completion_tokens": 0,

@@ -121,9 +121,10 @@ def _json_schema_format(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
 
 
-def usage_counts(usage: dict[str, Any]) -> dict[str, Any]:
+def usage_counts(usage: object) -> dict[str, Any]:
     """An upstream's usage in the local engine's shape (every count present; vLLM
-    sends ``prompt_tokens_details: null``)."""
+    sends ``prompt_tokens_details: null``; anything malformed counts as 0)."""
+    usage = usage if isinstance(usage, dict) else {}
     prompt = _count(usage.get("prompt_tokens"))
     completion = _count(usage.get("completion_tokens"))
     details = usage.get("prompt_tokens_details")
@@ -171,7 +172,8 @@ class ChatChunkReader:
         if isinstance(content, str) and content:
             self.text += content
             events.append(TextOut(content))
-        for call in delta.get("tool_calls") or []:
+        calls = delta.get("tool_calls")
+        for call in calls if isinstance(calls, list) else []:
             if isinstance(call, dict):
                 events += self._call_delta(call)
         return events
