@@ -101,14 +101,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--llama-server", help="path of the llama-server binary")
     parser.add_argument("--modes", default=",".join(LLAMA_MODES), help="llama-server spec types")
+    parser.add_argument(
+        "--lookup-flags",
+        default="",
+        help="extra flags of the prompt_lookup edge-llm, space-separated",
+    )
     parser.add_argument("--json", help="write every figure here")
     return parser.parse_args(argv)
 
 
 def start_servers(args: argparse.Namespace, binary: str, model: str) -> dict[str, ServerProcess]:
     servers: dict[str, ServerProcess] = {}
-    for name, flag in (("edge-llm off", "off"), ("edge-llm lookup", "prompt_lookup")):
-        servers[name] = start_engine(model, args.threads, [*EDGE, "--speculative", flag])
+    servers["edge-llm off"] = start_engine(model, args.threads, [*EDGE, "--speculative", "off"])
+    servers["edge-llm lookup"] = start_engine(
+        model, args.threads, [*EDGE, "--speculative", "prompt_lookup", *args.lookup_flags.split()]
+    )
     servers["llama plain"] = start_llama_server(binary, model, args.threads, CTX_TOKENS, PARALLEL)
     for mode in [m for m in args.modes.split(",") if m]:
         servers[f"llama {mode}"] = start_llama_server(
@@ -207,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     console.print(table(results, list(servers), args.repeats))
     console.print(f"model {model}, {args.threads} threads each; {' '.join(EDGE)}; "
+                  f"lookup: --speculative prompt_lookup {args.lookup_flags}; "
                   f"llama-server -np {PARALLEL} -c {CTX_TOKENS}")  # fmt: skip
     for line in machine.lines():
         console.print(line)

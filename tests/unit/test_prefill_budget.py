@@ -83,9 +83,9 @@ def make_seq(n_prompt: int, name: str, max_tokens: int = 50) -> Sequence:
     return Sequence(request, name, created_at=0.0)
 
 
-def complete(scheduler: Scheduler) -> list[tuple[str, int]]:
+def complete(scheduler: Scheduler, now: float = 0.0) -> list[tuple[str, int]]:
     """One step: every chunk decoded, token 7 sampled where asked; (id, tokens) per chunk."""
-    plan = scheduler.schedule(0.0)
+    plan = scheduler.schedule(now)
     for chunk in plan.chunks:
         if chunk.seq.state is SequenceState.PREFILL:
             scheduler.complete(chunk)
@@ -108,3 +108,26 @@ def test_scheduler_prefills_a_lone_prompt_in_one_step_and_a_second_beside_decodi
     (decode, prefill) = complete(scheduler)
     assert decode == ("first", 1)
     assert prefill[0] == "second" and 75 <= prefill[1] <= 80  # (0.1 - 0.02) / 0.001
+
+
+def test_a_prompt_near_its_ttft_time_out_goes_first_with_whole_batches() -> None:
+    kv = KvCache(10_000, 10, num_seq_ids=4, share=False)
+    limits = SchedulerLimits(3, 2, 512, itl_target_s=0.1, urgent_after_s=5.0)
+    scheduler = Scheduler(limits, kv)
+    scheduler.prefill_budget.costs = measured(0.01, 0.01, prefill_token_s=0.001)
+    decoding = make_seq(10, "decoding")
+    scheduler.add(decoding, 0.0)
+    complete(scheduler)
+    old, young = make_seq(900, "old"), make_seq(300, "young")
+    young.created_at = 4.0
+    scheduler.add(old, 0.0)
+    scheduler.add(young, 4.0)
+    # Before the old prompt's half time-out: the target's budget, shortest first.
+    ((name, n),) = complete(scheduler, now=4.9)[1:]
+    assert name == "young" and 75 <= n <= 80
+    # Past it: the old prompt first, with the whole batch, the decoding stream beside it.
+    assert complete(scheduler, now=5.0) == [("decoding", 1), ("old", 512)]
+    assert complete(scheduler, now=5.5) == [("decoding", 1), ("old", 388), ("young", 124)]
+    # The old prompt decodes; the young one is back to the target's budget.
+    *decode, (name, n) = complete(scheduler, now=6.0)
+    assert decode == [("decoding", 1), ("old", 1)] and name == "young" and n < 80

@@ -45,6 +45,7 @@ _ChunkResult = tuple[ScheduledChunk, list[Sampled] | None, Exception | None]
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
 _IDLE_WAIT_S = 5.0
+URGENT_TTFT_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -690,7 +691,16 @@ def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerL
         settings.prefill_chunk_tokens,
         settings.itl_target_s,
         settings.max_draft_tokens if settings.speculative else 0,
+        _urgent_after_s(settings),
     )
+
+
+def _urgent_after_s(settings: EngineSettings) -> float | None:
+    """Half the TTFT time-out: a prompt still prefilling then gets whole batches, so
+    that several long prompts arriving beside decoding streams are not timed out."""
+    if settings.itl_target_s is None or not settings.ttft_timeout_s:
+        return None
+    return URGENT_TTFT_FRACTION * settings.ttft_timeout_s
 
 
 def _kv_cache(backend: Backend, prefix_cache: bool) -> KvCache:

@@ -4,7 +4,9 @@ Each step holds one token of every decoding sequence that is not paused (plus it
 prompt-lookup draft, when speculation is on: ``speculative.py``), and then prompt
 chunks of prefilling sequences, shortest remaining prompt first, up to the step's
 prefill budget (``prefill_budget.py``): all of ``prefill_chunk_tokens`` for a lone
-prompt, else what keeps the others' inter-token latency near its target.
+prompt, else what keeps the others' inter-token latency near its target, except
+for a prompt that has waited ``urgent_after_s`` (half its TTFT time-out) for its
+first token: it goes first and gets whole batches.
 A long prompt is therefore prefilled over many steps while the others keep
 decoding, and a short request that arrives during it gets its first token after
 one chunk, not after the whole prompt.
@@ -37,6 +39,9 @@ class SchedulerLimits:
     prefill_chunk_tokens: int
     itl_target_s: float | None = None  # None: a fixed chunk of prefill_chunk_tokens
     max_draft_tokens: int = 0  # 0: no speculation
+    # A prompt still waiting for its first token this long after it arrived gets the
+    # whole batch: past it, holding others' ITL steady would cost it its TTFT time-out.
+    urgent_after_s: float | None = None
 
     @property
     def max_batch_tokens(self) -> int:
@@ -209,8 +214,12 @@ class Scheduler:
         plan.chunks.extend(self._decode_chunk(seq, draft_room, threshold) for seq in decoding)
         n_decode_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
         prefilling = [s for s in self.running if s.runnable and s.state is SequenceState.PREFILL]
-        budget = self.prefill_budget.tokens(n_decode_tokens, len(prefilling))
-        plan.chunks.extend(self._prefill_chunks(prefilling, budget))
+        urgent = self._urgent(prefilling, now)
+        if urgent:
+            budget = self.limits.prefill_chunk_tokens
+        else:
+            budget = self.prefill_budget.tokens(n_decode_tokens, len(prefilling))
+        plan.chunks.extend(self._prefill_chunks(prefilling, budget, urgent))
         return plan
 
     def observe_step(self, n_prefill: int, n_decode: int, seconds: float) -> None:
@@ -237,9 +246,21 @@ class Scheduler:
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
         return seq.lookup.propose(seq.token_ids, limit, threshold)
 
-    def _prefill_chunks(self, prefilling: list[Sequence], budget: int) -> list[ScheduledChunk]:
+    def _urgent(self, prefilling: list[Sequence], now: float) -> list[Sequence]:
+        """Prompts past ``urgent_after_s`` without a first token, oldest first."""
+        after = self.limits.urgent_after_s
+        if after is None:
+            return []
+        late = [seq for seq in prefilling if now - seq.created_at >= after]
+        return sorted(late, key=lambda seq: seq.created_at)
+
+    def _prefill_chunks(
+        self, prefilling: list[Sequence], budget: int, urgent: list[Sequence]
+    ) -> list[ScheduledChunk]:
+        """The urgent prompts first, then the shortest remaining prompt first."""
         chunks = []
-        for seq in sorted(prefilling, key=lambda s: s.prefill_remaining):
+        rest = sorted((s for s in prefilling if s not in urgent), key=lambda s: s.prefill_remaining)
+        for seq in [*urgent, *rest]:
             if budget <= 0:
                 break
             n = min(self._prefill_now(seq), budget)
