@@ -140,3 +140,29 @@ async def test_cancel_frees_the_llama_server_slot_within_a_second(
         )
         elapsed = time.monotonic() - sent_at
     assert elapsed < 1.0, f"llama-server released the slot after {elapsed:.2f} s"
+
+
+async def test_responses_and_messages_over_llama_server(front: EngineProcess) -> None:
+    """llama-server has its own /v1/responses and /v1/messages; the front asks
+    its chat endpoint and encodes the answer itself."""
+    question = [{"role": "user", "content": "Name the capital of France."}]
+    bodies = {
+        "/responses": {"model": ALIAS, "input": question, "max_output_tokens": 16,
+                       "temperature": 0, "stream": True},
+        "/messages": {"model": ALIAS, "messages": question, "max_tokens": 16, "temperature": 0},
+    }  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        async with session.post(front.base_url + "/responses", json=bodies["/responses"]) as r:
+            assert r.status == 200, await r.text()
+            raw = (await r.read()).decode()
+            request_id = r.headers["X-Request-Id"]
+        async with session.post(front.base_url + "/messages", json=bodies["/messages"]) as r:
+            assert r.status == 200, await r.text()
+            message = await r.json()
+    final = json.loads(raw.rstrip("\n").rsplit("\ndata: ", 1)[-1])
+    assert final["type"] in ("response.completed", "response.incomplete")
+    assert "Paris" in final["response"]["output"][0]["content"][0]["text"]
+    assert final["response"]["model"] == ALIAS and final["response"]["usage"]["input_tokens"] > 0
+    assert front.stream(request_id)["backend"] == "llama"
+    assert message["model"] == ALIAS and "Paris" in message["content"][0]["text"]
+    assert message["usage"]["input_tokens"] > 0
