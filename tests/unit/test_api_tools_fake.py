@@ -9,11 +9,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from aiohttp import WSCloseCode, WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.client.sse import SSEParser
 from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
+from edge_llm.server import ws_route
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
 
@@ -328,3 +330,24 @@ async def test_responses_codex_tool_kinds(served: Served) -> None:
     assert [(o["type"], o["name"]) for o in output] == [("function_call", "get_weather")]
     (params,) = backend.params.values()
     assert params.grammar is not None and "web_search" not in params.grammar
+
+
+async def test_an_unexpected_error_on_a_websocket_closes_it_1011_not_an_http_500(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the upgrade the middleware's 500 would be written onto the socket's
+    byte stream: the socket is closed with 1011 instead, and the server serves on."""
+    client, _ = await served("ok")
+
+    async def broken(self: object, data: str) -> None:
+        raise RuntimeError("a bug")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ws_route._Connection, "_on_text", broken)
+        async with client.ws_connect("/v1/stream") as ws:
+            await ws.send_json({"type": "start", "request": {"messages": USER}})
+            closed = await ws.receive(timeout=30)
+            assert closed.type is WSMsgType.CLOSE and closed.data == WSCloseCode.INTERNAL_ERROR
+    async with client.ws_connect("/v1/stream") as ws:
+        await ws.send_json({"type": "start", "request": {"messages": USER}})
+        assert (await ws.receive_json(timeout=30))["type"] == "started"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +29,8 @@ from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
 
+_log = logging.getLogger("edge_llm.server")
+
 SUBPROTOCOL = "edge-llm"
 
 
@@ -51,6 +54,7 @@ class _Connection:
         self.upstream: UpstreamStream | None = None
         self.pump_task: asyncio.Task[None] | None = None
         self.heard = asyncio.Event()  # set by every complete frame the client sends
+        self.serving = True
 
     async def serve(self) -> web.WebSocketResponse:
         await self.ws.prepare(self.request)
@@ -67,6 +71,9 @@ class _Connection:
                 elif message.type is WSMsgType.PING:
                     await self.ws.pong(message.data)
         finally:
+            # Python 3.11's wait_for can swallow a cancel that races a frame just
+            # heard: the flag ends the watchdog's loop whatever the race.
+            self.serving = False
             watchdog.cancel()
             self._abandon()
             with contextlib.suppress(asyncio.CancelledError):
@@ -84,9 +91,9 @@ class _Connection:
         times out by ``max_pause_ms``, as on any socket.
         """
         patience = self.ctx.config.server.body_timeout_ms / 1000
-        while True:
+        while self.serving:
             heard = await self._heard_within(patience)
-            if heard or self.handle is not None or self.upstream is not None:
+            if heard or not self.serving or self.handle is not None or self.upstream is not None:
                 continue
             self.heard.clear()
             with contextlib.suppress(ConnectionError, TimeoutError):
@@ -279,8 +286,15 @@ async def stream_socket(request: web.Request) -> web.WebSocketResponse:
     ctx = context_of(request)
     _check_origin(request, ctx)
     connection = _Connection(ctx, request)
-    with contextlib.suppress(ConnectionResetError):
-        return await connection.serve()
+    try:
+        with contextlib.suppress(ConnectionResetError):
+            return await connection.serve()
+    except Exception:
+        if not connection.ws.prepared:
+            raise  # before the upgrade an HTTP error answer is still possible
+        # After it, an HTTP 500 would be written onto the WebSocket's byte stream.
+        _log.exception("unexpected error on the WebSocket of %s", request.remote)
+        await connection.ws.close(code=WSCloseCode.INTERNAL_ERROR, message=b"internal error")
     return connection.ws
 
 
