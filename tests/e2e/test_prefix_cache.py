@@ -148,3 +148,33 @@ async def test_cache_is_evicted_so_a_new_request_fits(tmp_path: Path) -> None:
         assert any(e["event"] == "cache_evicted" for e in small.events())
     finally:
         small.stop()
+
+
+@pytest.fixture(scope="module")
+def slots_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """llama-server's layout: a KV share per slot, no cells shared between ids."""
+    process = start_engine(
+        tmp_path_factory.mktemp("slots"),
+        *("--no-kv-unified", "--max-sequences", "2", "--ttft-timeout-ms", "0"),
+    )
+    yield process
+    process.stop()
+
+
+async def test_per_slot_regenerate_and_next_turn_continue_the_slot(slots_engine) -> None:
+    body = chat_body(unique(ESSAY), max_tokens=24, stream=False)
+    first = await complete(slots_engine.url, body)
+    again = await complete(slots_engine.url, body)
+    n_prompt = again["usage"]["prompt_tokens"]
+    assert cached(again) == n_prompt - 1  # all but the last prompt token
+    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    answer = first["choices"][0]["message"]["content"]
+    turn = {
+        **body,
+        "messages": [
+            *body["messages"],
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Now in one word."},
+        ],
+    }
+    assert cached(await complete(slots_engine.url, turn)) > n_prompt

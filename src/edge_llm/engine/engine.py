@@ -331,7 +331,7 @@ class Engine:
         if state is SequenceState.CANCELLED:
             keep = not self.settings.cancel_release_kv
         else:
-            keep = self.kv.share
+            keep = self.kv.reuses_prefixes
         self.scheduler.finish(seq, state, now, keep=keep)
         self.host.pop(seq.id)
         self._ended_samplers.append(seq.id)
@@ -705,7 +705,7 @@ def _urgent_after_s(settings: EngineSettings) -> float | None:
 
 def _kv_cache(backend: Backend, prefix_cache: bool) -> KvCache:
     """Prefixes are shared only in the unified pool: between per-slot KV streams
-    llama.cpp cannot copy part of a sequence."""
+    llama.cpp cannot copy part of a sequence, so there a slot is continued instead."""
     unified = backend.kv_sequence_tokens >= backend.kv_capacity_tokens
     return KvCache(
         backend.kv_capacity_tokens,
@@ -713,6 +713,7 @@ def _kv_cache(backend: Backend, prefix_cache: bool) -> KvCache:
         backend.num_seq_ids,
         sequence_tokens=backend.kv_sequence_tokens,
         share=prefix_cache and unified,
+        reuse_slots=prefix_cache and not unified,
     )
 
 

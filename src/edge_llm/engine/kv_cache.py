@@ -13,6 +13,12 @@ can serve any number of sequences. This module keeps the book of those tags:
 - a finished sequence's path stays as cache under its own id: cells nobody running
   references, evicted least recently used when an admission needs room or an id.
 
+In the per-slot layout (``kv_unified = false``) llama.cpp cannot copy cells between
+ids, so with ``reuse_slots`` a finished sequence keeps its cells in its slot and a
+new sequence whose prompt starts the same way continues that slot (its other cells
+are dropped), as llama-server's slots do: regenerate, the next turn and the
+template's system prompt are not computed again.
+
 Budget: every running sequence reserves the cells it may still compute (prompt +
 max_tokens - cached), and cells owned by no running sequence are counted as cache.
 Their sum never exceeds the capacity, so a running stream never runs out of KV.
@@ -114,6 +120,7 @@ class _Holder:
     running: bool = True
     diverged: bool = False  # its cells stopped matching the tree: the rest stays private
     last_used: int = 0
+    kept_tokens: list[int] = field(default_factory=list)  # reuse_slots: its cells' tokens
 
     @property
     def attached(self) -> int:
@@ -137,7 +144,8 @@ class KvCache:
     bytes_per_token: int
     num_seq_ids: int
     sequence_tokens: int = 0  # most cells one sequence may hold (0: the capacity)
-    share: bool = True  # False: no prefix reuse (per-slot KV layout, or prefix_cache off)
+    share: bool = True  # False: no prefix shared between ids (per-slot KV, or prefix_cache off)
+    reuse_slots: bool = False  # without sharing: a new sequence may continue a finished one's id
     _root: _Node = field(init=False)
     _holders: dict[int, _Holder] = field(init=False, default_factory=dict)
     _free_ids: list[int] = field(init=False)
@@ -170,6 +178,10 @@ class KvCache:
     def could_ever_fit(self, num_tokens: int) -> bool:
         return num_tokens <= self.sequence_tokens
 
+    @property
+    def reuses_prefixes(self) -> bool:
+        return self.share or self.reuse_slots
+
     def stats(self) -> KvCacheStats:
         used = sum(len(n.tokens) for n in self._nodes() if n.running_refs)
         cached = sum(len(n.tokens) for n in self._nodes() if not n.running_refs)
@@ -185,15 +197,19 @@ class KvCache:
     def cached_length(self, tokens: Sequence[int]) -> int:
         """Tokens of ``tokens`` an admission now would find in KV (the last one is
         always computed: its logits give the first token)."""
-        if not self.share or len(tokens) < 2:
+        if len(tokens) < 2:
             return 0
-        node, offset = self._lookup(tokens[:-1])
-        return node.start + offset if node is not self._root else 0
+        if self.share:
+            node, offset = self._lookup(tokens[:-1])
+            return node.start + offset if node is not self._root else 0
+        return self._best_slot(tokens[:-1])[1] if self.reuse_slots else 0
 
     def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
         matched = self.cached_length(tokens)
-        pinned = self._evictable_in_prefix(tokens[:matched]) if matched else 0
+        # A continued slot's matched cells are its own cache (``pinned``, as shared ones).
+        share = matched and self.share
+        pinned = self._evictable_in_prefix(tokens[:matched]) if share else matched
         return self._can_make_room(total_tokens - matched, pinned)
 
     def can_restore(self, total_tokens: int) -> bool:
@@ -215,6 +231,10 @@ class KvCache:
     def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
         """Attach the longest cached prefix of ``tokens`` to a new sequence id that
         reserves the rest of ``total_tokens``. Call :meth:`can_admit` first."""
+        if self.reuse_slots and not self.share:
+            slot, matched = self._best_slot(tokens[:-1])
+            if slot is not None:
+                return self._continue_slot(slot, matched, total_tokens)
         matched = self.cached_length(tokens)
         end = self._attach_point(tokens, matched)
         for node in end.path():
@@ -232,6 +252,28 @@ class KvCache:
         self._touch(holder)
         ops.extend(self._drop_redundant(end, keep=seq_id))
         return Admission(seq_id, matched, ops)
+
+    def _best_slot(self, prefix: Sequence[int]) -> tuple[_Holder | None, int]:
+        """The finished id whose kept cells share the longest start with ``prefix``
+        (the most recently used of equals); (None, 0) when none shares any."""
+        kept = [h for h in self._holders.values() if not h.running and h.kept_tokens]
+        scored = [(_common_prefix(h.kept_tokens, prefix, 0), h.last_used, h) for h in kept]
+        common, _, holder = max(scored, key=lambda c: (c[0], c[1]), default=(0, 0, None))
+        return (holder, common) if common else (None, 0)
+
+    def _continue_slot(self, holder: _Holder, matched: int, total_tokens: int) -> Admission:
+        """Run a new sequence in ``holder``'s id from its first ``matched`` cells."""
+        self.num_cache -= holder.private
+        ops: list[KvOp] = []
+        if holder.n_cells > matched:
+            ops.append(Truncate(holder.seq_id, matched, holder.n_cells - matched, "evict"))
+        holder.n_cells, holder.kept_tokens, holder.running = matched, [], True
+        need = total_tokens - matched
+        ops.extend(self._make_room(need, need_id=False))  # running: never evicts itself
+        holder.reserved = need
+        self.num_reserved += need
+        self._touch(holder)
+        return Admission(holder.seq_id, matched, ops)
 
     def restore(self, key: str, n_cells: int, total_tokens: int) -> Admission:
         """A new id for an offloaded sequence, its ``n_cells`` loaded from host
@@ -291,6 +333,7 @@ class KvCache:
         self._stop_running(holder)
         if keep_private:
             self.num_cache += holder.private
+            holder.kept_tokens = list(tokens[: holder.n_cells]) if self.reuse_slots else []
         if holder.n_cells == 0:
             self._forget(holder)
         else:

@@ -277,7 +277,7 @@ class Scheduler:
         recomputes only that token, so it must see the same small batch as the
         first time for its greedy text to be identical."""
         remaining = seq.prefill_remaining
-        return remaining - 1 if self.kv.share and remaining > 1 else remaining
+        return remaining - 1 if self.kv.reuses_prefixes and remaining > 1 else remaining
 
     def complete(self, chunk: ScheduledChunk) -> None:
         """Record that a chunk was decoded (before its sampled token is recorded);
