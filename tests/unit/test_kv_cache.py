@@ -8,7 +8,15 @@ import random
 import pytest
 
 from edge_llm.engine.backend import BatchItem, SamplingParams
-from edge_llm.engine.kv_cache import CopyPrefix, KvCache, KvOp, LoadState, SaveState, Truncate
+from edge_llm.engine.kv_cache import (
+    SWITCH_SLOT_TOKENS,
+    CopyPrefix,
+    KvCache,
+    KvOp,
+    LoadState,
+    SaveState,
+    Truncate,
+)
 
 from fakes import FakeBackend
 
@@ -243,6 +251,26 @@ def test_per_slot_kept_cells_are_evicted_for_room_but_never_a_running_slot() -> 
     assert d.kv.stats().cached_tokens == 0  # the 42 kept cells gave way to the 100 needed
     assert d.kv.num_reserved == 100
     assert not d.kv.can_admit(prompt, len(prompt) + 2)  # the running slot is not touched
+
+
+def test_per_slot_the_lowest_id_unless_another_slot_shares_much_more() -> None:
+    """llama.cpp decodes each run of consecutive ids apart in this layout: leaving
+    the lowest id may leave a gap that costs every step, so only a long match does."""
+    d = Driver(ids=4, share=False, reuse_slots=True)
+    long_tail = list(range(2000, 2000 + SWITCH_SLOT_TOKENS))
+    prompts = [[*SYSTEM, 0], [*SYSTEM, 1], [*SYSTEM, 2], [*SYSTEM, *long_tail, 3]]
+    seqs = [d.admit(p)[0] for p in prompts]
+    assert seqs == [0, 1, 2, 3]
+    for seq, prompt in zip(seqs, prompts, strict=True):
+        d.prefill(seq, len(prompt))
+    for seq in (2, 3):
+        d.release(seq)
+    # Slot 2 shares the system prompt with anything; slot 3 also the long tail.
+    assert d.admit([*SYSTEM, 2, 9]) == (2, len(SYSTEM) + 1)
+    d.release(2)
+    assert d.admit([*SYSTEM, 5, 9]) == (2, len(SYSTEM))  # slot 3 shares no more
+    d.release(2)
+    assert d.admit([*SYSTEM, *long_tail, 9]) == (3, len(SYSTEM) + len(long_tail))
 
 
 @pytest.mark.parametrize("seed", range(6))
