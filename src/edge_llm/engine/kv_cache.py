@@ -204,7 +204,7 @@ class KvCache:
         if self.share:
             node, offset = self._lookup(tokens[:-1])
             return node.start + offset if node is not self._root else 0
-        return self._choose_slot(tokens[:-1])[2] if self.reuse_slots else 0
+        return self._choose_slot(tokens[:-1])[1] if self.reuse_slots else 0
 
     def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
@@ -233,9 +233,8 @@ class KvCache:
     def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
         """Attach the longest cached prefix of ``tokens`` to a new sequence id that
         reserves the rest of ``total_tokens``. Call :meth:`can_admit` first."""
-        chosen = None
         if self.reuse_slots and not self.share:
-            chosen, slot, matched = self._choose_slot(tokens[:-1])
+            slot, matched = self._choose_slot(tokens[:-1])
             if slot is not None:
                 return self._continue_slot(slot, matched, total_tokens)
         matched = self.cached_length(tokens)
@@ -244,7 +243,7 @@ class KvCache:
             node.running_refs += 1  # pinned: the evictions below must not take it
         need = total_tokens - matched
         ops = self._make_room(need, need_id=True)
-        seq_id = self._take_free_id(chosen)
+        seq_id = heapq.heappop(self._free_ids)
         if matched:
             ops.append(CopyPrefix(min(end.holders), seq_id, matched))
         holder = _Holder(seq_id, end, matched, reserved=need)
@@ -256,9 +255,9 @@ class KvCache:
         ops.extend(self._drop_redundant(end, keep=seq_id))
         return Admission(seq_id, matched, ops)
 
-    def _choose_slot(self, prefix: Sequence[int]) -> tuple[int | None, _Holder | None, int]:
-        """The id for a new sequence in the per-slot layout: (id, the finished holder
-        to continue there or None for a free id, cells it shares with ``prefix``).
+    def _choose_slot(self, prefix: Sequence[int]) -> tuple[_Holder | None, int]:
+        """Where a new sequence goes in the per-slot layout: (the finished holder to
+        continue, or None for the lowest free id; the cells it shares with ``prefix``).
 
         The lowest id, free or kept, as without reuse: llama.cpp decodes each run of
         consecutive ids as its own ubatch in this layout, so low ids keep the busy
@@ -272,18 +271,11 @@ class KvCache:
             *((h.seq_id, h, _common_prefix(h.kept_tokens, prefix, 0)) for h in kept),
         ]
         if not candidates:
-            return None, None, 0
+            return None, 0
         lowest = min(candidates, key=lambda c: c[0])
         best = max(candidates, key=lambda c: (c[2], -c[0]))
-        return best if best[2] - lowest[2] >= SWITCH_SLOT_TOKENS else lowest
-
-    def _take_free_id(self, chosen: int | None) -> int:
-        """``chosen`` if it is free, else the lowest free id."""
-        if chosen is None or chosen not in self._free_ids:
-            return heapq.heappop(self._free_ids)
-        self._free_ids.remove(chosen)
-        heapq.heapify(self._free_ids)
-        return chosen
+        _, holder, common = best if best[2] - lowest[2] >= SWITCH_SLOT_TOKENS else lowest
+        return holder, common
 
     def _continue_slot(self, holder: _Holder, matched: int, total_tokens: int) -> Admission:
         """Run a new sequence in ``holder``'s id from its first ``matched`` cells."""

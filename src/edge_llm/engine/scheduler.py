@@ -259,7 +259,9 @@ class Scheduler:
     ) -> list[ScheduledChunk]:
         """The urgent prompts first, then the shortest remaining prompt first."""
         chunks = []
-        rest = sorted((s for s in prefilling if s not in urgent), key=lambda s: s.prefill_remaining)
+        late = {seq.id for seq in urgent}
+        rest = [s for s in prefilling if s.id not in late]
+        rest.sort(key=lambda s: s.prefill_remaining)
         for seq in [*urgent, *rest]:
             if budget <= 0:
                 break
