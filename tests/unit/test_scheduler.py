@@ -191,3 +191,25 @@ def test_with_the_prefix_cache_the_last_prompt_token_has_a_step_of_its_own() -> 
     assert again.num_cached == 9
     plan = scheduler.schedule(1.0)
     assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
+
+
+def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
+    """Requests arriving together with one system prompt: the second attaches the
+    first's cells once published instead of computing its own copy beside them."""
+    scheduler = make_scheduler(max_sequences=4, max_queue=4, chunk=64, share=True)
+    system = list(range(1000, 1100))
+    first = Sequence(GenerationRequest([*system, 1, 2], 5), "first", created_at=0.0)
+    second = Sequence(GenerationRequest([*system, 3, 4], 5), "second", created_at=0.0)
+    other = Sequence(GenerationRequest(list(range(5000, 5040)), 5), "other", created_at=0.0)
+    scheduler.add(first, 0.0)
+    scheduler.add(second, 0.0)
+    assert second.state is SequenceState.QUEUED and scheduler.num_waiting == 1
+    run_prefill(scheduler)  # 64 of first's 102 prompt tokens
+    assert second.state is SequenceState.QUEUED
+    run_prefill(scheduler)  # first's prompt done (its last token in a step of its own)
+    run_prefill(scheduler)
+    assert first.state is SequenceState.DECODING
+    run_prefill(scheduler)
+    assert second.state is not SequenceState.QUEUED and second.num_cached == len(system)
+    scheduler.add(other, 0.0)  # nothing shared: admitted at once
+    assert other.state is SequenceState.PREFILL

@@ -268,7 +268,7 @@ class KvCache:
         kept = [h for h in self._holders.values() if not h.running]
         candidates: list[tuple[int, _Holder | None, int]] = [
             *((seq_id, None, 0) for seq_id in self._free_ids),
-            *((h.seq_id, h, _common_prefix(h.kept_tokens, prefix, 0)) for h in kept),
+            *((h.seq_id, h, common_prefix(h.kept_tokens, prefix, 0)) for h in kept),
         ]
         if not candidates:
             return None, 0
@@ -463,7 +463,7 @@ class KvCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 return node, len(node.tokens)
-            common = _common_prefix(child.tokens, tokens, pos)
+            common = common_prefix(child.tokens, tokens, pos)
             if common < len(child.tokens):
                 return child, common
             node, pos = child, pos + common
@@ -503,7 +503,8 @@ def _evictable(node: _Node) -> bool:
     return not node.running_refs and node.owner is None
 
 
-def _common_prefix(run: list[int], tokens: Sequence[int], pos: int) -> int:
+def common_prefix(run: Sequence[int], tokens: Sequence[int], pos: int = 0) -> int:
+    """How many tokens of ``run`` equal ``tokens`` from ``pos`` on."""
     n = min(len(run), len(tokens) - pos)
     for i in range(n):
         if run[i] != tokens[pos + i]:

@@ -25,11 +25,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate
+from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
 from edge_llm.engine.prefill_budget import PrefillBudget
 from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.speculative import PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
+
+# A request waits for a prompt start another sequence is prefilling right now when
+# it would otherwise compute at least this many of those tokens again itself.
+HOLD_FOR_PREFIX_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,13 @@ class Scheduler:
                 kv_tokens_needed=need,
                 kv_tokens_budget=self.kv.sequence_tokens,
             )
-        if not self.waiting and not self._resumed_offloaded() and self._has_slot and self.fits(seq):
+        if (
+            not self.waiting
+            and not self._resumed_offloaded()
+            and self._has_slot
+            and self.fits(seq)
+            and not self._prefix_in_flight(seq)
+        ):
             self._admit(seq, now)
             self._started.append(seq)
             return
@@ -150,12 +160,29 @@ class Scheduler:
         started = []
         while self.waiting and self._has_slot and not self._resumed_offloaded():
             seq = self.waiting[0]
-            if not self.fits(seq):
+            if not self.fits(seq) or self._prefix_in_flight(seq):
                 break  # FIFO: a large request is not starved by smaller ones behind it
             self.waiting.popleft()
             self._admit(seq, now)
             started.append(seq)
         return started
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether another sequence is prefilling a start of ``seq``'s prompt that
+        the cache does not hold yet (requests arriving together with one system
+        prompt): ``seq`` then waits and attaches those cells once they are published,
+        instead of computing its own copy beside them. The wait ends with that
+        prefill."""
+        if not self.kv.share:
+            return False
+        prompt = seq.request.prompt_tokens
+        cached = self.kv.cached_length(prompt)
+        for other in self.running:
+            if other.runnable and other.state is SequenceState.PREFILL:
+                shared = common_prefix(other.request.prompt_tokens, prompt[:-1])
+                if shared - cached >= HOLD_FOR_PREFIX_TOKENS:
+                    return True
+        return False
 
     @property
     def head_blocked(self) -> bool:
