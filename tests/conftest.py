@@ -1,7 +1,9 @@
-"""Shared fixtures: real engine processes on 127.0.0.1, stopped by the tests."""
+"""Shared fixtures: real engine processes on 127.0.0.1, stopped by the tests, and the
+engine thread over the fake backend."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -10,12 +12,17 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.prefill_budget import StepCosts
+
+from fakes import FakeBackend
 
 _START_TIMEOUT_S = 120.0
 
@@ -137,3 +144,27 @@ def engine_factory(tmp_path: Path) -> Iterator[EngineFactory]:
     yield factory
     for engine in started:
         engine.stop()
+
+
+@pytest.fixture
+async def engine_of() -> AsyncIterator[object]:
+    """``make(backend=None, costs=None, **settings)``: a started engine over the fake
+    backend, stopped (its gate opened) after the test. ``costs`` replaces the
+    measured step costs before the engine starts."""
+    engines: list[Engine] = []
+
+    def make(
+        backend: FakeBackend | None = None, costs: StepCosts | None = None, **settings: object
+    ) -> Engine:
+        engine = Engine(backend or FakeBackend(), EngineSettings(**settings))  # type: ignore[arg-type]
+        if costs is not None:
+            engine.scheduler.prefill_budget.costs = costs
+        engine.start(asyncio.get_running_loop())
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        if engine.backend.gate is not None:  # type: ignore[attr-defined]
+            engine.backend.gate.release(10_000)  # type: ignore[attr-defined]
+        await asyncio.to_thread(engine.stop)

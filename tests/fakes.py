@@ -17,7 +17,9 @@ from edge_llm.engine.backend import (
     SamplingParams,
     TokenLogprob,
 )
+from edge_llm.engine.engine import Engine
 from edge_llm.engine.speculative import verify
+from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
 
 EOG = 0
@@ -195,3 +197,17 @@ class FakeBackend:
 
     def close(self) -> None:
         self.kv.clear()
+
+
+async def drain(engine: Engine, handle: StreamHandle) -> str:
+    """Read the ring like a connection that never stalls; returns the text."""
+    parts = []
+    while True:
+        pieces = handle.ring.peek(100)
+        if pieces:
+            parts.extend(pieces)
+            engine.consumed(handle, len(pieces))
+            continue
+        if handle.outcome is not None:
+            return "".join(parts) + handle.outcome.tail
+        assert await handle.wait_changed(10.0), "engine made no progress"

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import AsyncIterator
 
-import pytest
-
-from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import BackendFailure, Cancelled, TtftTimeout
 
-from fakes import EOG, FakeBackend
+from fakes import EOG, FakeBackend, drain
 
 
 def request(
@@ -22,37 +17,6 @@ def request(
     return GenerationRequest(
         prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens, session=session
     )
-
-
-@pytest.fixture
-async def engine_of() -> AsyncIterator[object]:
-    engines: list[Engine] = []
-
-    def make(backend: FakeBackend | None = None, **settings: object) -> Engine:
-        engine = Engine(backend or FakeBackend(), EngineSettings(**settings))  # type: ignore[arg-type]
-        engine.start(asyncio.get_running_loop())
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        if engine.backend.gate is not None:  # type: ignore[attr-defined]
-            engine.backend.gate.release(10_000)  # type: ignore[attr-defined]
-        await asyncio.to_thread(engine.stop)
-
-
-async def drain(engine: Engine, handle: StreamHandle) -> str:
-    """Read the ring like a connection that never stalls; returns the text."""
-    parts = []
-    while True:
-        pieces = handle.ring.peek(100)
-        if pieces:
-            parts.extend(pieces)
-            engine.consumed(handle, len(pieces))
-            continue
-        if handle.outcome is not None:
-            return "".join(parts) + handle.outcome.tail
-        await handle.wait_changed(5.0)
 
 
 async def wait_for(handle: StreamHandle, predicate: object) -> None:

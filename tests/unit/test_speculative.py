@@ -6,18 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
-
-import pytest
 
 from edge_llm.engine.backend import SamplingParams
-from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.speculative import PromptLookup, verify
-from edge_llm.engine.stream import StreamHandle
 
-from fakes import EOG, FakeBackend, text_script
+from fakes import EOG, FakeBackend, drain, text_script
 
 COPIED = list(range(20, 40))
 # The prompt holds the text the fake model will copy, then an EOG and two more tokens.
@@ -87,37 +82,6 @@ class FreeDrafts(StepCosts):
         return None
 
 
-@pytest.fixture
-async def engine_of() -> AsyncIterator[object]:
-    engines: list[Engine] = []
-
-    def make(backend: FakeBackend, **settings: object) -> Engine:
-        engine = Engine(backend, EngineSettings(**settings))  # type: ignore[arg-type]
-        engine.scheduler.prefill_budget.costs = FreeDrafts()
-        engine.start(asyncio.get_running_loop())
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        if engine.backend.gate is not None:  # type: ignore[attr-defined]
-            engine.backend.gate.release(10_000)  # type: ignore[attr-defined]
-        await asyncio.to_thread(engine.stop)
-
-
-async def drain(engine: Engine, handle: StreamHandle) -> str:
-    parts = []
-    while True:
-        pieces = handle.ring.peek(100)
-        if pieces:
-            parts.extend(pieces)
-            engine.consumed(handle, len(pieces))
-            continue
-        if handle.outcome is not None:
-            return "".join(parts) + handle.outcome.tail
-        assert await handle.wait_changed(10.0), "engine made no progress"
-
-
 def request(
     prompt: list[int] = PROMPT, max_tokens: int = 40, stop: tuple[str, ...] = ()
 ) -> GenerationRequest:
@@ -128,7 +92,7 @@ def request(
 
 async def generate(engine_of, speculative: bool, req: GenerationRequest, **settings: object):
     backend = FakeBackend(script=COPIED)
-    engine = engine_of(backend, speculative=speculative, **settings)
+    engine = engine_of(backend, FreeDrafts(), speculative=speculative, **settings)
     handle = engine.submit(req)
     text = await drain(engine, handle)
     return backend, engine, handle, text
@@ -179,7 +143,7 @@ async def test_a_stop_string_inside_an_accepted_run(engine_of) -> None:
 async def test_beside_other_streams_each_text_is_its_own(engine_of) -> None:
     text = "the cat sat on the mat. the cat sat on the mat. the cat sat on the mat."
     backend = FakeBackend(script=text_script(text))
-    engine = engine_of(backend, speculative=True)
+    engine = engine_of(backend, FreeDrafts(), speculative=True)
     prompt = [7, *text_script(text), 8]
     handles = [engine.submit(request(prompt, max_tokens=100)) for _ in range(4)]
     texts = await asyncio.gather(*(drain(engine, h) for h in handles))
@@ -189,7 +153,7 @@ async def test_beside_other_streams_each_text_is_its_own(engine_of) -> None:
 
 async def test_a_full_ring_is_never_overrun_by_a_run(engine_of) -> None:
     backend = FakeBackend(script=COPIED)
-    engine = engine_of(backend, speculative=True, outbound_buffer_tokens=6)
+    engine = engine_of(backend, FreeDrafts(), speculative=True, outbound_buffer_tokens=6)
     stalled = engine.submit(request())
     while not stalled.seq.paused:
         assert await stalled.wait_changed(10.0)
@@ -202,7 +166,7 @@ async def test_pause_in_a_run_lets_through_at_most_that_step(engine_of) -> None:
     _, _, _, uninterrupted = await generate(engine_of, True, request())
     backend = FakeBackend(script=COPIED)
     backend.gate = threading.Semaphore(0)
-    engine = engine_of(backend, speculative=True)
+    engine = engine_of(backend, FreeDrafts(), speculative=True)
     handle = engine.submit(request())
     backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
     while handle.seq.n_generated < 3:
