@@ -181,10 +181,7 @@ def table(results: dict[str, dict[str, list[Figures]]], names: list[str], repeat
         out.add_row(
             title,
             *(cell(by_server[name]) for name in names),
-            *(
-                f"{lookup / other:.2f}x" if lookup and other else "-"
-                for other in (plain, best, off)
-            ),
+            *(ratio(lookup, other) for other in (plain, best, off)),
         )
     return out
 
