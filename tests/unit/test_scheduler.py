@@ -194,8 +194,9 @@ def test_with_the_prefix_cache_the_last_prompt_token_has_a_step_of_its_own() -> 
 
 
 def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
-    """Requests arriving together with one system prompt: the second attaches the
-    first's cells once published instead of computing its own copy beside them."""
+    """Requests arriving together with one system prompt: the second is admitted
+    (it keeps its place) but prefills nothing until the first has published those
+    cells, then attaches them instead of computing its own copy beside them."""
     scheduler = make_scheduler(max_sequences=4, max_queue=4, chunk=64, share=True)
     system = list(range(1000, 1100))
     first = Sequence(GenerationRequest([*system, 1, 2], 5), "first", created_at=0.0)
@@ -203,13 +204,41 @@ def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
     other = Sequence(GenerationRequest(list(range(5000, 5040)), 5), "other", created_at=0.0)
     scheduler.add(first, 0.0)
     scheduler.add(second, 0.0)
-    assert second.state is SequenceState.QUEUED and scheduler.num_waiting == 1
-    run_prefill(scheduler)  # 64 of first's 102 prompt tokens
-    assert second.state is SequenceState.QUEUED
-    run_prefill(scheduler)  # first's prompt done (its last token in a step of its own)
-    run_prefill(scheduler)
-    assert first.state is SequenceState.DECODING
-    run_prefill(scheduler)
-    assert second.state is not SequenceState.QUEUED and second.num_cached == len(system)
-    scheduler.add(other, 0.0)  # nothing shared: admitted at once
-    assert other.state is SequenceState.PREFILL
+    assert second.state is SequenceState.PREFILL and scheduler.num_waiting == 0
+    reserved = second.kv_reserved_tokens
+    plan = scheduler.schedule(0.0)
+    assert [chunk.seq.id for chunk in plan.chunks] == ["first"]  # 64 of its 102 tokens
+    for chunk in plan.chunks:
+        scheduler.complete(chunk)
+    run_prefill(scheduler)  # first's prompt done but its last token (a step of its own)
+    assert second.num_computed == 0
+    plan = scheduler.schedule(0.0)
+    assert plan.attached == [(second, len(system))]
+    assert second.num_cached == second.num_computed == len(system)
+    assert second.kv_reserved_tokens == reserved - len(system)
+    assert [chunk.tokens for chunk in plan.chunks if chunk.seq is second] == [[3]]
+    scheduler.add(other, 0.0)  # nothing shared: prefilled at once
+    assert [chunk.seq.id for chunk in scheduler.schedule(0.0).chunks][-1] == "other"
+
+
+def test_requests_with_one_prompt_arriving_together_all_take_slots() -> None:
+    """A burst of one prompt fills the slots as before (only the queue beyond them),
+    computes the prompt once, and every one of them gets its first token."""
+    scheduler = make_scheduler(max_sequences=4, max_queue=1, chunk=16, share=True)
+    prompt = list(range(1000, 1060))
+    burst = [Sequence(GenerationRequest(prompt, 5), f"s{i}", created_at=0.0) for i in range(5)]
+    for seq in burst:
+        scheduler.add(seq, 0.0)
+    with pytest.raises(QueueFull):
+        scheduler.add(Sequence(GenerationRequest(prompt, 5), "late", created_at=0.0), 0.0)
+    assert scheduler.num_running == 4 and scheduler.num_waiting == 1
+    computed = 0
+    for _ in range(12):
+        plan = scheduler.schedule(0.0)
+        computed += sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
+        for chunk in plan.chunks:
+            scheduler.complete(chunk)
+            if chunk.sample:
+                scheduler.record_token(chunk.seq, 7, 0.0)
+    assert all(seq.n_generated for seq in burst[:4])
+    assert computed == len(prompt) - 1 + 4  # the shared part once, each last token apart

@@ -384,6 +384,8 @@ class Engine:
             self._wake.wait(idle_timeout)
             return
         self._start(plan.started)
+        for seq, n_gained in plan.attached:
+            self._cache_hit(seq, n_gained)
         n_prefill = sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
         n_decode = sum(len(c.tokens) for c in plan.chunks) - n_prefill
         began = self.clock()
@@ -435,11 +437,13 @@ class Engine:
                 queue_ms=round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3),
             )  # fmt: skip
             if seq.num_cached:
-                self.metrics.prompt_tokens_cached.inc(seq.num_cached)
-                self.events(
-                    "cache_hit", seq.id, n_cached_tokens=seq.num_cached,
-                    n_prompt_tokens=seq.n_prompt,
-                )  # fmt: skip
+                self._cache_hit(seq, seq.num_cached)
+
+    def _cache_hit(self, seq: Sequence, n_gained: int) -> None:
+        self.metrics.prompt_tokens_cached.inc(n_gained)
+        self.events(
+            "cache_hit", seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt
+        )
 
     # -- offload of paused streams (lock held) ----------------------------------------------
 

@@ -31,9 +31,21 @@ from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.speculative import PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
-# A request waits for a prompt start another sequence is prefilling right now when
-# it would otherwise compute at least this many of those tokens again itself.
+# An admitted sequence waits for a prompt start another sequence is prefilling right
+# now when it would otherwise compute at least this many of those tokens again itself.
 HOLD_FOR_PREFIX_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class _AwaitedPrefix:
+    seq: Sequence  # admitted, prefilling nothing yet
+    source: Sequence  # prefilling the start of seq's prompt
+    n_tokens: int  # how much of it they share
+
+
+def _prefilling(seq: Sequence, n_tokens: int) -> bool:
+    """Whether ``seq`` is computing its first ``n_tokens`` prompt tokens right now."""
+    return seq.runnable and seq.state is SequenceState.PREFILL and seq.num_computed < n_tokens
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,7 @@ class ScheduledChunk:
 class StepPlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     started: list[Sequence] = field(default_factory=list)
+    attached: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, cells gained)
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
@@ -80,6 +93,8 @@ class Scheduler:
         self.offloaded: list[Sequence] = []  # oldest first
         self._kv_ops: list[KvOp] = []
         self._started: list[Sequence] = []  # admitted since the last step
+        self._awaiting: dict[str, _AwaitedPrefix] = {}  # by the waiting sequence's id
+        self._attached: list[tuple[Sequence, int]] = []
         self._restored: list[Sequence] = []
 
     @property
@@ -117,13 +132,7 @@ class Scheduler:
                 kv_tokens_needed=need,
                 kv_tokens_budget=self.kv.sequence_tokens,
             )
-        if (
-            not self.waiting
-            and not self._resumed_offloaded()
-            and self._has_slot
-            and self.fits(seq)
-            and not self._prefix_in_flight(seq)
-        ):
+        if not self.waiting and not self._resumed_offloaded() and self._has_slot and self.fits(seq):
             self._admit(seq, now)
             self._started.append(seq)
             return
@@ -154,35 +163,52 @@ class Scheduler:
         seq.num_cached = seq.num_computed = admission.n_cached
         seq.state = SequenceState.PREFILL
         seq.admitted_at = now
+        self._await_prefix_in_flight(seq)
         self.running.append(seq)
 
     def _admit_waiting(self, now: float) -> list[Sequence]:
         started = []
         while self.waiting and self._has_slot and not self._resumed_offloaded():
             seq = self.waiting[0]
-            if not self.fits(seq) or self._prefix_in_flight(seq):
+            if not self.fits(seq):
                 break  # FIFO: a large request is not starved by smaller ones behind it
             self.waiting.popleft()
             self._admit(seq, now)
             started.append(seq)
         return started
 
-    def _prefix_in_flight(self, seq: Sequence) -> bool:
-        """Whether another sequence is prefilling a start of ``seq``'s prompt that
-        the cache does not hold yet (requests arriving together with one system
-        prompt): ``seq`` then waits and attaches those cells once they are published,
-        instead of computing its own copy beside them. The wait ends with that
-        prefill."""
+    def _await_prefix_in_flight(self, seq: Sequence) -> None:
+        """When another sequence is prefilling a start of the just admitted ``seq``'s
+        prompt that the cache did not hold yet (requests arriving together with one
+        system prompt), ``seq`` prefills nothing until those cells are published and
+        then attaches them, instead of computing its own copy beside them. It holds
+        its slot meanwhile, as it would have anyway; the wait ends with that prefill."""
         if not self.kv.share:
-            return False
-        prompt = seq.request.prompt_tokens
-        cached = self.kv.cached_length(prompt)
+            return
+        prompt = seq.request.prompt_tokens[:-1]
         for other in self.running:
-            if other.runnable and other.state is SequenceState.PREFILL:
-                shared = common_prefix(other.request.prompt_tokens, prompt[:-1])
-                if shared - cached >= HOLD_FOR_PREFIX_TOKENS:
-                    return True
-        return False
+            shared = common_prefix(other.request.prompt_tokens, prompt)
+            if _prefilling(other, shared) and shared - seq.num_cached >= HOLD_FOR_PREFIX_TOKENS:
+                self._awaiting[seq.id] = _AwaitedPrefix(seq, other, shared)
+                return
+
+    def _attach_published(self) -> None:
+        """Waiting sequences whose prefix is published (or whose source stopped
+        prefilling) attach what the cache holds now and prefill the rest."""
+        for wait in list(self._awaiting.values()):
+            seq = wait.seq
+            if seq in self.running and _prefilling(wait.source, wait.n_tokens):
+                continue
+            del self._awaiting[seq.id]
+            if seq not in self.running:
+                continue  # ended or offloaded meanwhile
+            admission = self.kv.attach_published(seq.require_slot(), seq.request.prompt_tokens)
+            self._kv_ops.extend(admission.ops)
+            gained = admission.n_cached - seq.num_cached
+            seq.kv_reserved_tokens -= gained
+            seq.num_cached = seq.num_computed = admission.n_cached
+            if gained:
+                self._attached.append((seq, gained))
 
     @property
     def head_blocked(self) -> bool:
@@ -232,6 +258,10 @@ class Scheduler:
         started, self._started = self._started, []
         self._restored.extend(self._restore_resumed())
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
+        self._attach_published()
+        started_ids = {seq.id for seq in plan.started}  # they report the whole cached prefix
+        plan.attached = [(seq, n) for seq, n in self._attached if seq.id not in started_ids]
+        self._attached = []
         decoding = [
             seq
             for seq in self.running
@@ -240,7 +270,11 @@ class Scheduler:
         threshold = self.prefill_budget.costs.draft_threshold(len(decoding))
         plan.chunks.extend(self._decode_chunk(seq, draft_room, threshold) for seq in decoding)
         n_decode_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
-        prefilling = [s for s in self.running if s.runnable and s.state is SequenceState.PREFILL]
+        prefilling = [
+            s
+            for s in self.running
+            if s.runnable and s.state is SequenceState.PREFILL and s.id not in self._awaiting
+        ]
         urgent = self._urgent(prefilling, now)
         if urgent:
             budget = self.limits.prefill_chunk_tokens
