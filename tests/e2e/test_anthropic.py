@@ -135,16 +135,16 @@ def test_invalid_requests_get_anthropic_errors(engine_server: Any) -> None:
 def test_superseded_stream_ends_with_an_error_event(engine_server: Any) -> None:
     with sdk(engine_server) as client:
         counting = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
-        session = {"user_id": "e2e-anthropic-supersede"}
+        session = {"X-Session-Id": "e2e-anthropic-supersede"}
         with client.messages.stream(
-            model="m", max_tokens=32, extra_body=GREEDY, messages=counting, metadata=session
+            model="m", max_tokens=32, extra_body=GREEDY, messages=counting, extra_headers=session
         ) as stream:
             events = iter(stream)
             while next(events).type != "content_block_delta":
                 pass
             # The same session again: the engine cancels the first stream (superseded).
             client.messages.create(
-                model="m", max_tokens=1, extra_body=GREEDY, messages=counting, metadata=session
+                model="m", max_tokens=1, extra_body=GREEDY, messages=counting, extra_headers=session
             )
             with pytest.raises(anthropic.APIStatusError) as info:
                 for _ in events:

@@ -241,11 +241,11 @@ async def test_cancel_closes_the_upstream_request_within_a_second(
 
 
 async def _post_events(
-    url: str, path: str, body: dict[str, Any]
+    url: str, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
 ) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
     """(X-Request-Id, [(event name, data)]) of one streamed Responses or Messages request."""
     async with aiohttp.ClientSession() as session:
-        async with session.post(url + path, json=body) as response:
+        async with session.post(url + path, json=body, headers=headers) as response:
             assert response.status == 200, await response.text()
             raw = (await response.read()).decode()
             request_id = response.headers["X-Request-Id"]
@@ -348,9 +348,9 @@ async def test_responses_and_messages_fall_back_on_prompt_too_long(
     turns = [{"role": "user", "content": LONG_PROMPT}]
     body: dict[str, Any] = {"input": turns, "max_output_tokens": 8, "user": session}
     if path == "/messages":
-        body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 8, "messages": turns,
-                "metadata": {"user_id": session}}  # fmt: skip
-    request_id, events = await _post_events(front.base_url, path, {**body, "stream": True})
+        body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 8, "messages": turns}
+    headers = {"X-Session-Id": session}
+    request_id, events = await _post_events(front.base_url, path, {**body, "stream": True}, headers)
     assert events[-1][0] in ("response.incomplete", "response.completed", "message_stop")
     assert front.stream(request_id)["backend"] == "one"
     assert _routed(front, request_id)["route"] == "fallback_prompt_too_long"
@@ -373,10 +373,12 @@ async def test_disconnect_from_responses_or_messages_cancels_the_upstream_reques
     turns = [{"role": "user", "content": STORY}]
     body: dict[str, Any] = {"input": turns, "max_output_tokens": 400, "user": session}
     if path == "/messages":
-        body = {"max_tokens": 400, "messages": turns, "metadata": {"user_id": session}}
+        body = {"max_tokens": 400, "messages": turns}
     async with aiohttp.ClientSession() as client:
         response = await client.post(
-            front.base_url + path, json={**body, "model": UP_MODEL, "stream": True}
+            front.base_url + path,
+            json={**body, "model": UP_MODEL, "stream": True},
+            headers={"X-Session-Id": session},
         )
         request_id = response.headers["X-Request-Id"]
         await asyncio.wait_for(response.content.readuntil(marker), 120)

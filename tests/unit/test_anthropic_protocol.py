@@ -80,7 +80,7 @@ def test_trailing_assistant_message_is_a_prefill() -> None:
     assert req.chat_messages() == [{"role": "user", "content": "count"}]
 
 
-def test_sampling_and_session() -> None:
+def test_sampling() -> None:
     req = anthropic.parse_request(
         body(
             temperature=0,
@@ -93,7 +93,6 @@ def test_sampling_and_session() -> None:
     params = req.sampling(SamplingDefaults(temperature=0.7, top_p=0.5, top_k=5))
     assert (params.temperature, params.top_p, params.top_k) == (0.0, 0.9, 40)
     assert params.stop == ("\n\n", "END")
-    assert req.session == "u-1"
 
 
 def test_sampling_left_out_gets_the_defaults_given() -> None:
@@ -465,12 +464,16 @@ async def test_error_after_the_stream_started_is_an_error_event(serve_fake: Any)
     backend = FakeBackend(FAKE_SCRIPT)
     backend.gate = threading.Semaphore(2)  # prefill: two steps, the last prompt token alone
     served = await serve_fake(backend)
-    session = {"metadata": {"user_id": "user-1"}, "stream": True, "max_tokens": 32}
-    first = await served.client.post("/v1/messages", json=body(**session))
+    session = {"stream": True, "max_tokens": 32}
+    first = await served.client.post(
+        "/v1/messages", json=body(**session), headers={"X-Session-Id": "user-1"}
+    )
     events = events_of(first)
     names = [name async for name, _ in _until_first_delta(events)]
     assert names[-1] == "content_block_delta"
-    second = asyncio.create_task(served.client.post("/v1/messages", json=body(**session)))
+    second = asyncio.create_task(
+        served.client.post("/v1/messages", json=body(**session), headers={"X-Session-Id": "user-1"})
+    )
     rest = [event async for event in events]
     name, payload = rest[-1]
     assert name == "error"
@@ -479,6 +482,23 @@ async def test_error_after_the_stream_started_is_an_error_event(serve_fake: Any)
     assert payload["error"]["reason"] == "superseded"
     backend.gate.release(1000)
     (await second).close()
+
+
+async def test_requests_of_one_metadata_user_run_side_by_side(serve_fake: Any) -> None:
+    """metadata.user_id names a user, not a session: Claude Code sends all its
+    requests with one (a side request beside the main one, parallel subagents), so
+    none supersedes another; X-Session-Id does (above)."""
+    backend = FakeBackend(FAKE_SCRIPT)
+    backend.gate = threading.Semaphore(2)
+    served = await serve_fake(backend)
+    user = {"metadata": {"user_id": '{"device_id":"d","session_id":"s"}'}, "stream": True}
+    first = await served.client.post("/v1/messages", json=body(**user))
+    events = events_of(first)
+    [name async for name, _ in _until_first_delta(events)]
+    second = asyncio.create_task(served.client.post("/v1/messages", json=body(**user)))
+    backend.gate.release(1000)
+    assert [name async for name, _ in events][-1] == "message_stop"
+    assert [name for name, _ in await all_events(await second)][-1] == "message_stop"
 
 
 async def _until_first_delta(

@@ -530,8 +530,8 @@ async def test_messages_streamed_through_an_upstream(servers, front_of) -> None:
     client = await front_of(upstream=[f"u={fake.url}"])
     body = {"model": "m", "max_tokens": 30, "stream": True, "system": "Be brief.",
             "messages": [{"role": "user", "content": "hi"}], "stop_sequences": ["END"],
-            "top_k": 5, "metadata": {"user_id": "ann"}}  # fmt: skip
-    response = await client.post("/v1/messages", json=body)
+            "top_k": 5, "metadata": {"user_id": "user-ann"}}  # fmt: skip
+    response = await client.post("/v1/messages", json=body, headers={"X-Session-Id": "ann"})
     assert response.status == 200
     events = _sse_events(await response.text())
     assert all(name == data["type"] for name, data in events)
@@ -758,7 +758,7 @@ def test_formats_and_tool_choices_map_to_chat() -> None:
             "output_config": {"format": {"type": "json_schema", "schema": schema}},
         }
     )
-    body = messages_chat_body(messages)
+    body = messages_chat_body(messages, None)
     assert body["tool_choice"] == "required" and "parallel_tool_calls" not in body
     assert body["response_format"]["json_schema"] == {"name": "response", "schema": schema}
 

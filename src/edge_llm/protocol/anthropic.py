@@ -335,10 +335,6 @@ class MessagesRequest(_Strict):
         return tuple(self.stop_sequences or ())
 
     @property
-    def session(self) -> str | None:
-        return self.metadata.user_id if self.metadata else None
-
-    @property
     def prefill(self) -> str | None:
         """Text of a trailing assistant message, which the answer continues."""
         last = self.messages[-1]

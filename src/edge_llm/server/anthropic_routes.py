@@ -102,7 +102,7 @@ async def _messages(request: web.Request, ctx: ServerContext) -> web.StreamRespo
     if upstreams is not None:
         return await _relay(request, ctx, req, upstreams, route="model")
     try:
-        handle = await _start(ctx, req, session_of(request, req.session), setup)
+        handle = await _start(ctx, req, session_of(request, None), setup)
     except FALLBACK_ERRORS as exc:
         candidates = ctx.router.fallback_for(exc)
         if not candidates or req.prefill is not None:
@@ -151,9 +151,9 @@ async def _relay(
     route: str,
 ) -> web.StreamResponse:
     """Served by an upstream, asked as a chat completion."""
-    body = messages_chat_body(req)
+    body = messages_chat_body(req, session_of(request, None))
     async with upstream_routes.relayed(
-        request, ctx, body, candidates, route=route, user=req.session, path=CHAT_PATH
+        request, ctx, body, candidates, route=route, user=None, path=CHAT_PATH
     ) as stream:
         headers = _ignored_header(req, {"X-Request-Id": stream.id})
         answerer = _Answerer(stream.id, stream.client_model, 0, headers)

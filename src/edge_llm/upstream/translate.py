@@ -49,8 +49,9 @@ def responses_chat_body(
     return body
 
 
-def messages_chat_body(req: anthropic.MessagesRequest) -> dict[str, Any]:
-    """The chat request for an Anthropic Messages request."""
+def messages_chat_body(req: anthropic.MessagesRequest, session: str | None) -> dict[str, Any]:
+    """The chat request for an Anthropic Messages request of ``session`` (its
+    X-Session-Id, sent as ``user``)."""
     if req.prefill is not None:
         raise InvalidRequest(
             "a trailing assistant message (a prefill) cannot be relayed to an upstream: "
@@ -66,7 +67,9 @@ def messages_chat_body(req: anthropic.MessagesRequest) -> dict[str, Any]:
     _put(body, "top_p", req.top_p)
     _put(body, "top_k", req.top_k)  # not OpenAI's, but vLLM, llama-server, edge-llm take it
     _put(body, "stop", list(req.stops) or None)
-    _put(body, "user", req.session)
+    # metadata.user_id names a user, whose requests run side by side (Claude Code's
+    # subagents share one); the session that supersedes is X-Session-Id.
+    _put(body, "user", session)
     body.update(_tools(req.tool_setup()))
     schema = req.output_schema
     if schema is not None:
