@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from edge_llm.engine.backend import (
@@ -71,6 +71,7 @@ class FakeBackend:
         self.script = list(script)
         self.fail_slots: set[int] = set()
         self.gate: threading.Semaphore | None = None
+        self.at_gate = threading.Event()  # a decode, its batch fixed, waits at the gate
         self.step_delay_s = 0.0
         self.kv: dict[int, list[int]] = {}  # slot -> cell id per position
         self._next_cell = 0
@@ -129,11 +130,15 @@ class FakeBackend:
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         return [run[0] for run in self.decode_runs(items)]
 
-    def decode_runs(self, items: Sequence[BatchItem]) -> list[list[Sampled]]:
+    def decode_runs(
+        self, items: Sequence[BatchItem], drafting: Callable[[str], bool] | None = None
+    ) -> list[list[Sampled]]:
         """The script's next token at each logit position, drafts verified as the
         real backend does (position i follows the draft's first i tokens)."""
         if self.gate is not None:
+            self.at_gate.set()
             self.gate.acquire()
+            self.at_gate.clear()
         if self.step_delay_s:
             time.sleep(self.step_delay_s)  # stands for the time a real decode takes
         self.decode_calls.append([(item.slot, len(item.tokens)) for item in items])
@@ -151,11 +156,12 @@ class FakeBackend:
                 cells.append(self._next_cell)
                 self._next_cell += 1
         self.drafts.extend(item.n_draft for item in items if item.n_draft)
-        return [self._verify(item) for item in items if item.sample]
+        return [self._verify(item, drafting) for item in items if item.sample]
 
-    def _verify(self, item: BatchItem) -> list[Sampled]:
+    def _verify(self, item: BatchItem, drafting: Callable[[str], bool] | None) -> list[Sampled]:
         draft = list(item.tokens[len(item.tokens) - item.n_draft :]) if item.n_draft else []
-        return verify(draft, lambda _: self._next(item.sampler), lambda s: s.token)
+        go_on = (lambda: drafting(item.sampler)) if drafting else (lambda: True)
+        return verify(draft, lambda _: self._next(item.sampler), lambda s: s.token, go_on)
 
     def _next(self, key: str) -> Sampled:
         index = self.generated[key]

@@ -171,14 +171,18 @@ async def test_pause_in_a_run_lets_through_at_most_that_step(engine_of) -> None:
     backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
     while handle.seq.n_generated < 3:
         assert await handle.wait_changed(10.0)
-    engine.pause(handle)  # the next step may already be waiting at the gate
+    assert await asyncio.to_thread(backend.at_gate.wait, 10.0)
+    engine.pause(handle)  # the next step, with a draft of 8, waits at the gate
     at_pause, calls_at_pause = handle.seq.n_generated, len(backend.decode_calls)
+    drafts_at_pause = len(backend.drafts)
     backend.gate.release(10_000)
     other = engine.submit(request([9, 9, 9], max_tokens=10))
     await drain(engine, other)  # the engine kept stepping for the other stream
     slot = handle.seq.slot
     steps_since = [c for c in backend.decode_calls[calls_at_pause:] if slot in dict(c)]
-    assert len(steps_since) <= 1  # only the step in flight
-    assert handle.seq.tokens_while_paused == handle.seq.n_generated - at_pause <= 1 + 8
+    assert len(steps_since) == 1  # only the step in flight
+    assert backend.drafts[drafts_at_pause] == 8  # its draft, all of which the model agrees with
+    # ... yet the paused stream gets one token of it (SPEC §6), not the run of 9.
+    assert handle.seq.tokens_while_paused == handle.seq.n_generated - at_pause == 1
     engine.resume(handle)
     assert await drain(engine, handle) == uninterrupted

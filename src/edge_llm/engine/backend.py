@@ -13,7 +13,7 @@ keeps its sampler state.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -165,10 +165,14 @@ class Backend(Protocol):
         the items with ``sample`` set, in order. Raises :class:`BackendError`."""
         ...
 
-    def decode_runs(self, items: Sequence[BatchItem]) -> list[list[Sampled]]:
+    def decode_runs(
+        self, items: Sequence[BatchItem], drafting: Callable[[str], bool] | None = None
+    ) -> list[list[Sampled]]:
         """As :meth:`decode`, with drafts verified: for each item with ``sample``
         set, the accepted run (``speculative.verify``): one token per accepted
-        draft token plus the token sampled where the draft ended or diverged."""
+        draft token plus the token sampled where the draft ended or diverged.
+        ``drafting(sampler key)`` is asked before each token after the first; False
+        ends the run there."""
         ...
 
     def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:

@@ -554,8 +554,15 @@ class Engine:
             BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample, c.seq.id, c.n_draft)
             for c in chunks
         ]
-        runs = iter(self.backend.decode_runs(items))
+        runs = iter(self.backend.decode_runs(items, self._unpaused))
         return [(c, next(runs) if c.sample else None, None) for c in chunks]
+
+    def _unpaused(self, key: str) -> bool:
+        """Asked without the lock between the tokens of an accepted run: a stream
+        paused while its step ran gets that step's first token only (SPEC §6: at
+        most one token after PAUSE). A dict lookup and a bool are atomic reads."""
+        handle = self._live.get(key)
+        return handle is not None and not handle.seq.paused
 
     def _decode_alone(self, chunk: ScheduledChunk) -> list[_ChunkResult]:
         try:

@@ -17,7 +17,7 @@ import ctypes
 import importlib.util
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -362,7 +362,9 @@ class LlamaBackend:
     def decode(self, items: Sequence[BatchItem]) -> list[Sampled]:
         return [run[0] for run in self.decode_runs(items)]
 
-    def decode_runs(self, items: Sequence[BatchItem]) -> list[list[Sampled]]:
+    def decode_runs(
+        self, items: Sequence[BatchItem], drafting: Callable[[str], bool] | None = None
+    ) -> list[list[Sampled]]:
         for item in items:
             error = self._samplers[item.sampler].error
             if error is not None:  # before decoding, so the batch can be retried without it
@@ -375,12 +377,16 @@ class LlamaBackend:
             raise BackendError(f"llama_decode failed with code {code}")
         sampled = [item for item in items if item.sample]
         return [
-            self._verify(item, indices) for item, indices in zip(sampled, sample_at, strict=True)
+            self._verify(item, indices, drafting)
+            for item, indices in zip(sampled, sample_at, strict=True)
         ]
 
-    def _verify(self, item: BatchItem, indices: list[int]) -> list[Sampled]:
+    def _verify(
+        self, item: BatchItem, indices: list[int], drafting: Callable[[str], bool] | None
+    ) -> list[Sampled]:
         draft = item.tokens[len(item.tokens) - item.n_draft :] if item.n_draft else ()
-        return verify(draft, lambda i: self._sample(item.sampler, indices[i]), _token_of)
+        go_on = (lambda: drafting(item.sampler)) if drafting else (lambda: True)
+        return verify(draft, lambda i: self._sample(item.sampler, indices[i]), _token_of, go_on)
 
     def _sample(self, key: str, index: int) -> Sampled:
         logits = llama.llama_get_logits_ith(self._ctx, index)

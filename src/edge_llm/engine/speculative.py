@@ -110,14 +110,21 @@ class PromptLookup:
 
 
 def verify(
-    draft: Sequence[int], sample_at: Callable[[int], T], token_of: Callable[[T], int]
+    draft: Sequence[int],
+    sample_at: Callable[[int], T],
+    token_of: Callable[[T], int],
+    go_on: Callable[[], bool] = lambda: True,
 ) -> list[T]:
     """Sample logit positions 0..len(draft) in order (position i follows draft[:i]),
     stopping after the first sample that differs from the draft: the accepted run.
     Every position is sampled only once the previous one matched, so samplers with
-    state (grammar, penalties) see exactly the tokens emitted."""
+    state (grammar, penalties) see exactly the tokens emitted. Before each position
+    after the first, ``go_on()`` may end the run there (the stream was paused: it
+    gets the one token of the step in flight, as without a draft)."""
     run: list[T] = []
     for i in range(len(draft) + 1):
+        if i and not go_on():
+            break
         sampled = sample_at(i)
         run.append(sampled)
         if i == len(draft) or token_of(sampled) != draft[i]:
