@@ -119,7 +119,8 @@ class CacheConfig(_Section):
 
 class SpeculativeConfig(_Section):
     speculative: Literal["prompt_lookup", "off"] = Field(
-        "off", description="Speculative decoding: prompt_lookup (n-gram drafts) or off"
+        "prompt_lookup",
+        description="Speculative decoding: prompt_lookup (n-gram drafts) or off",
     )
     max_draft_tokens: int = Field(
         8, ge=1, le=32, description="Most draft tokens verified per sequence and step"

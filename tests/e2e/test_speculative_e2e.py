@@ -55,7 +55,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engi
     flags = ("--max-pause-ms", "600000", "--max-sequences", "4")
     started: dict[str, EngineProcess] = {}
     try:
-        started["off"] = start_engine(tmp_path_factory.mktemp("spec-off"), *flags)
+        started["off"] = start_engine(
+            tmp_path_factory.mktemp("spec-off"), *flags, "--speculative", "off"
+        )
         started["on"] = start_engine(
             tmp_path_factory.mktemp("spec-on"), *flags, "--speculative", "prompt_lookup"
         )
