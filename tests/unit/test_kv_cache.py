@@ -79,8 +79,8 @@ class Driver:
             self.kv.computed(seq_id, self.tokens[seq_id], pos + 1, publish=False)
             self.check()
 
-    def release(self, seq_id: int, keep: bool = True) -> list[KvOp]:
-        ops = self.kv.release(seq_id, self.tokens[seq_id], keep)
+    def release(self, seq_id: int, keep: bool = True, n_prompt: int = 0) -> list[KvOp]:
+        ops = self.kv.release(seq_id, self.tokens[seq_id], keep, n_prompt)
         self.apply(ops)
         return ops
 
@@ -222,6 +222,28 @@ def test_per_slot_a_regenerate_continues_the_finished_slot() -> None:
     assert (again, cached) == (seq, len(prompt) - 1)
     assert len(d.backend.kv[seq]) == len(prompt) - 1  # the answer's cells were dropped
     assert d.kv.stats().cached_tokens == 0
+
+
+def test_per_slot_a_cancelled_stream_keeps_its_prompt_for_the_regenerate() -> None:
+    """As the pool keeps a cancelled stream's published prefix: a regenerate storm
+    (cancel, send again) does not prefill the prompt again in this layout either."""
+    d = Driver(ids=4, share=False, reuse_slots=True)
+    prompt = [*SYSTEM, *range(10, 30)]
+    seq, _ = d.admit(prompt)
+    d.prefill(seq, len(prompt))
+    d.generate(seq, 5)
+    d.release(seq, keep=False, n_prompt=len(prompt))
+    assert len(d.backend.kv[seq]) == len(prompt)  # the answer's cells freed at once
+    assert d.kv.stats().cached_tokens == len(prompt)
+    again, cached = d.admit(prompt)
+    assert (again, cached) == (seq, len(prompt) - 1)
+    d.release(again, keep=False)  # nothing of a prompt to keep (an offload)
+    assert d.kv.stats().cached_tokens == 0 and not d.backend.kv.get(seq)
+    longer = [*prompt, *range(100, 140)]
+    seq, _ = d.admit(longer)
+    d.prefill(seq, 32)  # cancelled mid-prefill: what it computed stays
+    d.release(seq, keep=False, n_prompt=len(longer))
+    assert d.admit(longer) == (seq, 32)
 
 
 def test_per_slot_the_next_turn_and_the_system_prompt_pick_the_best_slot() -> None:

@@ -29,6 +29,12 @@ def test_drafts_pay_less_beside_more_streams() -> None:
     costs = measured(0.0066, 0.0034)
     alone, beside = costs.draft_threshold(1), costs.draft_threshold(4)
     assert 0.2 < alone < 0.5 < beside < 1.0
+    # Per-slot KV: beside others a draft is a pass of its own, whose fixed cost
+    # (6.6 ms) is worth about two of the shared step's tokens (4 in 20.2 ms).
+    assert costs.draft_price(4, own_pass=False) == (beside, 0.0)
+    assert costs.draft_price(1, own_pass=True) == (alone, 0.0)  # alone: no other pass
+    threshold, entry = costs.draft_price(4, own_pass=True)
+    assert threshold == beside and abs(entry - 0.0066 / (0.0202 / 4)) < 0.01
 
 
 def test_a_lone_prompt_gets_the_whole_batch_two_prompts_share_the_target() -> None:

@@ -181,6 +181,11 @@ class KvCache:
         return num_tokens <= self.sequence_tokens
 
     @property
+    def per_slot(self) -> bool:
+        """Each sequence id has a KV share of its own (``kv_unified = false``)."""
+        return self.sequence_tokens < self.capacity_tokens
+
+    @property
     def reuses_prefixes(self) -> bool:
         return self.share or self.reuse_slots
 
@@ -358,15 +363,24 @@ class KvCache:
 
     # -- the end -----------------------------------------------------------------------
 
-    def release(self, seq_id: int, tokens: Sequence[int], keep: bool) -> list[KvOp]:
+    def release(
+        self, seq_id: int, tokens: Sequence[int], keep: bool, n_prompt: int = 0
+    ) -> list[KvOp]:
         """A running sequence ended. Its attached path stays as cache; with ``keep``
         its other cells too (published when they can be, else kept whole without
-        sharing); without, they are freed at once."""
+        sharing); without, they are freed at once, except, when slots are reused,
+        the cells of its first ``n_prompt`` tokens (its prompt: what the pool would
+        have published), so that a regenerate after a cancel continues them."""
         holder = self._holders[seq_id]
         if keep and self.share:
             self._publish(holder, tokens, holder.n_cells)
-        keep_private = keep and not self.share
-        start = holder.n_cells if keep_private else holder.attached
+        if self.share:
+            start = holder.attached
+        elif keep:
+            start = holder.n_cells
+        else:
+            start = min(n_prompt, holder.n_cells) if self.reuse_slots else 0
+        keep_private = start > 0 and not self.share
         ops: list[KvOp] = [Truncate(seq_id, start, holder.n_cells - start, "release")]
         holder.n_cells = start
         self._stop_running(holder)

@@ -88,9 +88,21 @@ class StepCosts:
     def draft_threshold(self, n_decoding: int) -> float:
         """What one more token in a step costs over what a token of that step costs
         on average: a draft token pays when its chance of acceptance is above it."""
+        return self.draft_price(n_decoding, own_pass=False)[0]
+
+    def draft_price(self, n_decoding: int, own_pass: bool) -> tuple[float, float]:
+        """(per draft token, per draft) in units of what a token of the shared step
+        costs. ``own_pass``: the draft runs as a pass of its own, which adds the
+        step's fixed cost once (per-slot KV: llama.cpp splits a batch into ubatches
+        that hold as many tokens of every sequence, so the tokens one sequence has
+        beyond the others' one are decoded after them)."""
         fixed_s, token_s = self.fit()
-        step_s = fixed_s + token_s * max(n_decoding, 1)
-        return token_s * max(n_decoding, 1) / step_s if step_s > 0 else 0.0
+        n = max(n_decoding, 1)
+        per_token = (fixed_s + token_s * n) / n
+        if per_token <= 0:
+            return 0.0, 0.0
+        entry = fixed_s / per_token if own_pass and n_decoding > 1 else 0.0
+        return token_s / per_token, entry
 
     def observe(self, n_prefill: int, n_decode: int, seconds: float) -> None:
         """One step took ``seconds`` for ``n_prefill`` prompt tokens beside

@@ -267,8 +267,8 @@ class Scheduler:
             for seq in self.running
             if seq.runnable and seq.state is SequenceState.DECODING and seq.last_token is not None
         ]
-        threshold = self.prefill_budget.costs.draft_threshold(len(decoding))
-        plan.chunks.extend(self._decode_chunk(seq, draft_room, threshold) for seq in decoding)
+        price = self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot)
+        plan.chunks.extend(self._decode_chunk(seq, draft_room, price) for seq in decoding)
         n_decode_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
         prefilling = [
             s
@@ -288,15 +288,18 @@ class Scheduler:
         self.prefill_budget.costs.observe(n_prefill, n_decode, seconds)
 
     def _decode_chunk(
-        self, seq: Sequence, draft_room: Callable[[Sequence], int] | None, threshold: float
+        self,
+        seq: Sequence,
+        draft_room: Callable[[Sequence], int] | None,
+        price: tuple[float, float],
     ) -> ScheduledChunk:
         assert seq.last_token is not None
         room = draft_room(seq) if draft_room else self.limits.max_draft_tokens + 1
-        draft = self._draft(seq, room, threshold)
+        draft = self._draft(seq, room, price)
         tokens = [seq.last_token, *draft]
         return ScheduledChunk(seq, tokens, seq.num_computed, sample=True, n_draft=len(draft))
 
-    def _draft(self, seq: Sequence, room: int, threshold: float) -> list[int]:
+    def _draft(self, seq: Sequence, room: int, price: tuple[float, float]) -> list[int]:
         """Prompt-lookup draft: at most one token fewer than may still be emitted
         (max_tokens, ring room), so an accepted run never overruns either."""
         max_draft = self.limits.max_draft_tokens
@@ -305,7 +308,7 @@ class Scheduler:
         if seq.lookup is None:
             seq.lookup = PromptLookup(max_draft)
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
-        return seq.lookup.propose(seq.token_ids, limit, threshold)
+        return seq.lookup.propose(seq.token_ids, limit, *price)
 
     def _urgent(self, prefilling: list[Sequence], now: float) -> list[Sequence]:
         """Prompts past ``urgent_after_s`` without a first token, oldest first."""
@@ -388,7 +391,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             self._trim_unused_run(seq)
-            self._kv_ops.extend(self.kv.release(seq.require_slot(), seq.token_ids, keep))
+            ops = self.kv.release(seq.require_slot(), seq.token_ids, keep, seq.n_prompt)
+            self._kv_ops.extend(ops)
             seq.kv_reserved_tokens = 0  # the slot stays as a record of where it ran
 
     def _trim_unused_run(self, seq: Sequence) -> None:
