@@ -16,7 +16,8 @@ tokens from ``usage``, since a speculating server may send several tokens per ch
 
 Every server runs for the whole comparison, KV laid out alike (4 slots with a share of
 the same budget each: llama-server ``-np 4``, edge-llm ``--max-sequences 4
---no-kv-unified``); scenarios run one server at a time, the order rotating per repeat.
+--no-kv-unified``; ``--edge-layout pool`` runs edge-llm in its default layout, one
+pool); scenarios run one server at a time, the order rotating per repeat.
 Each repeat uses passages no earlier request used. Under the table: what else used the
 CPU meanwhile.
 """
@@ -54,7 +55,8 @@ COPY_SENTENCES = 24  # about 400 tokens
 COPY_MAX_TOKENS = 450
 FRESH_MAX_TOKENS = 256
 COPY_INSTRUCTION = "Repeat the following text exactly, word for word, and nothing else:\n\n"
-EDGE = ["--max-sequences", str(PARALLEL), "--no-kv-unified", "--max-prompt-tokens", "2048"]
+EDGE_LAYOUTS = {"slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"], "pool": []}
+EDGE = ["--max-prompt-tokens", "2048"]
 LLAMA_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 WIDE_OUTPUT = 180
 
@@ -106,15 +108,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="",
         help="extra flags of the prompt_lookup edge-llm, space-separated",
     )
+    parser.add_argument(
+        "--edge-layout", choices=sorted(EDGE_LAYOUTS), default="slots",
+        help="edge-llm's KV layout: 'slots' as llama-server's, 'pool' edge-llm's default",
+    )  # fmt: skip
     parser.add_argument("--json", help="write every figure here")
     return parser.parse_args(argv)
 
 
+def edge_flags(args: argparse.Namespace) -> list[str]:
+    return [*EDGE_LAYOUTS[args.edge_layout], *EDGE]
+
+
 def start_servers(args: argparse.Namespace, binary: str, model: str) -> dict[str, ServerProcess]:
     servers: dict[str, ServerProcess] = {}
-    servers["edge-llm off"] = start_engine(model, args.threads, [*EDGE, "--speculative", "off"])
+    edge = edge_flags(args)
+    servers["edge-llm off"] = start_engine(model, args.threads, [*edge, "--speculative", "off"])
     servers["edge-llm lookup"] = start_engine(
-        model, args.threads, [*EDGE, "--speculative", "prompt_lookup", *args.lookup_flags.split()]
+        model, args.threads, [*edge, "--speculative", "prompt_lookup", *args.lookup_flags.split()]
     )
     servers["llama plain"] = start_llama_server(binary, model, args.threads, CTX_TOKENS, PARALLEL)
     for mode in [m for m in args.modes.split(",") if m]:
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers.values():
             server.stop()
     console.print(table(results, list(servers), args.repeats))
-    console.print(f"model {model}, {args.threads} threads each; {' '.join(EDGE)}; "
+    console.print(f"model {model}, {args.threads} threads each; {' '.join(edge_flags(args))}; "
                   f"lookup: --speculative prompt_lookup {args.lookup_flags}; "
                   f"llama-server -np {PARALLEL} -c {CTX_TOKENS}")  # fmt: skip
     for line in machine.lines():
