@@ -242,3 +242,18 @@ def test_requests_with_one_prompt_arriving_together_all_take_slots() -> None:
                 scheduler.record_token(chunk.seq, 7, 0.0)
     assert all(seq.n_generated for seq in burst[:4])
     assert computed == len(prompt) - 1 + 4  # the shared part once, each last token apart
+
+
+def test_a_request_ended_while_it_waits_for_a_prefix_attaches_nothing() -> None:
+    scheduler = make_scheduler(max_sequences=4, max_queue=4, chunk=64, share=True)
+    system = list(range(1000, 1100))
+    first = Sequence(GenerationRequest([*system, 1, 2], 5), "first", created_at=0.0)
+    second = Sequence(GenerationRequest([*system, 3, 4], 5), "second", created_at=0.0)
+    scheduler.add(first, 0.0)
+    scheduler.add(second, 0.0)
+    scheduler.finish(second, SequenceState.CANCELLED, 0.0, keep=False)
+    reserved = scheduler.kv.num_reserved
+    for _ in range(3):
+        run_prefill(scheduler)
+    assert first.state is SequenceState.DECODING
+    assert second.num_computed == 0 and scheduler.kv.num_reserved == reserved

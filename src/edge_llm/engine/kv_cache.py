@@ -260,14 +260,15 @@ class KvCache:
         ops.extend(self._drop_redundant(end, keep=seq_id))
         return Admission(seq_id, matched, ops)
 
-    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> Admission:
+    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
         """Attach to a running sequence that has computed nothing of its own yet the
         longer prefix of ``tokens`` published since its admission (another sequence
-        was prefilling it then); its reservation shrinks by what it gained."""
+        was prefilling it then); its reservation shrinks by the cells it gained.
+        Returns (cells gained, operations)."""
         holder = self._holders[seq_id]
         matched = self.cached_length(tokens)
         if not self.share or holder.private or matched <= holder.attached:
-            return Admission(seq_id, holder.attached, [])
+            return 0, []
         had = set(map(id, holder.node.path()))
         end = self._attach_point(tokens, matched)
         for node in end.path():
@@ -281,7 +282,7 @@ class KvCache:
         self._touch(holder)
         ops: list[KvOp] = [CopyPrefix(min(end.holders - {seq_id}), seq_id, matched)]
         ops.extend(self._drop_redundant(end, keep=seq_id))
-        return Admission(seq_id, matched, ops)
+        return gained, ops
 
     def _choose_slot(self, prefix: Sequence[int]) -> tuple[_Holder | None, int]:
         """Where a new sequence goes in the per-slot layout: (the finished holder to

@@ -94,7 +94,6 @@ class Scheduler:
         self._kv_ops: list[KvOp] = []
         self._started: list[Sequence] = []  # admitted since the last step
         self._awaiting: dict[str, _AwaitedPrefix] = {}  # by the waiting sequence's id
-        self._attached: list[tuple[Sequence, int]] = []
         self._restored: list[Sequence] = []
 
     @property
@@ -192,23 +191,23 @@ class Scheduler:
                 self._awaiting[seq.id] = _AwaitedPrefix(seq, other, shared)
                 return
 
-    def _attach_published(self) -> None:
+    def _attach_published(self) -> list[tuple[Sequence, int]]:
         """Waiting sequences whose prefix is published (or whose source stopped
-        prefilling) attach what the cache holds now and prefill the rest."""
+        prefilling) attach what the cache holds now and prefill the rest; returns
+        (sequence, cells gained) of those that gained some."""
+        attached = []
         for wait in list(self._awaiting.values()):
-            seq = wait.seq
-            if seq in self.running and _prefilling(wait.source, wait.n_tokens):
+            if _prefilling(wait.source, wait.n_tokens):
                 continue
-            del self._awaiting[seq.id]
-            if seq not in self.running:
-                continue  # ended or offloaded meanwhile
-            admission = self.kv.attach_published(seq.require_slot(), seq.request.prompt_tokens)
-            self._kv_ops.extend(admission.ops)
-            gained = admission.n_cached - seq.num_cached
+            seq = self._awaiting.pop(wait.seq.id).seq
+            gained, ops = self.kv.attach_published(seq.require_slot(), seq.request.prompt_tokens)
+            self._kv_ops.extend(ops)
             seq.kv_reserved_tokens -= gained
-            seq.num_cached = seq.num_computed = admission.n_cached
+            seq.num_cached += gained
+            seq.num_computed += gained
             if gained:
-                self._attached.append((seq, gained))
+                attached.append((seq, gained))
+        return attached
 
     @property
     def head_blocked(self) -> bool:
@@ -224,6 +223,7 @@ class Scheduler:
     def offload(self, seq: Sequence) -> None:
         """Save a running sequence's KV to host memory and give back its slot and cells."""
         self._kv_ops.extend(self.kv.offload(seq.require_slot(), seq.id))
+        self._awaiting.pop(seq.id, None)  # restored whole, it attaches nothing more
         seq.slot, seq.kv_reserved_tokens, seq.offloaded = None, 0, True
         self.running.remove(seq)
         self.offloaded.append(seq)
@@ -258,10 +258,8 @@ class Scheduler:
         started, self._started = self._started, []
         self._restored.extend(self._restore_resumed())
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
-        self._attach_published()
         started_ids = {seq.id for seq in plan.started}  # they report the whole cached prefix
-        plan.attached = [(seq, n) for seq, n in self._attached if seq.id not in started_ids]
-        self._attached = []
+        plan.attached = [(s, n) for s, n in self._attach_published() if s.id not in started_ids]
         decoding = [
             seq
             for seq in self.running
@@ -388,6 +386,7 @@ class Scheduler:
             self.waiting.remove(seq)
         if seq in self.offloaded:
             self.offloaded.remove(seq)
+        self._awaiting.pop(seq.id, None)
         if seq in self.running:
             self.running.remove(seq)
             self._trim_unused_run(seq)
