@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from edge_llm.engine.backend import (
@@ -21,6 +22,8 @@ from edge_llm.engine.engine import Engine
 from edge_llm.engine.speculative import verify
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
+
+FAKE_LOGITS = ("fake logits",)  # what the fake keeps for a prompt's first token
 
 EOG = 0
 _JSON_TYPES = {"object", "array", "string", "number", "integer", "boolean", "null"}
@@ -158,10 +161,17 @@ class FakeBackend:
         self.drafts.extend(item.n_draft for item in items if item.n_draft)
         return [self._verify(item, drafting) for item in items if item.sample]
 
+    def sample_from(self, key: str, logits: Any) -> Sampled:
+        assert logits == FAKE_LOGITS
+        return self._next(key)
+
     def _verify(self, item: BatchItem, drafting: Callable[[str], bool] | None) -> list[Sampled]:
         draft = list(item.tokens[len(item.tokens) - item.n_draft :]) if item.n_draft else []
         go_on = (lambda: drafting(item.sampler)) if drafting else (lambda: True)
-        return verify(draft, lambda _: self._next(item.sampler), lambda s: s.token, go_on)
+        run = verify(draft, lambda _: self._next(item.sampler), lambda s: s.token, go_on)
+        if item.keep_logits:
+            run[0] = replace(run[0], logits=FAKE_LOGITS)
+        return run
 
     def _next(self, key: str) -> Sampled:
         index = self.generated[key]

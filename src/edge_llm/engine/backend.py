@@ -69,10 +69,13 @@ class TokenLogprob:
 
 @dataclass(frozen=True)
 class Sampled:
-    """One sampled token; ``logprob`` only when the sequence asked for logprobs."""
+    """One sampled token; ``logprob`` only when the sequence asked for logprobs;
+    ``logits``: a copy of the raw logits it was sampled from, when asked
+    (``BatchItem.keep_logits``)."""
 
     token: int
     logprob: TokenLogprob | None = None
+    logits: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class BatchItem:
     with the sampler started for ``sampler`` (the sequence's key). The last
     ``n_draft`` tokens are a speculative draft: logits are computed for them and
     the token before them, and sampling goes on while it agrees with the draft.
+    ``keep_logits``: return a copy of the logits the first token came from.
     """
 
     slot: int
@@ -111,6 +115,7 @@ class BatchItem:
     sample: bool
     sampler: str = ""
     n_draft: int = 0
+    keep_logits: bool = False
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,11 @@ class Backend(Protocol):
         draft token plus the token sampled where the draft ended or diverged.
         ``drafting(sampler key)`` is asked before each token after the first; False
         ends the run there."""
+        ...
+
+    def sample_from(self, key: str, logits: Any) -> Sampled:
+        """A token for sequence ``key`` from logits kept earlier (``keep_logits``),
+        with its sampler, as if they had just been decoded; ``logits`` is not changed."""
         ...
 
     def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:

@@ -391,7 +391,7 @@ class Engine:
         began = self.clock()
         results = self._decode(plan)
         took = self.clock() - began
-        self.rates.observe(n_prefill, len(plan.chunks), took)
+        self.rates.observe(n_prefill, sum(1 for c in plan.chunks if c.tokens), took)
         self.scheduler.observe_step(n_prefill, n_decode, took)
         with self._lock:
             self._record(plan, results)
@@ -550,12 +550,23 @@ class Engine:
         return [result for chunk in plan.chunks for result in self._decode_alone(chunk)]
 
     def _decode_chunks(self, chunks: list[ScheduledChunk]) -> list[_ChunkResult]:
-        items = [
-            BatchItem(c.seq.require_slot(), c.tokens, c.start_pos, c.sample, c.seq.id, c.n_draft)
-            for c in chunks
-        ]
-        runs = iter(self.backend.decode_runs(items, self._unpaused))
-        return [(c, next(runs) if c.sample else None, None) for c in chunks]
+        items = [self._batch_item(c) for c in chunks if c.logits is None]
+        runs = iter(self.backend.decode_runs(items, self._unpaused) if items else ())
+        return [(c, self._run_of(c, runs), None) for c in chunks]
+
+    def _batch_item(self, chunk: ScheduledChunk) -> BatchItem:
+        seq = chunk.seq
+        # A prompt's last logits are kept for its regenerate (first_logits.py).
+        keep = self.kv.reuses_prefixes and chunk.sample and seq.state is SequenceState.PREFILL
+        return BatchItem(
+            seq.require_slot(), chunk.tokens, chunk.start_pos, chunk.sample, seq.id,
+            chunk.n_draft, keep_logits=keep,
+        )  # fmt: skip
+
+    def _run_of(self, chunk: ScheduledChunk, runs: Iterator[list[Sampled]]) -> list[Sampled] | None:
+        if chunk.logits is not None:
+            return [self.backend.sample_from(chunk.seq.id, chunk.logits)]
+        return next(runs) if chunk.sample else None
 
     def _unpaused(self, key: str) -> bool:
         """Asked without the lock between the tokens of an accepted run: a stream
@@ -582,6 +593,8 @@ class Engine:
             if chunk.seq.state is SequenceState.PREFILL:
                 self.scheduler.complete(chunk)
                 self._record_prefill(handle, chunk)
+                if run and run[0].logits is not None:
+                    self.scheduler.first_logits.put(chunk.seq.request.prompt_tokens, run[0].logits)
             else:
                 self._record_verified(chunk, len(run or ()))
             for sampled in run or ():

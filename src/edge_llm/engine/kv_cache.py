@@ -201,15 +201,17 @@ class KvCache:
 
     # -- admission ---------------------------------------------------------------
 
-    def cached_length(self, tokens: Sequence[int]) -> int:
-        """Tokens of ``tokens`` an admission now would find in KV (the last one is
-        always computed: its logits give the first token)."""
-        if len(tokens) < 2:
+    def cached_length(self, tokens: Sequence[int], whole: bool = False) -> int:
+        """Tokens of ``tokens`` an admission now would find in KV. The last one is
+        computed again (its logits give the first token) unless ``whole``: the
+        caller kept those logits (``first_logits.py``)."""
+        prefix = tokens if whole else tokens[:-1]
+        if len(prefix) < 1:
             return 0
         if self.share:
-            node, offset = self._lookup(tokens[:-1])
+            node, offset = self._lookup(prefix)
             return node.start + offset if node is not self._root else 0
-        return self._choose_slot(tokens[:-1])[1] if self.reuse_slots else 0
+        return self._choose_slot(prefix)[1] if self.reuse_slots else 0
 
     def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
@@ -235,14 +237,15 @@ class KvCache:
         lengths = [offset, *(len(n.tokens) for n in nodes[1:])]
         return sum(n for n, node in zip(lengths, nodes, strict=True) if _evictable(node))
 
-    def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
-        """Attach the longest cached prefix of ``tokens`` to a new sequence id that
-        reserves the rest of ``total_tokens``. Call :meth:`can_admit` first."""
+    def admit(self, tokens: Sequence[int], total_tokens: int, whole: bool = False) -> Admission:
+        """Attach the longest cached prefix of ``tokens`` (all of them with
+        ``whole``, see :meth:`cached_length`) to a new sequence id that reserves the
+        rest of ``total_tokens``. Call :meth:`can_admit` first."""
         if self.reuse_slots and not self.share:
-            slot, matched = self._choose_slot(tokens[:-1])
+            slot, matched = self._choose_slot(tokens if whole else tokens[:-1])
             if slot is not None:
                 return self._continue_slot(slot, matched, total_tokens)
-        matched = self.cached_length(tokens)
+        matched = self.cached_length(tokens, whole)
         end = self._attach_point(tokens, matched)
         for node in end.path():
             node.running_refs += 1  # pinned: the evictions below must not take it

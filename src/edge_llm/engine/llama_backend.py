@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -386,12 +387,20 @@ class LlamaBackend:
     ) -> list[Sampled]:
         draft = item.tokens[len(item.tokens) - item.n_draft :] if item.n_draft else ()
         go_on = (lambda: drafting(item.sampler)) if drafting else (lambda: True)
-        return verify(draft, lambda i: self._sample(item.sampler, indices[i]), _token_of, go_on)
+        keep = item.keep_logits
+        return verify(
+            draft, lambda i: self._sample(item.sampler, indices[i], keep), _token_of, go_on
+        )
 
-    def _sample(self, key: str, index: int) -> Sampled:
+    def _sample(self, key: str, index: int, keep_logits: bool = False) -> Sampled:
         logits = llama.llama_get_logits_ith(self._ctx, index)
         view = np.ctypeslib.as_array(logits, shape=(self.info.n_vocab,))
-        return self._samplers[key].sample(self._ctx, index, view)
+        kept = view.copy() if keep_logits else None  # before a sampler changes them
+        sampled = self._samplers[key].sample(self._ctx, index, view)
+        return replace(sampled, logits=kept) if keep_logits else sampled
+
+    def sample_from(self, key: str, logits: Any) -> Sampled:
+        return self._samplers[key].sample(self._ctx, None, np.array(logits, copy=True))
 
     # -- KV cells -------------------------------------------------------------------
 
@@ -459,7 +468,8 @@ class _SequenceSampler:
         )
         self._single = (llama.llama_token_data * 1)()
 
-    def sample(self, ctx: ctypes.c_void_p, index: int, logits: Logits) -> Sampled:
+    def sample(self, ctx: ctypes.c_void_p, index: int | None, logits: Logits) -> Sampled:
+        """``index``: the batch row of ``logits`` in ``ctx``; None for kept logits."""
         k = self.params.n_logprobs
         raw = logits.copy() if k is not None else logits
         if self.bias is not None:
@@ -473,7 +483,7 @@ class _SequenceSampler:
             self.penalties.accept(token)
         return Sampled(token, token_logprob(raw, token, k) if k is not None else None)
 
-    def _pick(self, ctx: ctypes.c_void_p, index: int, logits: Logits) -> int:
+    def _pick(self, ctx: ctypes.c_void_p, index: int | None, logits: Logits) -> int:
         if self.chain is None:
             # Greedy: argmax over the logits in place, ten times cheaper than a sampler
             # chain, which first copies the whole vocabulary into candidate structs.
@@ -481,11 +491,13 @@ class _SequenceSampler:
             if self.grammar is None or self._allowed(token):
                 return token
             return self._best_allowed(logits)
-        token = int(llama.llama_sampler_sample(self.chain, ctx, index))
-        if self.grammar is None or self._allowed(token):
-            return token
+        if index is not None:
+            token = int(llama.llama_sampler_sample(self.chain, ctx, index))
+            if self.grammar is None or self._allowed(token):
+                return token
         candidates = _candidates(logits, np.arange(self.n_vocab, dtype=np.int32))
-        _apply(self.grammar, candidates)
+        if self.grammar is not None:
+            _apply(self.grammar, candidates)
         return _apply(self.chain, candidates)
 
     def _allowed(self, token: int) -> bool:

@@ -24,7 +24,9 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from edge_llm.engine.first_logits import FirstTokenLogits
 from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
 from edge_llm.engine.prefill_budget import PrefillBudget
 from edge_llm.engine.sequence import Sequence, SequenceState
@@ -71,6 +73,7 @@ class ScheduledChunk:
     start_pos: int
     sample: bool
     n_draft: int = 0  # the last ``n_draft`` tokens are a draft to verify
+    logits: Any = None  # no tokens: the first token comes from these kept logits
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Scheduler:
         self._kv_ops: list[KvOp] = []
         self._started: list[Sequence] = []  # admitted since the last step
         self._awaiting: dict[str, _AwaitedPrefix] = {}  # by the waiting sequence's id
+        self.first_logits = FirstTokenLogits()
         self._restored: list[Sequence] = []
 
     @property
@@ -155,7 +159,11 @@ class Scheduler:
         return f"the whole budget holds {self.kv.capacity_tokens}"
 
     def _admit(self, seq: Sequence, now: float) -> None:
-        admission = self.kv.admit(seq.request.prompt_tokens, self.reservation(seq))
+        prompt = seq.request.prompt_tokens
+        logits = self.first_logits.get(prompt) if self.kv.reuses_prefixes else None
+        admission = self.kv.admit(prompt, self.reservation(seq), whole=logits is not None)
+        if admission.n_cached == len(prompt):
+            seq.first_logits = logits  # the whole prompt is in KV: no decode for it
         self._kv_ops.extend(admission.ops)
         seq.kv_reserved_tokens = self.reservation(seq) - admission.n_cached
         seq.slot = admission.seq_id
@@ -319,10 +327,16 @@ class Scheduler:
     def _prefill_chunks(
         self, prefilling: list[Sequence], budget: int, urgent: list[Sequence]
     ) -> list[ScheduledChunk]:
-        """The urgent prompts first, then the shortest remaining prompt first."""
+        """Prompts whose first token comes from kept logits, then the urgent ones,
+        then the shortest remaining prompt first."""
         chunks = []
+        for seq in prefilling:
+            if seq.first_logits is not None:
+                logits, seq.first_logits = seq.first_logits, None
+                chunks.append(ScheduledChunk(seq, [], seq.num_computed, True, logits=logits))
+        urgent = [seq for seq in urgent if seq.prefill_remaining]
         late = {seq.id for seq in urgent}
-        rest = [s for s in prefilling if s.id not in late]
+        rest = [s for s in prefilling if s.id not in late and s.prefill_remaining]
         rest.sort(key=lambda s: s.prefill_remaining)
         for seq in [*urgent, *rest]:
             if budget <= 0:
@@ -387,6 +401,7 @@ class Scheduler:
         if seq in self.offloaded:
             self.offloaded.remove(seq)
         self._awaiting.pop(seq.id, None)
+        seq.first_logits = None
         if seq in self.running:
             self.running.remove(seq)
             self._trim_unused_run(seq)

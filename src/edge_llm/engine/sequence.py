@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from edge_llm.engine.backend import SamplingParams
 from edge_llm.engine.speculative import PromptLookup
@@ -57,6 +58,9 @@ class Sequence:
     n_generated: int = 0
     last_token: int | None = None
     offloaded: bool = False  # its KV is in host memory, its slot given back
+    # Kept logits of its prompt's last token (first_logits.py): with the whole prompt
+    # in the cache, its first token needs no decode.
+    first_logits: Any = None
     pause_causes: dict[PauseCause, float] = field(default_factory=dict)
     admitted_at: float | None = None
     first_token_at: float | None = None
