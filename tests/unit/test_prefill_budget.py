@@ -27,7 +27,7 @@ def test_step_costs_fit_the_measured_steps() -> None:
 
 def test_drafts_pay_less_beside_more_streams() -> None:
     costs = measured(0.0066, 0.0034)
-    alone, beside = costs.draft_threshold(1), costs.draft_threshold(4)
+    alone, beside = costs.draft_price(1, own_pass=False)[0], costs.draft_price(4, own_pass=False)[0]
     assert 0.2 < alone < 0.5 < beside < 1.0
     # Per-slot KV: beside others a draft is a pass of its own, whose fixed cost
     # (6.6 ms) is worth about two of the shared step's tokens (4 in 20.2 ms).

@@ -85,14 +85,10 @@ class StepCosts:
         fixed_s, token_s = self.fit()
         return fixed_s + token_s * n_tokens
 
-    def draft_threshold(self, n_decoding: int) -> float:
-        """What one more token in a step costs over what a token of that step costs
-        on average: a draft token pays when its chance of acceptance is above it."""
-        return self.draft_price(n_decoding, own_pass=False)[0]
-
     def draft_price(self, n_decoding: int, own_pass: bool) -> tuple[float, float]:
         """(per draft token, per draft) in units of what a token of the shared step
-        costs. ``own_pass``: the draft runs as a pass of its own, which adds the
+        costs: a draft token pays when its chance of acceptance is above the first.
+        ``own_pass``: the draft runs as a pass of its own, which adds the
         step's fixed cost once (per-slot KV: llama.cpp splits a batch into ubatches
         that hold as many tokens of every sequence, so the tokens one sequence has
         beyond the others' one are decoded after them)."""
