@@ -45,10 +45,18 @@ class FakeBackend:
     test can act between steps; ``step_delay_s`` makes each decode take time;
     ``fail_slots`` makes decoding those slots fail.
 
-    KV is modelled as llama.cpp's unified pool: each slot sees a list of cell ids
-    (one per position); a copy shares cells, a cell lives while a slot sees it.
-    Decoding at a position that does not follow the slot's cells, or past the
-    capacity, fails as llama.cpp would: tests catch cursor and budget bugs.
+    KV is modelled as llama.cpp's unified pool, or with ``per_slot`` its per-slot
+    layout (each slot a share of its own): each slot sees a list of cell ids (one per
+    position); a copy shares cells in the pool and makes new ones per slot, a cell
+    lives while a slot sees it. Decoding at a position that does not follow the
+    slot's cells, or past the capacity, fails as llama.cpp would: tests catch cursor
+    and budget bugs.
+
+    ``kernel[cell]`` records how llama.cpp's CPU attention would compute the cell's
+    row: ``tile`` (64 rows or more of one sequence in a ubatch), ``row`` (fewer),
+    ``split`` (a ubatch of one sequence's one row) or ``mixed`` (a per-slot batch
+    llama.cpp would split unevenly). Rows computed differently round differently:
+    tests compare kernels where the real model would compare texts.
     """
 
     def __init__(
@@ -58,6 +66,7 @@ class FakeBackend:
         kv_capacity_tokens: int = 4096,
         max_sequences: int = 4,
         kv_bytes_per_token: int = 100,
+        per_slot: bool = False,
     ) -> None:
         self.info = ModelInfo(
             model_id="fake",
@@ -67,9 +76,12 @@ class FakeBackend:
             n_vocab=1000,
         )
         self.kv_capacity_tokens = kv_capacity_tokens
-        self.kv_sequence_tokens = kv_capacity_tokens
+        self.per_slot = per_slot
+        self.kv_sequence_tokens = (
+            kv_capacity_tokens // max_sequences if per_slot else kv_capacity_tokens
+        )
         self.max_sequences = max_sequences
-        self.num_seq_ids = 2 * max_sequences
+        self.num_seq_ids = max_sequences if per_slot else 2 * max_sequences
         self.template_has_tools = False
         self.script = list(script)
         self.fail_slots: set[int] = set()
@@ -77,6 +89,7 @@ class FakeBackend:
         self.at_gate = threading.Event()  # a decode, its batch fixed, waits at the gate
         self.step_delay_s = 0.0
         self.kv: dict[int, list[int]] = {}  # slot -> cell id per position
+        self.kernel: dict[int, str] = {}  # cell id -> how its row was computed
         self._next_cell = 0
         self.generated: dict[str, int] = {}  # sampler key -> tokens sampled
         self.decode_calls: list[list[tuple[int, int]]] = []
@@ -149,24 +162,42 @@ class FakeBackend:
             raise BackendError("injected failure")
         if self.num_used_cells + sum(len(i.tokens) for i in items) > self.kv_capacity_tokens:
             raise KvSlotUnavailable("fake KV pool is full")
+        kernels = self._kernels(items)
         for item in items:
             cells = self.kv.setdefault(item.slot, [])
             if item.start_pos != len(cells):
                 raise BackendError(
                     f"slot {item.slot}: position {item.start_pos} after {len(cells)}"
                 )
+            if len(cells) + len(item.tokens) > self.kv_sequence_tokens:
+                raise KvSlotUnavailable(f"slot {item.slot} is full")
             for _ in item.tokens:
+                self.kernel[self._next_cell] = kernels[item.slot]
                 cells.append(self._next_cell)
                 self._next_cell += 1
         self.drafts.extend(item.n_draft for item in items if item.n_draft)
         return [self._verify(item, drafting) for item in items if item.sample]
+
+    def _kernels(self, items: Sequence[BatchItem]) -> dict[int, str]:
+        """How llama.cpp would compute each item's rows (see the class docstring)."""
+        if not self.per_slot:
+            rows = sum(len(item.tokens) for item in items)
+            return {item.slot: _kernel(rows, lone=len(items) == 1) for item in items}
+        slots = {item.slot: len(item.tokens) for item in items}
+        kernels = {}
+        for slot, n_rows in slots.items():
+            run = _run_of(slot, slots)
+            even = len({slots[s] for s in run}) == 1
+            kernels[slot] = _kernel(n_rows, lone=len(run) == 1) if even else "mixed"
+        return kernels
 
     def sample_from(self, key: str, logits: Any) -> Sampled:
         assert logits == FAKE_LOGITS
         return self._next(key)
 
     def _verify(self, item: BatchItem, drafting: Callable[[str], bool] | None) -> list[Sampled]:
-        draft = list(item.tokens[len(item.tokens) - item.n_draft :]) if item.n_draft else []
+        end = len(item.tokens) - item.n_pad
+        draft = list(item.tokens[end - item.n_draft : end]) if item.n_draft else []
         go_on = (lambda: drafting(item.sampler)) if drafting else (lambda: True)
         run = verify(draft, lambda _: self._next(item.sampler), lambda s: s.token, go_on)
         if item.keep_logits:
@@ -190,7 +221,17 @@ class FakeBackend:
         source = self.kv.get(src, [])
         if len(source) < n_tokens:
             raise BackendError(f"slot {src} has {len(source)} cells, {n_tokens} copied")
-        self.kv[dst] = source[:n_tokens]
+        if not self.per_slot:
+            self.kv[dst] = source[:n_tokens]
+            return
+        self.kv[dst] = list(range(self._next_cell, self._next_cell + n_tokens))
+        for old, new in zip(source, self.kv[dst], strict=False):
+            self.kernel[new] = self.kernel.get(old, "row")
+        self._next_cell += n_tokens
+
+    def kernels(self, slot: int) -> list[str]:
+        """How each of the slot's cells was computed, in position order."""
+        return [self.kernel.get(cell, "?") for cell in self.kv.get(slot, [])]
 
     def truncate(self, slot: int, start: int) -> None:
         cells = self.kv.get(slot)
@@ -202,17 +243,36 @@ class FakeBackend:
         return len(self.save_state(slot))
 
     def save_state(self, slot: int) -> bytes:
-        return json.dumps(self.kv.get(slot, [])).encode()
+        return json.dumps(self.kernels(slot)).encode()
 
     def load_state(self, slot: int, state: bytes) -> None:
         if self.kv.get(slot):
             raise BackendError(f"restore into slot {slot}, which is not empty")
-        n_cells = len(json.loads(state))  # restored into new cells, as llama.cpp does
-        self.kv[slot] = list(range(self._next_cell, self._next_cell + n_cells))
-        self._next_cell += n_cells
+        kernels = json.loads(state)  # restored into new cells, as llama.cpp does
+        self.kv[slot] = list(range(self._next_cell, self._next_cell + len(kernels)))
+        for cell, kernel in zip(self.kv[slot], kernels, strict=True):
+            self.kernel[cell] = kernel
+        self._next_cell += len(kernels)
 
     def close(self) -> None:
         self.kv.clear()
+
+
+def _kernel(n_rows: int, *, lone: bool) -> str:
+    if n_rows >= 64:
+        return "tile"
+    return "split" if n_rows == 1 and lone else "row"
+
+
+def _run_of(slot: int, busy: dict[int, int]) -> list[int]:
+    """The consecutive busy slots around ``slot`` (llama.cpp's ubatch in this layout)."""
+    low = slot
+    while low - 1 in busy:
+        low -= 1
+    high = slot
+    while high + 1 in busy:
+        high += 1
+    return list(range(low, high + 1))
 
 
 async def drain(engine: Engine, handle: StreamHandle) -> str:

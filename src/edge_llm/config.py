@@ -65,7 +65,11 @@ class StreamConfig(_Section):
 
 class SchedulerConfig(_Section):
     max_sequences: int = Field(
-        32, ge=1, le=256, description="Live sequences, paused ones included (llama n_seq_max)"
+        4,
+        ge=1,
+        le=256,
+        description="Sequences decoding at once, paused ones included (llama n_seq_max); "
+        "with kv_unified = false each gets max_kv_cache_mb / max_sequences",
     )
     prefill_chunk_tokens: int = Field(
         512, ge=8, le=4096, description="Most prompt tokens prefilled in one engine step"
@@ -77,9 +81,10 @@ class SchedulerConfig(_Section):
         "(0: always prefill_chunk_tokens)",
     )
     kv_unified: bool = Field(
-        True,
-        description="One KV pool for all sequences; false: each slot gets budget / "
-        "max_sequences (faster attention with several streams, less room for one)",
+        False,
+        description="One KV pool shared by all sequences (one may use all of it, prefixes "
+        "shared in place); false: each slot its own share, attention scans only its own "
+        "cells, and greedy text does not depend on the cache or the batch",
     )
     max_queue: int = Field(
         16, ge=0, description="Requests allowed to wait for a slot; beyond: 503 queue_full"
@@ -106,8 +111,12 @@ class SchedulerConfig(_Section):
 
 
 class CacheConfig(_Section):
-    prefix_cache: bool = Field(
-        True, description="Reuse KV of prompt prefixes already computed (unified KV pool)"
+    prefix_cache: bool = Field(True, description="Reuse KV of prompt prefixes already computed")
+    host_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="Host memory for the prefix cache's entries that left their slot "
+        "(per-slot layout; MiB; 0: none)",
     )
     host_offload_mb: int = Field(
         512, ge=0, description="Host memory for KV of offloaded paused streams (MiB; 0: off)"

@@ -8,13 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from edge_llm.engine.admission import (
-    ServiceRates,
-    predict_ttft_s,
-    queue_view,
-    retry_after_s,
-)
+from edge_llm.engine.admission import predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import QueueFull
 
@@ -35,23 +31,25 @@ def test_queued_waits_for_everything_ahead_and_a_slot() -> None:
     assert view.decode_steps_to_wait == 20  # the sequence closest to its max_tokens
 
 
-def test_prediction_uses_the_measured_rates() -> None:
-    rates = ServiceRates(prefill_token_s=0.004, decode_step_s=0.02)
+def test_prediction_uses_the_measured_costs() -> None:
+    costs = StepCosts(prompt_token_s=0.004)
     view = queue_view(250, admitted_now=False, running=[(0, 10)], waiting_prompt_tokens=[500])
-    assert predict_ttft_s(view, rates) == pytest.approx((500 + 250) * 0.004 + 10 * 0.02)
+    decode_step_s = costs.decode_step_s(1)
+    assert decode_step_s > 0
+    expected = (500 + 250) * 0.004 + 10 * decode_step_s
+    assert predict_ttft_s(view, costs) == pytest.approx(expected)
 
 
-def test_rates_follow_what_steps_take() -> None:
-    rates = ServiceRates(prefill_token_s=0.001, decode_step_s=0.01, weight=0.5)
-    rates.observe(n_prefill_tokens=100, n_decode_tokens=3, seconds=0.5)  # 5 ms per token
-    assert rates.prefill_token_s == pytest.approx(0.003)
-    rates.observe(n_prefill_tokens=0, n_decode_tokens=4, seconds=0.03)
-    assert rates.decode_step_s == pytest.approx(0.02)
-    rates.observe(n_prefill_tokens=0, n_decode_tokens=0, seconds=0.0)  # nothing learnt
-    assert rates.decode_step_s == pytest.approx(0.02)
-    for _ in range(50):
-        rates.observe(128, 0, 128 * 0.010)
-    assert rates.prefill_token_s == pytest.approx(0.010, rel=1e-3)
+def test_the_prompt_token_rate_follows_what_steps_take() -> None:
+    costs = StepCosts(prompt_token_s=0.001)
+    costs.observe(n_prefill=100, n_decode=3, seconds=0.5)  # 5 ms per prompt token
+    assert costs.prompt_token_s == pytest.approx(0.001 + 0.2 * (0.005 - 0.001))
+    costs.observe(n_prefill=0, n_decode=4, seconds=0.03)  # a decode step: not a prompt rate
+    costs.observe(n_prefill=0, n_decode=0, seconds=0.0)  # nothing learnt
+    assert costs.prompt_token_s == pytest.approx(0.0018)
+    for _ in range(60):
+        costs.observe(128, 0, 128 * 0.010)
+    assert costs.prompt_token_s == pytest.approx(0.010, rel=1e-3)
 
 
 def test_retry_after_is_bounded() -> None:
@@ -72,7 +70,8 @@ async def gated_engine() -> AsyncIterator[object]:
         backend = FakeBackend()
         backend.gate = threading.Semaphore(0)  # nothing is decoded until released
         engine = Engine(backend, EngineSettings(**settings))  # type: ignore[arg-type]
-        engine.rates = ServiceRates(prefill_token_s=0.01)  # 100 prompt tokens per second
+        # 100 prompt tokens per second
+        engine.scheduler.prefill_budget.costs = StepCosts(prompt_token_s=0.01)
         engine.start(asyncio.get_running_loop())
         engines.append(engine)
         return engine

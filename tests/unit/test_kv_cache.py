@@ -9,7 +9,6 @@ import pytest
 
 from edge_llm.engine.backend import BatchItem, SamplingParams
 from edge_llm.engine.kv_cache import (
-    SWITCH_SLOT_TOKENS,
     CopyPrefix,
     KvCache,
     KvOp,
@@ -26,10 +25,8 @@ SYSTEM = list(range(500, 540))  # a 40-token "system prompt"
 class Driver:
     """Runs sequences through a KvCache and a FakeBackend the way the engine does."""
 
-    def __init__(
-        self, capacity: int = 1000, ids: int = 8, share: bool = True, reuse_slots: bool = False
-    ) -> None:
-        self.kv = KvCache(capacity, 1, num_seq_ids=ids, share=share, reuse_slots=reuse_slots)
+    def __init__(self, capacity: int = 1000, ids: int = 8, share: bool = True) -> None:
+        self.kv = KvCache(capacity, 1, num_seq_ids=ids, share=share)
         self.backend = FakeBackend(kv_capacity_tokens=capacity, max_sequences=ids // 2)
         self.tokens: dict[int, list[int]] = {}
         self.states: dict[str, bytes] = {}
@@ -210,97 +207,10 @@ def test_offload_saves_then_frees_and_restore_loads_into_a_new_id() -> None:
     assert len(d.backend.kv[admission.seq_id]) == len(cells)
 
 
-def test_per_slot_a_regenerate_continues_the_finished_slot() -> None:
-    d = Driver(ids=4, share=False, reuse_slots=True)
-    prompt = [*SYSTEM, *range(10, 30)]
-    seq, _ = d.admit(prompt)
-    d.prefill(seq, len(prompt))
-    d.generate(seq, 5)
-    d.release(seq)
-    assert d.kv.stats().cached_tokens == len(prompt) + 5
-    again, cached = d.admit(prompt)
-    assert (again, cached) == (seq, len(prompt) - 1)
-    assert len(d.backend.kv[seq]) == len(prompt) - 1  # the answer's cells were dropped
-    assert d.kv.stats().cached_tokens == 0
-
-
-def test_per_slot_a_cancelled_stream_keeps_its_prompt_for_the_regenerate() -> None:
-    """As the pool keeps a cancelled stream's published prefix: a regenerate storm
-    (cancel, send again) does not prefill the prompt again in this layout either."""
-    d = Driver(ids=4, share=False, reuse_slots=True)
-    prompt = [*SYSTEM, *range(10, 30)]
-    seq, _ = d.admit(prompt)
-    d.prefill(seq, len(prompt))
-    d.generate(seq, 5)
-    d.release(seq, keep=False, n_prompt=len(prompt))
-    assert len(d.backend.kv[seq]) == len(prompt)  # the answer's cells freed at once
-    assert d.kv.stats().cached_tokens == len(prompt)
-    again, cached = d.admit(prompt)
-    assert (again, cached) == (seq, len(prompt) - 1)
-    d.release(again, keep=False)  # nothing of a prompt to keep (an offload)
-    assert d.kv.stats().cached_tokens == 0 and not d.backend.kv.get(seq)
-    longer = [*prompt, *range(100, 140)]
-    seq, _ = d.admit(longer)
-    d.prefill(seq, 32)  # cancelled mid-prefill: what it computed stays
-    d.release(seq, keep=False, n_prompt=len(longer))
-    assert d.admit(longer) == (seq, 32)
-
-
-def test_per_slot_the_next_turn_and_the_system_prompt_pick_the_best_slot() -> None:
-    d = Driver(ids=4, share=False, reuse_slots=True)
-    first, second = [*SYSTEM, 1, 2, 3], [*SYSTEM, 7, 8]
-    a, _ = d.admit(first)
-    b, _ = d.admit(second)
-    for seq, prompt in ((a, first), (b, second)):
-        d.prefill(seq, len(prompt))
-        d.generate(seq, 2)
-        d.release(seq)
-    turn = [*first, 900, 901, 4, 5]  # first's prompt and answer, then the user again
-    assert d.admit(turn) == (a, len(first) + 2)
-    other = [*SYSTEM, 40, 41]
-    assert d.admit(other) == (b, len(SYSTEM))
-
-
-def test_per_slot_kept_cells_are_evicted_for_room_but_never_a_running_slot() -> None:
-    d = Driver(capacity=120, ids=2, share=False, reuse_slots=True)
-    prompt = [*SYSTEM, 1, 2]
-    seq, _ = d.admit(prompt)
-    d.prefill(seq, len(prompt))
-    d.release(seq)
-    big = list(range(2000, 2090))
-    assert d.kv.can_admit(big, 100)
-    assert d.admit(big, max_tokens=10)[1] == 0
-    assert d.kv.stats().cached_tokens == 0  # the 42 kept cells gave way to the 100 needed
-    assert d.kv.num_reserved == 100
-    assert not d.kv.can_admit(prompt, len(prompt) + 2)  # the running slot is not touched
-
-
-def test_per_slot_the_lowest_id_unless_another_slot_shares_much_more() -> None:
-    """llama.cpp decodes each run of consecutive ids apart in this layout: leaving
-    the lowest id may leave a gap that costs every step, so only a long match does."""
-    d = Driver(ids=4, share=False, reuse_slots=True)
-    long_tail = list(range(2000, 2000 + SWITCH_SLOT_TOKENS))
-    prompts = [[*SYSTEM, 0], [*SYSTEM, 1], [*SYSTEM, 2], [*SYSTEM, *long_tail, 3]]
-    seqs = [d.admit(p)[0] for p in prompts]
-    assert seqs == [0, 1, 2, 3]
-    for seq, prompt in zip(seqs, prompts, strict=True):
-        d.prefill(seq, len(prompt))
-    for seq in (2, 3):
-        d.release(seq)
-    # Slot 2 shares the system prompt with anything; slot 3 also the long tail.
-    assert d.admit([*SYSTEM, 2, 9]) == (2, len(SYSTEM) + 1)
-    d.release(2)
-    assert d.admit([*SYSTEM, 5, 9]) == (2, len(SYSTEM))  # slot 3 shares no more
-    d.release(2)
-    assert d.admit([*SYSTEM, *long_tail, 9]) == (3, len(SYSTEM) + len(long_tail))
-
-
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("layout", ["pool", "slots"])
-def test_random_traffic_keeps_the_books_equal_to_the_cells(seed: int, layout: str) -> None:
+def test_random_traffic_keeps_the_books_equal_to_the_cells(seed: int) -> None:
     rng = random.Random(seed)
-    slots = layout == "slots"
-    d = Driver(capacity=400, ids=8, share=not slots, reuse_slots=slots)
+    d = Driver(capacity=400, ids=8)
     live: list[tuple[int, int]] = []
     prefixes = [list(range(100 * k, 100 * k + 30)) for k in range(3)]
     for _ in range(60):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from edge_llm.engine.kv_cache import KvCache, Truncate
-from edge_llm.engine.scheduler import Scheduler, SchedulerLimits
+from edge_llm.engine.kv_slots import KvSlots
+from edge_llm.engine.scheduler import Scheduler, SchedulerLimits, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
@@ -27,13 +28,17 @@ def make_seq(n_prompt: int, max_tokens: int = 10, name: str = "s", first: int = 
     return Sequence(request, name, created_at=0.0)
 
 
-def run_prefill(scheduler: Scheduler) -> None:
-    """Complete every scheduled chunk once, sampling token 7 where asked."""
+def run_step(scheduler: Scheduler) -> StepPlan:
+    """Complete every scheduled chunk once: prompt chunks, and decode chunks that
+    sample token 7 (a draft or pad rows are dropped)."""
     plan = scheduler.schedule(0.0)
     for chunk in plan.chunks:
-        scheduler.complete(chunk)
-        if chunk.sample:
+        if chunk.prompt:
+            scheduler.complete(chunk)
+        else:
             scheduler.record_token(chunk.seq, 7, 0.0)
+            scheduler.complete_run(chunk, 1, 1)
+    return plan
 
 
 def test_a_sequence_reserves_prompt_plus_max_tokens_on_admission() -> None:
@@ -55,7 +60,7 @@ def test_a_request_larger_than_the_whole_budget_is_refused_at_once() -> None:
 
 
 def test_with_per_sequence_kv_a_request_larger_than_one_share_is_refused() -> None:
-    kv = KvCache(1000, 10, num_seq_ids=2, sequence_tokens=500, share=False)
+    kv = KvSlots(1000, 10, 2, 500)
     scheduler = Scheduler(SchedulerLimits(2, 2, 8), kv)
     scheduler.add(make_seq(100, max_tokens=400), 0.0)  # exactly one share
     with pytest.raises(KvBudgetNeverFits) as info:
@@ -98,15 +103,14 @@ def test_long_prompt_is_prefilled_in_chunks_and_a_short_one_goes_first() -> None
     scheduler = make_scheduler(chunk=8)
     long_seq, short_seq = make_seq(40, name="long"), make_seq(3, name="short", first=100)
     scheduler.add(long_seq, 0.0)
-    run_prefill(scheduler)
+    run_step(scheduler)
     assert long_seq.n_prefilled == 8
     scheduler.add(short_seq, 0.0)
     plan = scheduler.schedule(0.0)
     by_name = {chunk.seq.id: chunk for chunk in plan.chunks}
-    assert by_name["short"].tokens == [100, 101, 102]
-    assert by_name["short"].sample
-    assert len(by_name["long"].tokens) == 5  # the rest of the chunk budget
-    assert not by_name["long"].sample
+    assert by_name["short"].tokens == [100, 101]  # its last token is decoded next
+    assert len(by_name["long"].tokens) == 6  # the rest of the chunk budget
+    assert not any(chunk.sample for chunk in plan.chunks)
 
 
 def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
@@ -114,26 +118,37 @@ def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
     a, b = make_seq(4, name="a"), make_seq(4, name="b")
     scheduler.add(a, 0.0)
     scheduler.add(b, 0.0)
-    run_prefill(scheduler)
+    run_step(scheduler)  # the prompts but their last tokens
     assert a.state is b.state is SequenceState.DECODING
+    plan = scheduler.schedule(0.0)
+    assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [
+        ("a", [3], 3),
+        ("b", [3], 3),
+    ]
+    for chunk in plan.chunks:
+        scheduler.record_token(chunk.seq, 7, 0.0)
+        scheduler.complete_run(chunk, 1, 1)
     a.add_pause(PauseCause.CLIENT, 0.0)
     plan = scheduler.schedule(0.0)
-    assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [("b", [7], 4)]
+    # Alone, b gets a pad row (never sampled): see Scheduler._pad.
+    assert [(c.seq.id, c.tokens, c.start_pos, c.n_pad) for c in plan.chunks] == [
+        ("b", [7, 7], 4, 1)
+    ]
 
 
 def test_finish_returns_the_reservation_and_frees_the_private_cells_once() -> None:
     scheduler = make_scheduler(chunk=16, share=True)
     seq = make_seq(10)
     scheduler.add(seq, 0.0)
-    run_prefill(scheduler)
-    run_prefill(scheduler)  # the last prompt token, alone
-    run_prefill(scheduler)  # one token fed back: a private cell
+    run_step(scheduler)  # the prompt but its last token
+    run_step(scheduler)  # the last prompt token, decoded
+    run_step(scheduler)  # one token fed back
     scheduler.take_kv_ops()
     scheduler.finish(seq, SequenceState.CANCELLED, 2.0, keep=False)
     assert scheduler.kv.num_reserved == 0
     assert scheduler.num_running == 0
-    # The prompt was published into the prefix cache: only the cells after it go.
-    assert scheduler.take_kv_ops() == [Truncate(seq.slot, 10, 1, "release")]
+    # The prompt's prefilled part is in the prefix cache: only the cells after it go.
+    assert scheduler.take_kv_ops() == [Truncate(seq.slot, 9, 2, "release")]
     assert scheduler.take_kv_ops() == []
 
 
@@ -141,10 +156,12 @@ def test_kv_cursor_counts_prompt_and_tokens_fed_back() -> None:
     scheduler = make_scheduler(chunk=16)
     seq = make_seq(10)
     scheduler.add(seq, 0.0)
-    run_prefill(scheduler)
+    run_step(scheduler)
+    assert seq.kv_tokens == 9  # the prompt's last token is decoded next
+    run_step(scheduler)
     assert seq.kv_tokens == 10  # the sampled token is not in KV until it is fed back
     for _ in range(4):
-        run_prefill(scheduler)
+        run_step(scheduler)
     assert seq.kv_tokens == 14
     assert seq.token_ids == [*range(10), 7, 7, 7, 7, 7]
 
@@ -175,22 +192,27 @@ def test_the_lowest_free_slot_is_reused_first() -> None:
     assert again.slot == 1
 
 
-def test_with_the_prefix_cache_the_last_prompt_token_has_a_step_of_its_own() -> None:
-    """A regenerate recomputes only that token: it must see the batch it saw first."""
+def test_the_last_prompt_token_is_decoded_as_generated_tokens_are() -> None:
+    """A regenerate recomputes only that token: it must be computed as it was first,
+    whatever the chunks before it were."""
     scheduler = make_scheduler(chunk=16, share=True)
     first = make_seq(10, name="first")
     scheduler.add(first, 0.0)
-    assert [len(c.tokens) for c in scheduler.schedule(0.0).chunks] == [9]
-    run_prefill(scheduler)  # the chunk of 9 completes, no token sampled
     plan = scheduler.schedule(0.0)
-    assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
-    run_prefill(scheduler)
+    assert [len(c.tokens) for c in plan.chunks] == [9]
+    for chunk in plan.chunks:
+        scheduler.complete(chunk)
+    plan = scheduler.schedule(0.0)
+    assert [(c.tokens[:1], c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
+    for chunk in plan.chunks:
+        scheduler.record_token(chunk.seq, 7, 0.0)
+        scheduler.complete_run(chunk, 1, 1)
     scheduler.finish(first, SequenceState.DONE, 1.0, keep=True)
     again = make_seq(10, name="again")
     scheduler.add(again, 1.0)
-    assert again.num_cached == 9
+    assert again.num_cached == 9 and again.state is SequenceState.DECODING
     plan = scheduler.schedule(1.0)
-    assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
+    assert [(c.tokens[:1], c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
 
 
 def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
@@ -210,7 +232,7 @@ def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
     assert [chunk.seq.id for chunk in plan.chunks] == ["first"]  # 64 of its 102 tokens
     for chunk in plan.chunks:
         scheduler.complete(chunk)
-    run_prefill(scheduler)  # first's prompt done but its last token (a step of its own)
+    run_step(scheduler)  # first's prompt done but its last token
     assert second.num_computed == 0
     plan = scheduler.schedule(0.0)
     assert plan.attached == [(second, len(system))]
@@ -234,14 +256,9 @@ def test_requests_with_one_prompt_arriving_together_all_take_slots() -> None:
     assert scheduler.num_running == 4 and scheduler.num_waiting == 1
     computed = 0
     for _ in range(12):
-        plan = scheduler.schedule(0.0)
-        computed += sum(len(c.tokens) for c in plan.chunks if c.seq.state is SequenceState.PREFILL)
-        for chunk in plan.chunks:
-            scheduler.complete(chunk)
-            if chunk.sample:
-                scheduler.record_token(chunk.seq, 7, 0.0)
+        computed += run_step(scheduler).num_prefill_tokens
     assert all(seq.n_generated for seq in burst[:4])
-    assert computed == len(prompt) - 1 + 4  # the shared part once, each last token apart
+    assert computed == len(prompt) - 1  # the shared part once; each last token is decoded
 
 
 def test_a_request_ended_while_it_waits_for_a_prefix_attaches_nothing() -> None:
@@ -254,6 +271,6 @@ def test_a_request_ended_while_it_waits_for_a_prefix_attaches_nothing() -> None:
     scheduler.finish(second, SequenceState.CANCELLED, 0.0, keep=False)
     reserved = scheduler.kv.num_reserved
     for _ in range(3):
-        run_prefill(scheduler)
+        run_step(scheduler)
     assert first.state is SequenceState.DECODING
     assert second.num_computed == 0 and scheduler.kv.num_reserved == reserved

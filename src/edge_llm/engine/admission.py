@@ -12,9 +12,9 @@ first among admitted sequences, a FIFO queue for slots and KV):
   admitted prompts shorter than it, so ``ahead`` = their remaining tokens;
 - queued: after every admitted prompt and every queued one, once a slot frees: the
   running sequence closest to ``max_tokens`` decodes its remaining tokens first;
-- time = (ahead + own prompt) x seconds per prefill token + decode steps to wait x
-  seconds per decode step, both measured by :class:`ServiceRates` while the engine runs
-  (an effective rate: prefill steps also carry the decode tokens of running streams).
+- time = (ahead + own prompt) x seconds per prompt token + decode steps to wait x
+  seconds per decode step, both from the engine's measured step costs
+  (:class:`StepCosts`: an effective rate, prefill steps also carry decode tokens).
 """
 
 from __future__ import annotations
@@ -23,36 +23,10 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# Before anything was measured: SmolLM2-135M on 2 cores (NOTES.md); the first steps replace them.
-DEFAULT_PREFILL_TOKEN_S = 1.0 / 300.0
-DEFAULT_DECODE_STEP_S = 0.01
-EWMA_WEIGHT = 0.2
+from edge_llm.engine.prefill_budget import StepCosts
+
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 30
-
-
-class ServiceRates:
-    """Exponentially weighted service times of the engine's recent steps."""
-
-    def __init__(
-        self,
-        prefill_token_s: float = DEFAULT_PREFILL_TOKEN_S,
-        decode_step_s: float = DEFAULT_DECODE_STEP_S,
-        weight: float = EWMA_WEIGHT,
-    ) -> None:
-        self.prefill_token_s = prefill_token_s
-        self.decode_step_s = decode_step_s
-        self.weight = weight
-
-    def observe(self, n_prefill_tokens: int, n_decode_tokens: int, seconds: float) -> None:
-        """One decode step that took ``seconds`` for this many prompt and decode tokens."""
-        if seconds <= 0:
-            return
-        if n_prefill_tokens > 0:
-            sample = seconds / n_prefill_tokens
-            self.prefill_token_s += self.weight * (sample - self.prefill_token_s)
-        elif n_decode_tokens > 0:
-            self.decode_step_s += self.weight * (seconds - self.decode_step_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +36,7 @@ class QueueView:
     own_prompt_tokens: int
     prefill_ahead_tokens: int
     decode_steps_to_wait: int = 0
+    num_decoding: int = 1  # streams sharing each decode step meanwhile
 
 
 def queue_view(
@@ -78,12 +53,12 @@ def queue_view(
         return QueueView(own_prompt_tokens, shorter)
     ahead = sum(p for p, _ in running) + sum(waiting_prompt_tokens)
     decoding = [d for _, d in running if d > 0]
-    return QueueView(own_prompt_tokens, ahead, min(decoding, default=0))
+    return QueueView(own_prompt_tokens, ahead, min(decoding, default=0), max(len(decoding), 1))
 
 
-def predict_ttft_s(view: QueueView, rates: ServiceRates) -> float:
-    prefill = (view.prefill_ahead_tokens + view.own_prompt_tokens) * rates.prefill_token_s
-    return prefill + view.decode_steps_to_wait * rates.decode_step_s
+def predict_ttft_s(view: QueueView, costs: StepCosts) -> float:
+    prefill = (view.prefill_ahead_tokens + view.own_prompt_tokens) * costs.prompt_token_s
+    return prefill + view.decode_steps_to_wait * costs.decode_step_s(view.num_decoding)
 
 
 def retry_after_s(predicted_s: float, deadline_s: float) -> int:

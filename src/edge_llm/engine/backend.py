@@ -102,11 +102,12 @@ class SamplingDefaults:
 class BatchItem:
     """Tokens of one sequence for one decode step.
 
-    ``sample`` asks for a token to be sampled from the logits of the last one,
+    ``sample`` asks for a token to be sampled from the logits of the last one before the pad,
     with the sampler started for ``sampler`` (the sequence's key). The last
     ``n_draft`` tokens are a speculative draft: logits are computed for them and
     the token before them, and sampling goes on while it agrees with the draft.
-    ``keep_logits``: return a copy of the logits the first token came from.
+    ``keep_logits``: return a copy of the logits the first token came from. The last
+    ``n_pad`` tokens (after the draft) are computed but have no logits.
     """
 
     slot: int
@@ -116,6 +117,7 @@ class BatchItem:
     sampler: str = ""
     n_draft: int = 0
     keep_logits: bool = False
+    n_pad: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,20 @@
-"""Applying the KV cache's operations through the backend (engine thread only)."""
+"""Applying the KV books' operations through the backend (engine thread only)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
 from edge_llm.engine.backend import Backend, BackendError
-from edge_llm.engine.kv_cache import CopyPrefix, KvOp, LoadState, SaveState, Truncate
+from edge_llm.engine.host_cache import HostCache
+from edge_llm.engine.kv_cache import (
+    CopyPrefix,
+    KvOp,
+    LoadCache,
+    LoadState,
+    SaveCache,
+    SaveState,
+    Truncate,
+)
 from edge_llm.engine.offload import HostStore
 from edge_llm.observability.events import EventSink
 from edge_llm.observability.metrics import EngineMetrics
@@ -18,12 +27,15 @@ class KvApplier:
         self,
         backend: Backend,
         store: HostStore,
+        cache: HostCache,
+        *,
         metrics: EngineMetrics,
         events: EventSink,
         used_bytes: Callable[[], int],
     ) -> None:
         self.backend = backend
         self.store = store
+        self.cache = cache
         self.metrics = metrics
         self.events = events
         self.used_bytes = used_bytes
@@ -36,8 +48,8 @@ class KvApplier:
             try:
                 self._apply(op)
             except BackendError as exc:
-                if not isinstance(op, LoadState):
-                    raise
+                if not isinstance(op, LoadState | LoadCache):
+                    raise  # a cache entry that fails to load fails its sequence's decode
                 failed.append((op.key, exc))
         return failed
 
@@ -49,13 +61,20 @@ class KvApplier:
             self._report_truncate(op)
         elif isinstance(op, SaveState):
             self.store.put(op.key, self.backend.save_state(op.seq_id))
-        else:
-            state = self.store.pop(op.key)
-            if state is None:
-                raise BackendError(f"no saved state for {op.key}")
-            self.backend.load_state(op.seq_id, state)
+        elif isinstance(op, LoadState):
+            state = self._load(op.seq_id, op.key, self.store.pop(op.key))
             self.metrics.kv_restores.inc()
             self.events("restored", op.key, slot=op.seq_id, state_bytes=len(state))
+        elif isinstance(op, SaveCache):
+            self.cache.put(op.key, self.backend.save_state(op.seq_id))
+        else:
+            self._load(op.seq_id, op.key, self.cache.state(op.key))
+
+    def _load(self, seq_id: int, key: str, state: bytes | None) -> bytes:
+        if state is None:
+            raise BackendError(f"no saved state for {key}")
+        self.backend.load_state(seq_id, state)
+        return state
 
     def _report_truncate(self, op: Truncate) -> None:
         if op.reason in ("release", "offload"):

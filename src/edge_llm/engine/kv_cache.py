@@ -13,11 +13,8 @@ can serve any number of sequences. This module keeps the book of those tags:
 - a finished sequence's path stays as cache under its own id: cells nobody running
   references, evicted least recently used when an admission needs room or an id.
 
-In the per-slot layout (``kv_unified = false``) llama.cpp cannot copy cells between
-ids, so with ``reuse_slots`` a finished sequence keeps its cells in its slot and a
-new sequence whose prompt starts the same way continues that slot (its other cells
-are dropped), as llama-server's slots do: regenerate, the next turn and the
-template's system prompt are not computed again.
+This is the unified pool (``kv_unified = true``); the per-slot layout's book is
+``kv_slots.py``.
 
 Budget: every running sequence reserves the cells it may still compute (prompt +
 max_tokens - cached), and cells owned by no running sequence are counted as cache.
@@ -32,8 +29,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-SWITCH_SLOT_TOKENS = 64  # per-slot layout: the match worth leaving the lowest free id
+from edge_llm.engine.first_logits import FirstTokenLogits
 
 
 @dataclass(frozen=True)
@@ -74,7 +72,23 @@ class LoadState:
     key: str
 
 
-KvOp = CopyPrefix | Truncate | SaveState | LoadState
+@dataclass(frozen=True)
+class SaveCache:
+    """Copy the cells of ``seq_id`` into the prefix cache's host tier entry ``key``."""
+
+    seq_id: int
+    key: str
+
+
+@dataclass(frozen=True)
+class LoadCache:
+    """Write the host tier entry ``key`` into the empty ``seq_id``."""
+
+    seq_id: int
+    key: str
+
+
+KvOp = CopyPrefix | Truncate | SaveState | LoadState | SaveCache | LoadCache
 
 
 @dataclass
@@ -82,6 +96,7 @@ class Admission:
     seq_id: int
     n_cached: int
     ops: list[KvOp]
+    first_logits: Any = None  # the whole prompt was cached: its first token's logits
 
 
 class _Node:
@@ -122,7 +137,6 @@ class _Holder:
     running: bool = True
     diverged: bool = False  # its cells stopped matching the tree: the rest stays private
     last_used: int = 0
-    kept_tokens: list[int] = field(default_factory=list)  # reuse_slots: its cells' tokens
 
     @property
     def attached(self) -> int:
@@ -145,13 +159,12 @@ class KvCache:
     capacity_tokens: int
     bytes_per_token: int
     num_seq_ids: int
-    sequence_tokens: int = 0  # most cells one sequence may hold (0: the capacity)
-    share: bool = True  # False: no prefix shared between ids (per-slot KV, or prefix_cache off)
-    reuse_slots: bool = False  # without sharing: a new sequence may continue a finished one's id
+    share: bool = True  # False: no prefix shared between ids (prefix_cache off)
     _root: _Node = field(init=False)
     _holders: dict[int, _Holder] = field(init=False, default_factory=dict)
     _free_ids: list[int] = field(init=False)
     _tick: int = field(init=False, default=0)
+    _first_logits: FirstTokenLogits = field(init=False, default_factory=FirstTokenLogits)
     num_reserved: int = field(init=False, default=0)
     num_cache: int = field(init=False, default=0)  # cells owned by no running sequence
 
@@ -160,7 +173,13 @@ class KvCache:
         # The lowest free id first: with per-slot KV llama.cpp decodes each run of
         # consecutive seq ids apart, so busy ids are kept together.
         self._free_ids = list(range(self.num_seq_ids))
-        self.sequence_tokens = min(self.capacity_tokens, self.sequence_tokens or 10**12)
+
+    per_slot = False
+
+    @property
+    def sequence_tokens(self) -> int:
+        """Most cells one sequence may hold: all of them."""
+        return self.capacity_tokens
 
     # -- budget -----------------------------------------------------------------
 
@@ -181,13 +200,8 @@ class KvCache:
         return num_tokens <= self.sequence_tokens
 
     @property
-    def per_slot(self) -> bool:
-        """Each sequence id has a KV share of its own (``kv_unified = false``)."""
-        return self.sequence_tokens < self.capacity_tokens
-
-    @property
     def reuses_prefixes(self) -> bool:
-        return self.share or self.reuse_slots
+        return self.share
 
     def stats(self) -> KvCacheStats:
         used = sum(len(n.tokens) for n in self._nodes() if n.running_refs)
@@ -204,21 +218,19 @@ class KvCache:
     def cached_length(self, tokens: Sequence[int], whole: bool = False) -> int:
         """Tokens of ``tokens`` an admission now would find in KV. The last one is
         computed again (its logits give the first token) unless ``whole``: the
-        caller kept those logits (``first_logits.py``)."""
+        caller kept those logits (:meth:`keep_logits`)."""
         prefix = tokens if whole else tokens[:-1]
         if len(prefix) < 1:
             return 0
-        if self.share:
-            node, offset = self._lookup(prefix)
-            return node.start + offset if node is not self._root else 0
-        return self._choose_slot(prefix)[1] if self.reuse_slots else 0
+        if not self.share:
+            return 0
+        node, offset = self._lookup(prefix)
+        return node.start + offset if node is not self._root else 0
 
     def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
         matched = self.cached_length(tokens)
-        # A continued slot's matched cells are its own cache (``pinned``, as shared ones).
-        share = matched and self.share
-        pinned = self._evictable_in_prefix(tokens[:matched]) if share else matched
+        pinned = self._evictable_in_prefix(tokens[:matched]) if matched else 0
         return self._can_make_room(total_tokens - matched, pinned)
 
     def can_restore(self, total_tokens: int) -> bool:
@@ -237,14 +249,23 @@ class KvCache:
         lengths = [offset, *(len(n.tokens) for n in nodes[1:])]
         return sum(n for n, node in zip(lengths, nodes, strict=True) if _evictable(node))
 
-    def admit(self, tokens: Sequence[int], total_tokens: int, whole: bool = False) -> Admission:
-        """Attach the longest cached prefix of ``tokens`` (all of them with
-        ``whole``, see :meth:`cached_length`) to a new sequence id that reserves the
-        rest of ``total_tokens``. Call :meth:`can_admit` first."""
-        if self.reuse_slots and not self.share:
-            slot, matched = self._choose_slot(tokens if whole else tokens[:-1])
-            if slot is not None:
-                return self._continue_slot(slot, matched, total_tokens)
+    def keep_logits(self, prompt: Sequence[int], logits: Any) -> None:
+        """The logits of ``prompt``'s last token, kept with its cells: a request for the
+        same prompt while they are cached samples its first token without a decode."""
+        self._first_logits.put(prompt, logits)
+
+    def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
+        """Attach the longest cached prefix of ``tokens`` to a new sequence id that
+        reserves the rest of ``total_tokens``; all of ``tokens`` when the logits of
+        its last one were kept (the admission carries them). Call :meth:`can_admit`
+        first."""
+        logits = self._first_logits.get(tokens) if self.reuses_prefixes else None
+        admission = self._admit(tokens, total_tokens, whole=logits is not None)
+        if admission.n_cached == len(tokens):
+            admission.first_logits = logits
+        return admission
+
+    def _admit(self, tokens: Sequence[int], total_tokens: int, whole: bool) -> Admission:
         matched = self.cached_length(tokens, whole)
         end = self._attach_point(tokens, matched)
         for node in end.path():
@@ -287,45 +308,17 @@ class KvCache:
         ops.extend(self._drop_redundant(end, keep=seq_id))
         return gained, ops
 
-    def _choose_slot(self, prefix: Sequence[int]) -> tuple[_Holder | None, int]:
-        """Where a new sequence goes in the per-slot layout: (the finished holder to
-        continue, or None for the lowest free id; the cells it shares with ``prefix``).
-
-        The lowest id, free or kept, as without reuse: llama.cpp decodes each run of
-        consecutive ids as its own ubatch in this layout, so low ids keep the busy
-        ones together. Another slot only when it shares ``SWITCH_SLOT_TOKENS`` more
-        (a regenerate, the next turn), not for the template's system prompt, which
-        every kept slot starts with.
-        """
-        kept = [h for h in self._holders.values() if not h.running]
-        candidates: list[tuple[int, _Holder | None, int]] = [
-            *((seq_id, None, 0) for seq_id in self._free_ids),
-            *((h.seq_id, h, common_prefix(h.kept_tokens, prefix, 0)) for h in kept),
-        ]
-        if not candidates:
-            return None, 0
-        lowest = min(candidates, key=lambda c: c[0])
-        best = max(candidates, key=lambda c: (c[2], -c[0]))
-        _, holder, common = best if best[2] - lowest[2] >= SWITCH_SLOT_TOKENS else lowest
-        return holder, common
-
-    def _continue_slot(self, holder: _Holder, matched: int, total_tokens: int) -> Admission:
-        """Run a new sequence in ``holder``'s id from its first ``matched`` cells."""
-        self.num_cache -= holder.private
-        ops: list[KvOp] = []
-        if holder.n_cells > matched:
-            ops.append(Truncate(holder.seq_id, matched, holder.n_cells - matched, "evict"))
-        holder.n_cells, holder.kept_tokens, holder.running = matched, [], True
-        need = total_tokens - matched
-        ops.extend(self._make_room(need, need_id=False))  # running: never evicts itself
-        holder.reserved = need
-        self.num_reserved += need
-        self._touch(holder)
-        return Admission(holder.seq_id, matched, ops)
-
-    def restore(self, key: str, n_cells: int, total_tokens: int) -> Admission:
+    def restore(
+        self,
+        key: str,
+        n_cells: int,
+        total_tokens: int,
+        tokens: Sequence[int] = (),
+        n_prompt: int = 0,
+    ) -> Admission:
         """A new id for an offloaded sequence, its ``n_cells`` loaded from host
-        memory (private: a saved state is restored whole)."""
+        memory (private: a saved state is restored whole; ``tokens`` and ``n_prompt``
+        matter only to the per-slot book)."""
         ops = self._make_room(total_tokens, need_id=True)
         seq_id = heapq.heappop(self._free_ids)
         holder = _Holder(seq_id, self._root, n_cells, reserved=total_tokens, diverged=True)
@@ -372,25 +365,18 @@ class KvCache:
     ) -> list[KvOp]:
         """A running sequence ended. Its attached path stays as cache; with ``keep``
         its other cells too (published when they can be, else kept whole without
-        sharing); without, they are freed at once, except, when slots are reused,
-        the cells of its first ``n_prompt`` tokens (its prompt: what the pool would
-        have published), so that a regenerate after a cancel continues them."""
+        sharing); without, they are freed at once. (``n_prompt`` matters only to the
+        per-slot book.)"""
         holder = self._holders[seq_id]
         if keep and self.share:
             self._publish(holder, tokens, holder.n_cells)
-        if self.share:
-            start = holder.attached
-        elif keep:
-            start = holder.n_cells
-        else:
-            start = min(n_prompt, holder.n_cells) if self.reuse_slots else 0
-        keep_private = start > 0 and not self.share
+        kept = holder.n_cells if keep else 0
+        start = holder.attached if self.share else kept
         ops: list[KvOp] = [Truncate(seq_id, start, holder.n_cells - start, "release")]
         holder.n_cells = start
         self._stop_running(holder)
-        if keep_private:
+        if start and not self.share:
             self.num_cache += holder.private
-            holder.kept_tokens = list(tokens[: holder.n_cells]) if self.reuse_slots else []
         if holder.n_cells == 0:
             self._forget(holder)
         else:

@@ -124,10 +124,11 @@ class _Batch:
                 raw.logits[n] = 0
                 n += 1
             if item.sample:
-                first = n - 1 - item.n_draft
-                for index in range(first, n):
+                end = n - item.n_pad
+                first = end - 1 - item.n_draft
+                for index in range(first, end):
                     raw.logits[index] = 1
-                sample_at[position] = list(range(first, n))
+                sample_at[position] = list(range(first, end))
         raw.n_tokens = n
         return [sample_at[position] for position in sorted(sample_at)]
 
@@ -385,7 +386,8 @@ class LlamaBackend:
     def _verify(
         self, item: BatchItem, indices: list[int], drafting: Callable[[str], bool] | None
     ) -> list[Sampled]:
-        draft = item.tokens[len(item.tokens) - item.n_draft :] if item.n_draft else ()
+        end = len(item.tokens) - item.n_pad
+        draft = item.tokens[end - item.n_draft : end] if item.n_draft else ()
         go_on = (lambda: drafting(item.sampler)) if drafting else (lambda: True)
         keep = item.keep_logits
         return verify(
@@ -405,8 +407,13 @@ class LlamaBackend:
     # -- KV cells -------------------------------------------------------------------
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
-        # Unified pool only: between separate KV streams a partial copy aborts.
-        llama.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)
+        if self.kv_sequence_tokens >= self.kv_capacity_tokens:
+            llama.llama_memory_seq_cp(self._memory, src, dst, 0, n_tokens)  # tags, no copy
+            return
+        # Per-slot KV: llama.cpp copies between streams only whole, so through a state.
+        self.truncate(dst, 0)
+        self.load_state(dst, self.save_state(src))
+        self.truncate(dst, n_tokens)
 
     def truncate(self, slot: int, start: int) -> None:
         llama.llama_memory_seq_rm(self._memory, slot, start if start > 0 else -1, -1)

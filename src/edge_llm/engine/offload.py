@@ -1,8 +1,17 @@
-"""Host memory for the KV state of offloaded (paused) sequences, bounded in bytes."""
+"""Host memory for the KV state of offloaded (paused) sequences, bounded in bytes, and
+the policy that decides which paused streams go there."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from edge_llm.engine.sequence import Sequence, SequenceState
+from edge_llm.errors import PauseTimeout
+
+if TYPE_CHECKING:
+    from edge_llm.engine.streams import Streams
 
 
 class HostStore:
@@ -52,3 +61,75 @@ class HostStore:
         state = self._states.pop(key, None)
         self.num_bytes -= self._sizes.pop(key, 0)
         return state
+
+
+class OffloadPolicy:
+    """While the next request waits for KV or a slot, streams paused longer than
+    ``after_s`` are saved to host memory and their cells freed, oldest pause first.
+    Called with the engine lock held."""
+
+    def __init__(
+        self,
+        host: HostStore,
+        after_s: float,
+        streams: Streams,
+        state_size: Callable[[int], int],
+    ) -> None:
+        self.host = host
+        self.after_s = after_s
+        self.streams = streams
+        self.scheduler = streams.scheduler
+        self.state_size = state_size
+
+    def run(self, now: float) -> None:
+        if not self.host.enabled or not self.scheduler.head_blocked:
+            return
+        paused = [
+            s for s in self.scheduler.running
+            if s.paused_since is not None and now - s.paused_since >= self.after_s
+            and s.num_computed
+        ]  # fmt: skip
+        for seq in sorted(paused, key=lambda s: s.paused_since or now):
+            if not self.scheduler.head_blocked:
+                return
+            self._offload(seq)
+
+    def next_due(self, now: float) -> float | None:
+        """When a paused stream becomes due for offload while requests wait (without
+        this wake-up the idle thread slept until the next time-out, measured: 5 s)."""
+        if not self.host.enabled or not self.scheduler.head_blocked:
+            return None
+        # Past due and still here: it cannot be offloaded (too large), no wake-up.
+        due = [
+            s.paused_since + self.after_s for s in self.scheduler.running
+            if s.paused_since is not None and s.paused_since + self.after_s > now
+            and s.num_computed
+        ]  # fmt: skip
+        return min(due, default=None)
+
+    def _offload(self, seq: Sequence) -> None:
+        size = self.state_size(seq.require_slot())
+        if size > self.host.capacity_bytes:
+            return
+        while not self.host.fits(size):
+            self._cancel_oldest_offloaded()
+        self.host.reserve(seq.id, size)
+        n_tokens, slot = seq.num_computed, seq.slot
+        self.scheduler.offload(seq)
+        self.streams.metrics.kv_offloads.inc()
+        self.streams.events("offloaded", seq.id, slot=slot, kv_tokens=n_tokens, state_bytes=size)
+        if handle := self.streams.live.get(seq.id):
+            self.streams.touch(handle)
+
+    def _cancel_oldest_offloaded(self) -> None:
+        """Host memory is full: the stream offloaded first ends (reason pause_timeout)."""
+        key = self.host.oldest()
+        handle = self.streams.live.get(key) if key else None
+        if handle is None:
+            self.host.pop(key or "")
+            return
+        error = PauseTimeout("offloaded and host memory is full", reason="pause_timeout")
+        self.streams.events(
+            "pause_timeout", key, state="offloaded", host_offload_bytes=self.host.num_bytes
+        )
+        self.streams.finish(handle, error, SequenceState.CANCELLED)

@@ -1,9 +1,11 @@
-"""What a decode step costs, and so how many prompt tokens the next one may prefill
-and how long a draft pays: pure arithmetic on measured step times, no clock.
+"""What a decode step costs, and so how many prompt tokens the next one may prefill,
+how long a draft pays and when a new request should get its first token: pure
+arithmetic on measured step times, no clock. The engine's one cost model.
 
 :class:`StepCosts` fits ``seconds = fixed_s + token_s * n_tokens`` to recent steps
 without prompt tokens (least squares, older steps weighing less), and learns what a
-prompt token adds to a step that also decodes.
+prompt token adds to a step that also decodes and what a prompt token costs in
+any step (``prompt_token_s``: admission's service rate, ``admission.py``).
 
 :class:`PrefillBudget`: a lone prompt (nothing decoding, no other prompt) gets the
 whole batch, so it prefills in as few ``llama_decode`` calls as the batch allows, as
@@ -26,6 +28,7 @@ _PRIOR_WEIGHT = 0.5
 DECAY = 0.97
 DEFAULT_PREFILL_TOKEN_S = 1.0 / 300.0
 EWMA_WEIGHT = 0.3
+SERVICE_WEIGHT = 0.2
 MIN_PREFILL_TOKENS = 32
 # A step with prompt tokens may take this many decode steps, whatever the target: on
 # a loaded machine, where a decode step alone exceeds the target, a long prompt still
@@ -69,7 +72,8 @@ def _prior() -> _Sums:
 
 @dataclass
 class StepCosts:
-    prefill_token_s: float = DEFAULT_PREFILL_TOKEN_S
+    prefill_token_s: float = DEFAULT_PREFILL_TOKEN_S  # a prompt token beside decoding streams
+    prompt_token_s: float = DEFAULT_PREFILL_TOKEN_S  # a step's seconds per prompt token in it
     _measured: _Sums = field(default_factory=_Sums)
     _prior: _Sums = field(default_factory=_prior)
 
@@ -105,6 +109,9 @@ class StepCosts:
         ``n_decode`` decode tokens (drafts included)."""
         if seconds <= 0 or n_decode + n_prefill == 0:
             return
+        if n_prefill > 0:
+            sample = seconds / n_prefill
+            self.prompt_token_s += SERVICE_WEIGHT * (sample - self.prompt_token_s)
         if n_prefill == 0:
             self._measured.decay(DECAY)
             self._measured.add(n_decode, seconds)

@@ -26,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.first_logits import FirstTokenLogits
+from edge_llm.engine.admission import QueueView, queue_view
 from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
+from edge_llm.engine.kv_slots import KvSlots, chunk_rows
 from edge_llm.engine.prefill_budget import PrefillBudget
 from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.speculative import PromptLookup
@@ -71,9 +72,12 @@ class ScheduledChunk:
     seq: Sequence
     tokens: list[int]
     start_pos: int
-    sample: bool
-    n_draft: int = 0  # the last ``n_draft`` tokens are a draft to verify
+    sample: bool = False
+    prompt: bool = False  # a chunk of the prompt (else a decode chunk, or kept logits)
+    n_draft: int = 0  # the ``n_draft`` tokens before the pad are a draft to verify
+    n_pad: int = 0  # the last ``n_pad`` tokens are computed, never sampled (``_pad``)
     logits: Any = None  # no tokens: the first token comes from these kept logits
+    keep_logits: bool = False  # keep the logits its token is sampled from (a prompt's end)
 
 
 @dataclass
@@ -81,13 +85,23 @@ class StepPlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     started: list[Sequence] = field(default_factory=list)
     attached: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, cells gained)
+    kv_ops: list[KvOp] = field(default_factory=list)  # applied, in order, before the decode
+    ended_samplers: list[str] = field(default_factory=list)  # freed before the decode
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks if c.prompt)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks) - self.num_prefill_tokens
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
 
 
 class Scheduler:
-    def __init__(self, limits: SchedulerLimits, kv: KvCache) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KvCache | KvSlots) -> None:
         self.limits = limits
         self.kv = kv
         self.prefill_budget = PrefillBudget(limits.prefill_chunk_tokens, limits.itl_target_s)
@@ -97,8 +111,6 @@ class Scheduler:
         self._kv_ops: list[KvOp] = []
         self._started: list[Sequence] = []  # admitted since the last step
         self._awaiting: dict[str, _AwaitedPrefix] = {}  # by the waiting sequence's id
-        self.first_logits = FirstTokenLogits()
-        self._restored: list[Sequence] = []
 
     @property
     def num_waiting(self) -> int:
@@ -153,6 +165,16 @@ class Scheduler:
             retry_after_s=2,
         )
 
+    def queue_view(self, seq: Sequence) -> QueueView:
+        """What is ahead of ``seq`` if it were added now (``admission.py``)."""
+        admitted_now = not self.waiting and self._has_slot and self.fits(seq)
+        running = [
+            (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
+            for s in self.running
+        ]
+        to_prefill = seq.n_prompt - self.kv.cached_length(seq.request.prompt_tokens)
+        return queue_view(to_prefill, admitted_now, running, [s.n_prompt for s in self.waiting])
+
     def _never_fits_limit(self) -> str:
         if self.kv.sequence_tokens < self.kv.capacity_tokens:
             return f"one sequence may hold at most {self.kv.sequence_tokens} (kv_unified = false)"
@@ -160,16 +182,15 @@ class Scheduler:
 
     def _admit(self, seq: Sequence, now: float) -> None:
         prompt = seq.request.prompt_tokens
-        logits = self.first_logits.get(prompt) if self.kv.reuses_prefixes else None
-        admission = self.kv.admit(prompt, self.reservation(seq), whole=logits is not None)
-        if admission.n_cached == len(prompt):
-            seq.first_logits = logits  # the whole prompt is in KV: no decode for it
+        admission = self.kv.admit(prompt, self.reservation(seq))
+        seq.first_logits = admission.first_logits  # the whole prompt is in KV: no decode
         self._kv_ops.extend(admission.ops)
         seq.kv_reserved_tokens = self.reservation(seq) - admission.n_cached
         seq.slot = admission.seq_id
         seq.num_cached = seq.num_computed = admission.n_cached
         seq.state = SequenceState.PREFILL
         seq.admitted_at = now
+        _decode_when_prefilled(seq)
         self._await_prefix_in_flight(seq)
         self.running.append(seq)
 
@@ -190,7 +211,7 @@ class Scheduler:
         system prompt), ``seq`` prefills nothing until those cells are published and
         then attaches them, instead of computing its own copy beside them. It holds
         its slot meanwhile, as it would have anyway; the wait ends with that prefill."""
-        if not self.kv.share:
+        if not self.kv.reuses_prefixes or seq.state is not SequenceState.PREFILL:
             return
         prompt = seq.request.prompt_tokens[:-1]
         for other in self.running:
@@ -213,6 +234,7 @@ class Scheduler:
             seq.kv_reserved_tokens -= gained
             seq.num_cached += gained
             seq.num_computed += gained
+            _decode_when_prefilled(seq)
             if gained:
                 attached.append((seq, gained))
         return attached
@@ -239,24 +261,17 @@ class Scheduler:
     def _resumed_offloaded(self) -> list[Sequence]:
         return [s for s in self.offloaded if not s.paused]
 
-    def _restore_resumed(self) -> list[Sequence]:
+    def _restore_resumed(self) -> None:
         """Offloaded sequences that were resumed come back first (they are older)."""
-        restored = []
         for seq in self._resumed_offloaded():
             need = self.reservation(seq)
             if not (self._has_slot and self.kv.can_restore(need)):
                 break
-            admission = self.kv.restore(seq.id, seq.num_computed, need)
+            admission = self.kv.restore(seq.id, seq.num_computed, need, seq.token_ids, seq.n_prompt)
             self._kv_ops.extend(admission.ops)
             seq.slot, seq.kv_reserved_tokens, seq.offloaded = admission.seq_id, need, False
             self.offloaded.remove(seq)
             self.running.append(seq)
-            restored.append(seq)
-        return restored
-
-    def take_restored(self) -> list[Sequence]:
-        restored, self._restored = self._restored, []
-        return restored
 
     # -- the step -----------------------------------------------------------------
 
@@ -264,17 +279,11 @@ class Scheduler:
         """The next step. ``draft_room(seq)``: most tokens the sequence may emit in
         one step (room in its outbound ring); drafts stay below it."""
         started, self._started = self._started, []
-        self._restored.extend(self._restore_resumed())
+        self._restore_resumed()
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
         started_ids = {seq.id for seq in plan.started}  # they report the whole cached prefix
         plan.attached = [(s, n) for s, n in self._attach_published() if s.id not in started_ids]
-        decoding = [
-            seq
-            for seq in self.running
-            if seq.runnable and seq.state is SequenceState.DECODING and seq.last_token is not None
-        ]
-        price = self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot)
-        plan.chunks.extend(self._decode_chunk(seq, draft_room, price) for seq in decoding)
+        plan.chunks.extend(self._decode_chunks(draft_room))
         n_decode_tokens = sum(len(chunk.tokens) for chunk in plan.chunks)
         prefilling = [
             s
@@ -289,9 +298,19 @@ class Scheduler:
         plan.chunks.extend(self._prefill_chunks(prefilling, budget, urgent))
         return plan
 
-    def observe_step(self, n_prefill: int, n_decode: int, seconds: float) -> None:
-        """A step's measured time, for the prefill budget and the drafts' worth."""
-        self.prefill_budget.costs.observe(n_prefill, n_decode, seconds)
+    def observe_step(self, plan: StepPlan, seconds: float) -> None:
+        """A step's measured time, for the prefill budget, the drafts' worth and
+        admission's predictions."""
+        self.prefill_budget.costs.observe(plan.num_prefill_tokens, plan.num_decode_tokens, seconds)
+
+    def _decode_chunks(self, draft_room: Callable[[Sequence], int] | None) -> list[ScheduledChunk]:
+        """One chunk per decoding sequence: its last token, its draft, and the pad rows
+        that keep every sequence's rows off llama.cpp's split attention (``_pad``)."""
+        decoding = [s for s in self.running if s.runnable and s.state is SequenceState.DECODING]
+        price = self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot)
+        chunks = [self._decode_chunk(seq, draft_room, price) for seq in decoding]
+        _pad(chunks, self.kv.per_slot)
+        return chunks
 
     def _decode_chunk(
         self,
@@ -303,7 +322,11 @@ class Scheduler:
         room = draft_room(seq) if draft_room else self.limits.max_draft_tokens + 1
         draft = self._draft(seq, room, price)
         tokens = [seq.last_token, *draft]
-        return ScheduledChunk(seq, tokens, seq.num_computed, sample=True, n_draft=len(draft))
+        # The prompt's last token: its logits are kept for a regenerate of the prompt.
+        keep = self.kv.reuses_prefixes and seq.num_computed == seq.n_prompt - 1
+        return ScheduledChunk(
+            seq, tokens, seq.num_computed, sample=True, n_draft=len(draft), keep_logits=keep
+        )
 
     def _draft(self, seq: Sequence, room: int, price: tuple[float, float]) -> list[int]:
         """Prompt-lookup draft: at most one token fewer than may still be emitted
@@ -334,50 +357,54 @@ class Scheduler:
             if seq.first_logits is not None:
                 logits, seq.first_logits = seq.first_logits, None
                 chunks.append(ScheduledChunk(seq, [], seq.num_computed, True, logits=logits))
-        urgent = [seq for seq in urgent if seq.prefill_remaining]
+        urgent = [seq for seq in urgent if seq.prefill_rows]
         late = {seq.id for seq in urgent}
-        rest = [s for s in prefilling if s.id not in late and s.prefill_remaining]
-        rest.sort(key=lambda s: s.prefill_remaining)
+        rest = [s for s in prefilling if s.id not in late and s.prefill_rows]
+        rest.sort(key=lambda s: s.prefill_rows)
         for seq in [*urgent, *rest]:
             if budget <= 0:
                 break
-            n = min(self._prefill_now(seq), budget)
+            n = self._chunk_rows(seq, budget)
             start = seq.num_computed
             tokens = seq.request.prompt_tokens[start : start + n]
-            chunks.append(ScheduledChunk(seq, tokens, start, sample=n == seq.prefill_remaining))
+            chunks.append(ScheduledChunk(seq, tokens, start, prompt=True))
             budget -= n
         return chunks
 
-    def _prefill_now(self, seq: Sequence) -> int:
-        """Prompt tokens ``seq`` may prefill in this step. With the prefix cache the
-        last prompt token gets a step of its own: llama.cpp's numbers for a token
-        depend on the size of the batch it was computed in, and a regenerate
-        recomputes only that token, so it must see the same small batch as the
-        first time for its greedy text to be identical."""
-        remaining = seq.prefill_remaining
-        return remaining - 1 if self.kv.reuses_prefixes and remaining > 1 else remaining
+    def _chunk_rows(self, seq: Sequence, budget: int) -> int:
+        """Prompt rows ``seq`` prefills in this step, within ``budget``. Every row but
+        the prompt's last is prefilled (that one is decoded, its logits give the first
+        token). In the per-slot layout a long prompt is prefilled in whole tiles
+        (``kv_slots.chunk_rows``), so that llama.cpp computes every row of it the same
+        way, hit or miss."""
+        if not self.kv.per_slot:
+            return min(seq.prefill_rows, budget)
+        return chunk_rows(seq.prefill_rows, budget, self.limits.prefill_chunk_tokens, seq.n_prompt)
 
     def complete(self, chunk: ScheduledChunk) -> None:
-        """Record that a chunk was decoded (before its sampled token is recorded);
-        prompt cells become visible to the prefix cache at once."""
+        """Record that a prompt chunk was decoded; its cells become visible to the
+        prefix cache at once. A sequence whose prompt is in KV but for its last
+        token decodes that one next."""
         seq = chunk.seq
         seq.num_computed += len(chunk.tokens)
-        prefill = seq.state is SequenceState.PREFILL
-        self.kv.computed(seq.require_slot(), seq.token_ids, seq.num_computed, publish=prefill)
-        if prefill and chunk.sample:
-            seq.state = SequenceState.DECODING
+        self.kv.computed(seq.require_slot(), seq.token_ids, seq.num_computed, publish=True)
+        _decode_when_prefilled(seq)
 
-    def complete_run(self, chunk: ScheduledChunk, n_accepted: int) -> None:
-        """A decode chunk was verified: its first ``n_accepted`` tokens (the fed-back
-        token and the accepted drafts) keep their cells, the rejected drafts' cells
-        are dropped before the next decode."""
+    def complete_run(self, chunk: ScheduledChunk, n_kept: int, n_accepted: int) -> None:
+        """A decode chunk was verified and its output recorded: the cells of its first
+        ``n_kept`` tokens (the fed-back token and the drafts before the last token
+        recorded) are the sequence's; the others' (rejected drafts, or tokens after
+        the end of the stream) are dropped before the next decode. ``n_accepted``:
+        the run the model accepted, for the draft's acceptance rate."""
         seq = chunk.seq
+        seq.state = SequenceState.DECODING  # a first token from kept logits ends the prompt
         slot = seq.require_slot()
-        seq.num_computed += n_accepted
+        n_cells = min(n_kept, len(chunk.tokens))  # none for kept logits
+        seq.num_computed += n_cells
         self.kv.computed(slot, seq.token_ids, seq.num_computed, publish=False)
-        rejected = len(chunk.tokens) - n_accepted
-        if rejected > 0:
-            self._kv_ops.append(Truncate(slot, seq.num_computed, rejected, "reject"))
+        unused = len(chunk.tokens) - n_cells
+        if unused > 0:
+            self._kv_ops.append(Truncate(slot, seq.num_computed, unused, "reject"))
         if seq.lookup is not None:
             seq.lookup.feedback(chunk.n_draft, n_accepted - 1)
 
@@ -404,21 +431,50 @@ class Scheduler:
         seq.first_logits = None
         if seq in self.running:
             self.running.remove(seq)
-            self._trim_unused_run(seq)
             ops = self.kv.release(seq.require_slot(), seq.token_ids, keep, seq.n_prompt)
             self._kv_ops.extend(ops)
             seq.kv_reserved_tokens = 0  # the slot stays as a record of where it ran
-
-    def _trim_unused_run(self, seq: Sequence) -> None:
-        """A stop, EOG or max_tokens inside an accepted run ends the sequence before
-        the run's last tokens: their cells are not its tokens and must not be
-        published to the prefix cache (release frees them)."""
-        n_valid = len(seq.token_ids) - 1
-        if seq.num_computed > n_valid:
-            seq.num_computed = n_valid
-            self.kv.computed(seq.require_slot(), seq.token_ids, n_valid, publish=False)
 
     def take_kv_ops(self) -> list[KvOp]:
         """KV operations to apply, in order, before the next decode."""
         ops, self._kv_ops = self._kv_ops, []
         return ops
+
+
+def _decode_when_prefilled(seq: Sequence) -> None:
+    """A prompt in KV but for its last token decodes that token next (its logits give
+    the first token): the same row computation whether the rest was cached or not."""
+    if seq.state is SequenceState.PREFILL and seq.first_logits is None and not seq.prefill_rows:
+        seq.state = SequenceState.DECODING
+        seq.last_token = seq.request.prompt_tokens[-1]
+
+
+def _pad(chunks: list[ScheduledChunk], per_slot: bool) -> None:
+    """Pad decode chunks with rows that are computed, never sampled, and dropped.
+
+    llama.cpp's CPU attention splits a row across threads when its ubatch holds one
+    sequence with one row (and 512 cells or more), which rounds differently from the
+    row computed beside others: such a row gets a pad row. In the per-slot layout every
+    sequence also gets as many rows as the longest (its draft): llama.cpp splits a
+    batch into ubatches holding as many rows of each sequence, and one ubatch is both
+    the cheapest and the same computation for every row. Pad rows follow the rows
+    they pad, so causal attention keeps them out of every sampled row."""
+    if not chunks:
+        return
+    length = max(len(c.tokens) for c in chunks)
+    if length == 1 and _has_lone_row(chunks, per_slot):
+        length = 2
+    for chunk in chunks if per_slot or len(chunks) == 1 else ():
+        n_pad = length - len(chunk.tokens)
+        chunk.tokens = [*chunk.tokens, *[chunk.tokens[-1]] * n_pad]
+        chunk.n_pad = n_pad
+
+
+def _has_lone_row(chunks: list[ScheduledChunk], per_slot: bool) -> bool:
+    """Whether a ubatch would hold one sequence's one row: a lone sequence, or in
+    the per-slot layout one whose slot has no busy neighbour (llama.cpp puts only
+    consecutive slots in one ubatch there)."""
+    if len(chunks) == 1 or not per_slot:
+        return len(chunks) == 1
+    busy = {c.seq.require_slot() for c in chunks}
+    return any(slot - 1 not in busy and slot + 1 not in busy for slot in busy)

@@ -110,6 +110,11 @@ class Sequence:
         return self.n_prompt - self.n_prefilled
 
     @property
+    def prefill_rows(self) -> int:
+        """Prompt tokens still to prefill before its last one, which is decoded."""
+        return max(0, self.n_prompt - 1 - self.num_computed)
+
+    @property
     def kv_tokens(self) -> int:
         """KV cursor: cells this sequence occupies (prompt fed + tokens fed back)."""
         return self.num_computed

@@ -45,6 +45,7 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         max_pause_s=bp.max_pause_ms / 1000.0 if bp.max_pause_ms else None,
         prefix_cache=cache.prefix_cache,
         host_offload_bytes=cache.host_offload_mb * 1024 * 1024,
+        host_cache_bytes=cache.host_cache_mb * 1024 * 1024,
         offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
         supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,

@@ -1,0 +1,364 @@
+"""The book of the per-slot KV layout (``kv_unified = false``, the default): each
+slot (llama.cpp sequence id) has a share of the budget of its own, and a sequence's
+attention scans only its slot's cells, however long the server has run.
+
+A finished sequence keeps its cells in its slot; a new request continues the slot
+whose cells start as its prompt does (a regenerate, the next turn), else takes the
+lowest free one (llama.cpp decodes each run of consecutive ids as its own ubatch, so
+low ids keep busy slots together). Cells that another slot, a running sequence or the
+host tier (``host_cache.py``) holds are copied into the new request's slot instead of
+being computed again; a kept slot that is reused for something else is saved to the
+host tier first.
+
+**What may be reused.** A stream's greedy text must not depend on whether its prompt
+was cached (nor on the other streams of a step). llama.cpp's CPU flash attention
+computes a sequence's rows tile by tile when a ubatch holds at least
+``MIN_TILE_ROWS`` of them, else row by row, and the two round differently; the
+engine makes the choice a function of the prompt alone: a prompt's rows but the last
+are prefilled in chunks of at least ``MIN_TILE_ROWS`` (tiles) when there are that
+many, else together (rows); its last token and every generated token are decoded row
+by row (never alone in a ubatch, which would split the row across threads). A cached
+cell is therefore reused only where a miss would have computed it the same way:
+:func:`usable_prefix`. A regenerate reuses the whole prompt; the next turn of a
+conversation reuses the previous prompt (its answer was decoded, the new prompt would
+prefill it: computed again).
+
+Pure bookkeeping: methods return the operations (``kv_cache.KvOp``) the engine applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_llm.engine.host_cache import HostCache, HostEntry
+from edge_llm.engine.kv_cache import (
+    Admission,
+    CopyPrefix,
+    KvCacheStats,
+    KvOp,
+    LoadCache,
+    LoadState,
+    SaveCache,
+    SaveState,
+    Truncate,
+    common_prefix,
+)
+
+MIN_TILE_ROWS = 64  # GGML_FA_TILE_Q of llama.cpp's CPU backend
+SWITCH_SLOT_TOKENS = 64  # the match worth leaving the lowest free slot for
+
+
+def usable_prefix(
+    cells: Sequence[int], n_prompt: int, prompt: Sequence[int], whole: bool = False
+) -> int:
+    """How many of ``cells`` (computed for a sequence whose prompt was their first
+    ``n_prompt`` tokens) a new sequence with ``prompt`` may use, so that its tokens are
+    those it would get without them. ``whole``: the logits of the prompt's last token
+    were kept with these cells, so a regenerate may skip its decode too."""
+    n_rows = len(prompt) - 1  # prefilled rows; the last token is decoded
+    match = common_prefix(cells, prompt)
+    if whole and n_prompt == len(prompt) and match == len(prompt):
+        return len(prompt)
+    tiled = n_prompt - 1 if n_prompt - 1 >= MIN_TILE_ROWS else 0
+    if n_rows < MIN_TILE_ROWS:  # a miss computes every row one by one
+        return min(match, n_rows) if tiled == 0 else 0
+    usable = min(match, tiled, n_rows)
+    if 0 < n_rows - usable < MIN_TILE_ROWS:
+        usable = n_rows - MIN_TILE_ROWS  # the rest is prefilled as one whole tile
+    return usable
+
+
+def chunk_rows(rows_left: int, budget: int, max_chunk: int, n_prompt: int) -> int:
+    """Prompt rows to prefill in the next chunk, within ``budget``: a long prompt's
+    chunks hold at least ``MIN_TILE_ROWS`` rows and leave none or at least that many,
+    so that every row of it is computed in tiles (a short prompt's rows, one by one,
+    are the same however they are split)."""
+    if n_prompt - 1 < MIN_TILE_ROWS or max_chunk < MIN_TILE_ROWS:
+        return min(rows_left, budget)  # (below a tile per chunk the guarantee is off)
+    n = min(rows_left, max(budget, MIN_TILE_ROWS))
+    if 0 < rows_left - n < MIN_TILE_ROWS:
+        n = rows_left if rows_left <= max_chunk else rows_left - MIN_TILE_ROWS
+    return n
+
+
+@dataclass
+class _Slot:
+    seq_id: int
+    tokens: Sequence[int] = ()  # what its cells hold (a running sequence: its tokens so far)
+    n_cells: int = 0
+    n_prompt: int = 0
+    running: bool = False
+    reserved: int = 0
+    n_attached: int = 0  # running: cells it started with (continued, copied or restored)
+    last_used: int = 0
+    first_logits: Any = None
+
+    @property
+    def cells(self) -> Sequence[int]:
+        return self.tokens[: self.n_cells]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Where cells for a new sequence come from: a slot or a host entry."""
+
+    usable: int
+    slot: _Slot | None = None
+    entry: HostEntry | None = None
+    whole: bool = False
+
+
+@dataclass
+class KvSlots:
+    capacity_tokens: int
+    bytes_per_token: int
+    num_seq_ids: int
+    sequence_tokens: int
+    prefix_cache: bool = True
+    host: HostCache = field(default_factory=lambda: HostCache(0, 1))
+    _slots: list[_Slot] = field(init=False)
+    _tick: int = field(init=False, default=0)
+
+    share = False  # no cell is seen by two slots: prefixes are copied
+    per_slot = True
+
+    def __post_init__(self) -> None:
+        self._slots = [_Slot(i) for i in range(self.num_seq_ids)]
+
+    # -- budget -----------------------------------------------------------------
+
+    @property
+    def reuse_slots(self) -> bool:
+        return self.prefix_cache
+
+    @property
+    def reuses_prefixes(self) -> bool:
+        return self.prefix_cache
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.capacity_tokens * self.bytes_per_token
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(s.reserved for s in self._slots) * self.bytes_per_token
+
+    @property
+    def num_free(self) -> int:
+        """Cells of the slots no sequence runs in."""
+        return sum(self.sequence_tokens for s in self._slots if not s.running)
+
+    def could_ever_fit(self, num_tokens: int) -> bool:
+        return num_tokens <= self.sequence_tokens
+
+    def stats(self) -> KvCacheStats:
+        used = sum(s.n_cells for s in self._slots if s.running)
+        cached = sum(s.n_cells for s in self._slots if not s.running)
+        return KvCacheStats(used, cached, sum(s.reserved for s in self._slots))
+
+    # -- admission ---------------------------------------------------------------
+
+    def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
+        return self.can_restore(total_tokens)
+
+    def can_restore(self, total_tokens: int) -> bool:
+        return total_tokens <= self.sequence_tokens and any(not s.running for s in self._slots)
+
+    def cached_length(self, tokens: Sequence[int]) -> int:
+        """Cells an admission now would start with (without kept logits)."""
+        if not self.prefix_cache:
+            return 0
+        target = self._target(tokens)
+        own = self._own(target, tokens)
+        return max(own.usable, self._best_source(tokens, target).usable)
+
+    def keep_logits(self, prompt: Sequence[int], logits: Any) -> None:
+        """The logits of ``prompt``'s last token, kept with the cells of the slot that
+        computed them: a regenerate samples its first token without a decode."""
+        n = len(prompt)
+        for slot in self._slots:
+            if slot.running and slot.n_prompt == n and list(slot.tokens[:n]) == list(prompt):
+                slot.first_logits = logits
+
+    def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
+        """Run a new sequence in a slot, starting from the cells it may reuse (see
+        :func:`usable_prefix`). Call :meth:`can_admit` first."""
+        target = self._target(tokens)
+        ops: list[KvOp] = []
+        source = self._own(target, tokens)
+        if self.prefix_cache:
+            other = self._best_source(tokens, target)
+            if other.usable > source.usable:
+                source = other
+        if source.slot is target:
+            if target.n_cells > source.usable:
+                ops.extend(self._save(target))
+                n_dropped = target.n_cells - source.usable
+                ops.append(Truncate(target.seq_id, source.usable, n_dropped, "evict"))
+        else:
+            ops.extend(self._vacate(target, keep=source.entry))
+            ops.extend(self._copy(source, target))
+        logits = self._logits_of(source)
+        self._start(target, tokens, len(tokens), source.usable, total_tokens - source.usable)
+        return Admission(target.seq_id, source.usable, ops, logits)
+
+    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
+        """A running sequence that has computed nothing of its own yet takes the
+        longer prefix another sequence computed since its admission (it waited for
+        that prefill); returns (cells gained, operations)."""
+        slot = self._slots[seq_id]
+        if not self.prefix_cache or slot.n_cells != slot.n_attached:
+            return 0, []
+        source = self._best_source(tokens, slot)
+        gained = source.usable - slot.n_cells
+        if gained <= 0:
+            return 0, []
+        ops: list[KvOp] = []
+        if slot.n_cells:
+            ops.append(Truncate(seq_id, 0, slot.n_cells, "drop"))
+        ops.extend(self._copy(source, slot))
+        slot.n_cells = slot.n_attached = source.usable
+        slot.reserved -= gained
+        self._touch(slot)
+        return gained, ops
+
+    def restore(
+        self,
+        key: str,
+        n_cells: int,
+        total_tokens: int,
+        tokens: Sequence[int] = (),
+        n_prompt: int = 0,
+    ) -> Admission:
+        """A slot for an offloaded sequence (``tokens``, the first ``n_prompt`` its
+        prompt), its ``n_cells`` loaded from host memory."""
+        target = self._target(())
+        ops = self._vacate(target)
+        ops.append(LoadState(target.seq_id, key))
+        self._start(target, tokens, n_prompt, n_cells, total_tokens)
+        return Admission(target.seq_id, 0, ops)
+
+    def _start(
+        self, slot: _Slot, tokens: Sequence[int], n_prompt: int, n_cells: int, reserved: int
+    ) -> None:
+        slot.tokens, slot.n_prompt, slot.n_cells, slot.n_attached = (
+            tokens,
+            n_prompt,
+            n_cells,
+            n_cells,
+        )
+        slot.running, slot.reserved, slot.first_logits = True, reserved, None
+        self._touch(slot)
+
+    # -- where cells come from ---------------------------------------------------------
+
+    def _target(self, tokens: Sequence[int]) -> _Slot:
+        """The lowest slot no sequence runs in, or a kept slot whose cells give
+        ``SWITCH_SLOT_TOKENS`` more (a regenerate, the next turn), not merely the
+        template's system prompt that every kept slot starts with."""
+        idle = [s for s in self._slots if not s.running]
+        lowest = idle[0]
+        if not self.prefix_cache or not tokens:
+            return lowest
+        best = max(idle, key=lambda s: (self._own(s, tokens).usable, -s.seq_id))
+        gain = self._own(best, tokens).usable - self._own(lowest, tokens).usable
+        return best if gain >= SWITCH_SLOT_TOKENS else lowest
+
+    def _own(self, slot: _Slot, tokens: Sequence[int]) -> _Source:
+        if not self.prefix_cache or not slot.n_cells or not tokens:
+            return _Source(0, slot)
+        whole = slot.first_logits is not None
+        usable = usable_prefix(slot.cells, slot.n_prompt, tokens, whole)
+        return _Source(usable, slot, whole=whole and usable == len(tokens))
+
+    def _best_source(self, tokens: Sequence[int], target: _Slot) -> _Source:
+        best = _Source(0)
+        for slot in self._slots:
+            if slot is not target and slot.n_cells:
+                best = max(best, self._own(slot, tokens), key=lambda s: s.usable)
+        for entry in self.host.entries():
+            whole = entry.first_logits is not None
+            usable = usable_prefix(entry.tokens, entry.n_prompt, tokens, whole)
+            if usable > best.usable and entry.state is not None:
+                best = _Source(usable, entry=entry, whole=whole and usable == len(tokens))
+        return best
+
+    def _copy(self, source: _Source, target: _Slot) -> list[KvOp]:
+        if not source.usable:
+            return []
+        if source.slot is not None:
+            return [CopyPrefix(source.slot.seq_id, target.seq_id, source.usable)]
+        assert source.entry is not None
+        self.host.touch(source.entry.key)
+        ops: list[KvOp] = [LoadCache(target.seq_id, source.entry.key)]
+        if len(source.entry.tokens) > source.usable:
+            n_extra = len(source.entry.tokens) - source.usable
+            ops.append(Truncate(target.seq_id, source.usable, n_extra, "drop"))
+        return ops
+
+    @staticmethod
+    def _logits_of(source: _Source) -> Any:
+        if not source.whole:
+            return None
+        holder = source.slot or source.entry
+        return holder.first_logits if holder is not None else None
+
+    def _vacate(self, slot: _Slot, keep: HostEntry | None = None) -> list[KvOp]:
+        """Empty a kept slot for another sequence, its cells saved to the host tier
+        first (never evicting ``keep``, about to be loaded)."""
+        if not slot.n_cells:
+            return []
+        ops = self._save(slot, keep)
+        ops.append(Truncate(slot.seq_id, 0, slot.n_cells, "evict"))
+        slot.tokens, slot.n_cells, slot.first_logits = (), 0, None
+        return ops
+
+    def _save(self, slot: _Slot, keep: HostEntry | None = None) -> list[KvOp]:
+        """Save a kept slot's cells to the host tier unless it holds them already."""
+        if not (self.prefix_cache and self.host.enabled) or self.host.holds(slot.cells):
+            return []
+        keep_key = keep.key if keep is not None else None
+        entry = self.host.reserve(slot.cells, slot.n_prompt, slot.first_logits, keep_key)
+        return [SaveCache(slot.seq_id, entry.key)] if entry is not None else []
+
+    # -- growth and the end ------------------------------------------------------------
+
+    def computed(self, seq_id: int, tokens: Sequence[int], n_cells: int, publish: bool) -> None:
+        """A running sequence now has ``n_cells`` cells, for ``tokens[:n_cells]``."""
+        slot = self._slots[seq_id]
+        slot.tokens, slot.n_cells = tokens, n_cells
+
+    def release(
+        self, seq_id: int, tokens: Sequence[int], keep: bool, n_prompt: int = 0
+    ) -> list[KvOp]:
+        """A running sequence ended. With ``keep`` its cells stay in its slot for a
+        later request; without, only its prompt's (a regenerate after a cancel
+        continues them), or none without the prefix cache."""
+        slot = self._slots[seq_id]
+        if not self.prefix_cache:
+            start = 0
+        else:
+            start = slot.n_cells if keep else min(n_prompt, slot.n_cells)
+        ops: list[KvOp] = []
+        if slot.n_cells > start:
+            ops.append(Truncate(seq_id, start, slot.n_cells - start, "release"))
+        slot.tokens, slot.n_cells, slot.n_prompt = list(tokens[:start]), start, n_prompt
+        slot.running, slot.reserved = False, 0
+        if not start:
+            slot.first_logits = None
+        self._touch(slot)
+        return ops
+
+    def offload(self, seq_id: int, key: str) -> list[KvOp]:
+        """Save a running sequence to host memory and free its slot."""
+        slot = self._slots[seq_id]
+        ops: list[KvOp] = [SaveState(seq_id, key), Truncate(seq_id, 0, slot.n_cells, "offload")]
+        slot.tokens, slot.n_cells, slot.n_prompt = (), 0, 0
+        slot.running, slot.reserved, slot.first_logits = False, 0, None
+        return ops
+
+    def _touch(self, slot: _Slot) -> None:
+        self._tick += 1
+        slot.last_used = self._tick

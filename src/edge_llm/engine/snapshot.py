@@ -1,0 +1,62 @@
+"""The ``/debug/streams`` document: live and recent streams, KV and backpressure totals."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from edge_llm.engine.stream import StreamHandle
+
+if TYPE_CHECKING:
+    from edge_llm.engine.engine import Engine
+
+
+def snapshot(engine: Engine, now: float) -> dict[str, Any]:
+    """Engine lock held."""
+    streams = engine.streams
+    handles = [*streams.live.values(), *streams.recent(now)]
+    kv = engine.kv
+    return {
+        "streams": [describe(handle, now) for handle in handles],
+        "kv_used_bytes": engine.kv_used_bytes,
+        "kv_cached_bytes": engine.kv_cached_bytes,
+        "kv_offloaded_bytes": engine.host.num_bytes,
+        "kv_budget_bytes": kv.capacity_bytes,
+        "kv_reserved_bytes": kv.reserved_bytes,
+        "kv_bytes_per_token": kv.bytes_per_token,
+        "kv_sequence_tokens": kv.sequence_tokens,
+        "requests_running": engine.scheduler.num_running,
+        "requests_waiting": engine.scheduler.num_waiting,
+        "backpressure": streams.backpressure,
+        "backpressure_peak": streams.backpressure_peak,
+        "engine_alive": engine.alive,
+        "steps": engine.steps,
+    }
+
+
+def describe(handle: StreamHandle, now: float) -> dict[str, Any]:
+    seq = handle.seq
+    cause = seq.pause_cause
+    return {
+        "id": seq.id,
+        "session": seq.session,
+        "state": seq.public_state(),
+        "pause_cause": cause.value if cause else None,
+        "ring_write": handle.ring.write_cursor,
+        "ring_read": handle.ring.read_cursor,
+        "ring_capacity": handle.ring.capacity,
+        "kv_tokens": 0 if seq.state.finished else seq.kv_tokens,
+        "n_prompt_tokens": seq.n_prompt,
+        "prefill_done": seq.n_prefilled,
+        "n_cached_tokens": seq.num_cached,
+        "n_generated": seq.n_generated,
+        "max_tokens": seq.request.max_tokens,
+        "pauses": seq.pauses,
+        "paused_ms": round(seq.paused_ms(now), 3),
+        "backpressure": seq.backpressure,
+        "backpressure_peak": seq.backpressure_peak,
+        "tokens_while_paused": seq.tokens_while_paused,
+        "ttft_ms": handle.stats(now)["ttft_ms"],
+        "finish_reason": seq.finish_reason,
+        "cancel_reason": seq.cancel_reason,
+        "age_ms": round((now - seq.created_at) * 1000.0, 3),
+    }

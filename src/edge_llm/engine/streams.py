@@ -1,0 +1,169 @@
+"""The book of streams: which are live, which session each belongs to, their pauses
+(the seed's backpressure counter) and how each ends. Called with the engine lock held."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from edge_llm.engine.offload import HostStore
+from edge_llm.engine.scheduler import Scheduler
+from edge_llm.engine.sequence import PauseCause, SequenceState
+from edge_llm.engine.settings import EngineSettings
+from edge_llm.engine.stream import Outcome, StreamHandle
+from edge_llm.errors import Cancelled, EdgeLLMError
+from edge_llm.observability.events import EventSink
+from edge_llm.observability.metrics import EngineMetrics
+
+RECENT_SECONDS = 60.0
+_MAX_RECENT = 256
+
+
+class Streams:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        host: HostStore,
+        settings: EngineSettings,
+        *,
+        metrics: EngineMetrics,
+        events: EventSink,
+        clock: Callable[[], float],
+    ) -> None:
+        self.scheduler = scheduler
+        self.host = host
+        self.settings = settings
+        self.metrics = metrics
+        self.events = events
+        self.clock = clock
+        self.live: dict[str, StreamHandle] = {}
+        self._sessions: dict[str, StreamHandle] = {}
+        self._recent: deque[StreamHandle] = deque(maxlen=_MAX_RECENT)
+        self._touched: set[StreamHandle] = set()
+        self._ended_samplers: list[str] = []
+        self.backpressure = 0
+        self.backpressure_peak = 0
+
+    def add(self, handle: StreamHandle) -> None:
+        self.live[handle.id] = handle
+        if handle.seq.session:
+            self._sessions[handle.seq.session] = handle
+
+    def touch(self, handle: StreamHandle) -> None:
+        """Its connection is woken after the step."""
+        self._touched.add(handle)
+
+    def take_touched(self) -> set[StreamHandle]:
+        touched, self._touched = self._touched, set()
+        return touched
+
+    def take_ended_samplers(self) -> list[str]:
+        ended, self._ended_samplers = self._ended_samplers, []
+        return ended
+
+    def recent(self, now: float) -> list[StreamHandle]:
+        """Streams that ended within the last minute."""
+        return [h for h in self._recent if now - (h.seq.finished_at or now) <= RECENT_SECONDS]
+
+    def count_paused(self) -> int:
+        return sum(1 for handle in self.live.values() if handle.seq.paused)
+
+    def supersede(self, session: str | None) -> None:
+        """A new request of ``session`` ends the one still running (``superseded``)."""
+        old = self._sessions.get(session) if session else None
+        if old is not None and self.settings.supersede_sessions:
+            self.finish(old, Cancelled("superseded"), SequenceState.CANCELLED)
+
+    # -- pauses: the seed's counter, +1 per pause cause, -1 per resume ------------------------
+
+    def add_pause(self, handle: StreamHandle, cause: PauseCause) -> bool:
+        if not handle.seq.add_pause(cause, self.clock()):
+            return False
+        self.backpressure += 1
+        self.backpressure_peak = max(self.backpressure_peak, self.backpressure)
+        self.metrics.pauses.labels(cause.value).inc()
+        self.events("paused", handle.id, cause=cause.value, **ring_fields(handle))
+        self.touch(handle)
+        return True
+
+    def remove_pause(self, handle: StreamHandle, cause: PauseCause) -> bool:
+        elapsed = handle.seq.remove_pause(cause, self.clock())
+        if elapsed is None:
+            return False
+        self.backpressure -= 1
+        self.metrics.paused_seconds.labels(cause.value).inc(elapsed)
+        self.events(
+            "resumed", handle.id, cause=cause.value, paused_ms=round(elapsed * 1000.0, 3),
+            **ring_fields(handle),
+        )  # fmt: skip
+        self.touch(handle)
+        return True
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def finish(
+        self,
+        handle: StreamHandle,
+        error: EdgeLLMError | None,
+        state: SequenceState,
+        finish_reason: str | None = None,
+    ) -> None:
+        """End a stream once: its pauses end, its KV is released (freed before the next
+        decode), its outcome is set and its connection woken."""
+        if handle.finished:
+            return
+        seq = handle.seq
+        now = self.clock()
+        for cause in list(seq.pause_causes):
+            self.remove_pause(handle, cause)
+        seq.finish_reason = finish_reason
+        seq.cancel_reason = _reason(error)
+        self.scheduler.finish(seq, state, now, keep=self._keeps_cells(state))
+        self.host.pop(seq.id)
+        self._ended_samplers.append(seq.id)
+        tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
+        handle.outcome = Outcome(finish_reason, error, tail, handle.stop_matcher.matched)
+        self.live.pop(seq.id, None)
+        if seq.session and self._sessions.get(seq.session) is handle:
+            del self._sessions[seq.session]
+        self._recent.append(handle)
+        self.touch(handle)
+        self._log_end(handle, error, now)
+
+    def finish_all(self, error: EdgeLLMError) -> None:
+        for handle in list(self.live.values()):
+            self.finish(handle, error, SequenceState.CANCELLED)
+
+    def _keeps_cells(self, state: SequenceState) -> bool:
+        """A finished answer stays in the cache (the next turn starts with it); a
+        cancelled stream keeps only its cached prefix unless cancel_release_kv is off."""
+        if state is SequenceState.CANCELLED:
+            return not self.settings.cancel_release_kv
+        return self.scheduler.kv.reuses_prefixes
+
+    def _log_end(self, handle: StreamHandle, error: EdgeLLMError | None, now: float) -> None:
+        seq = handle.seq
+        if seq.cancel_reason:
+            self.metrics.cancellations.labels(seq.cancel_reason).inc()
+            self.events("cancel", seq.id, reason=seq.cancel_reason, state=seq.state.value)
+        self.events(
+            "end", seq.id, finish_reason=seq.finish_reason, error=error.code if error else None,
+            n_prompt_tokens=seq.n_prompt, n_generated=seq.n_generated, **handle.stats(now),
+        )  # fmt: skip
+
+
+def ring_fields(handle: StreamHandle) -> dict[str, Any]:
+    """The outbound ring's state, for pause and resume events."""
+    ring = handle.ring
+    return {
+        "ring_fill": round(ring.fill(), 3),
+        "ring_write": ring.write_cursor,
+        "ring_read": ring.read_cursor,
+        "n_generated": handle.seq.n_generated,
+    }
+
+
+def _reason(error: EdgeLLMError | None) -> str | None:
+    reason = error.extra.get("reason") if error else None
+    return str(reason) if reason else None

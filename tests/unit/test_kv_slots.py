@@ -1,0 +1,244 @@
+"""The per-slot KV book, checked against the fake backend's cells: what may be reused
+(only cells a miss would compute the same way), which slot a request runs in, the host
+tier, and that the books always equal the cells that exist."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from edge_llm.engine.backend import BatchItem, SamplingParams
+from edge_llm.engine.host_cache import HostCache
+from edge_llm.engine.kv_cache import (
+    CopyPrefix,
+    KvOp,
+    LoadCache,
+    LoadState,
+    SaveCache,
+    SaveState,
+    Truncate,
+)
+from edge_llm.engine.kv_slots import (
+    MIN_TILE_ROWS,
+    SWITCH_SLOT_TOKENS,
+    KvSlots,
+    chunk_rows,
+    usable_prefix,
+)
+
+from fakes import FakeBackend
+
+SYSTEM = list(range(500, 540))  # a 40-token "system prompt"
+LONG = list(range(1000, 1100))  # a prompt long enough to be prefilled in tiles
+
+
+class Driver:
+    """Runs sequences through KvSlots and a per-slot FakeBackend as the engine does."""
+
+    def __init__(self, slots: int = 4, per_slot: int = 400, host_bytes: int = 0) -> None:
+        self.host = HostCache(host_bytes, 1)
+        self.kv = KvSlots(slots * per_slot, 1, slots, per_slot, host=self.host)
+        self.backend = FakeBackend(
+            kv_capacity_tokens=slots * per_slot, max_sequences=slots, per_slot=True
+        )
+        self.tokens: dict[int, list[int]] = {}
+        self.n_prompt: dict[int, int] = {}
+        self.states: dict[str, bytes] = {}
+
+    def apply(self, ops: list[KvOp]) -> None:
+        for op in ops:
+            if isinstance(op, CopyPrefix):
+                self.backend.copy_prefix(op.src, op.dst, op.n_tokens)
+            elif isinstance(op, Truncate):
+                self.backend.truncate(op.seq_id, op.start)
+            elif isinstance(op, SaveState):
+                self.states[op.key] = self.backend.save_state(op.seq_id)
+            elif isinstance(op, LoadState):
+                self.backend.load_state(op.seq_id, self.states.pop(op.key))
+            elif isinstance(op, SaveCache):
+                self.host.put(op.key, self.backend.save_state(op.seq_id))
+            elif isinstance(op, LoadCache):
+                state = self.host.state(op.key)
+                assert state is not None
+                self.backend.load_state(op.seq_id, state)
+        stats = self.kv.stats()
+        assert self.backend.num_used_cells == stats.used_tokens + stats.cached_tokens
+
+    def admit(self, prompt: list[int], max_tokens: int = 10) -> tuple[int, int]:
+        assert self.kv.can_admit(prompt, len(prompt) + max_tokens)
+        admission = self.kv.admit(prompt, len(prompt) + max_tokens)
+        self.apply(admission.ops)
+        self.tokens[admission.seq_id] = list(prompt)
+        self.n_prompt[admission.seq_id] = len(prompt)
+        self.backend.start_sequence(str(admission.seq_id), SamplingParams())
+        return admission.seq_id, admission.n_cached
+
+    def prefill(self, seq_id: int, n_rows: int, chunk: int = 64) -> None:
+        """Compute prompt rows up to ``n_rows`` (the cached ones are in KV already) in
+        chunks of about ``chunk``, as the scheduler does."""
+        done = len(self.backend.kv.get(seq_id, []))
+        while done < n_rows:
+            n = chunk_rows(n_rows - done, chunk, 512, self.n_prompt[seq_id])
+            tokens = self.tokens[seq_id][done : done + n]
+            self.backend.decode([BatchItem(seq_id, tokens, done, False, str(seq_id))])
+            done += len(tokens)
+            self.kv.computed(seq_id, self.tokens[seq_id], done, publish=True)
+
+    def generate(self, seq_id: int, n: int) -> None:
+        """Decode the prompt's last token and ``n - 1`` more (token ids 900+)."""
+        for i in range(n):
+            pos = len(self.backend.kv[seq_id])
+            token = self.tokens[seq_id][pos]
+            self.tokens[seq_id].append(900 + i)
+            self.backend.decode([BatchItem(seq_id, [token, token], pos, False, str(seq_id))])
+            self.backend.truncate(seq_id, pos + 1)  # the pad row
+            self.kv.computed(seq_id, self.tokens[seq_id], pos + 1, publish=False)
+
+    def run(self, prompt: list[int], n_generated: int = 5, keep: bool = True) -> int:
+        seq, _ = self.admit(prompt)
+        self.prefill(seq, len(prompt) - 1)
+        self.generate(seq, n_generated)
+        self.release(seq, keep)
+        return seq
+
+    def release(self, seq_id: int, keep: bool = True) -> None:
+        ops = self.kv.release(seq_id, self.tokens[seq_id], keep, self.n_prompt[seq_id])
+        self.apply(ops)
+
+
+def test_usable_prefix_keeps_to_cells_a_miss_computes_the_same_way() -> None:
+    short = [*SYSTEM, 1, 2]  # 41 prompt rows: computed one by one, hit or miss
+    assert usable_prefix(short, len(short), short) == len(short) - 1
+    assert usable_prefix([*short, 900], len(short), [*short, 900, 3]) == len(short) + 1
+    # A long prompt's rows are tiles: a short prompt's cells (rows) cannot serve it.
+    long = [*SYSTEM, *LONG]
+    assert usable_prefix(short, len(short), long) == 0
+    assert usable_prefix(long, len(long), long) == len(long) - 1
+    # The next turn: the earlier prompt's tiles, not its answer (decoded: rows).
+    turn = [*long, 900, 901, *range(2000, 2100)]
+    assert usable_prefix([*long, 900, 901], len(long), turn) == len(long) - 1
+    # The rest is prefilled in tiles: never fewer than MIN_TILE_ROWS rows.
+    close = [*long, 900, 901, 7]
+    assert usable_prefix([*long, 900, 901], len(long), close) == len(close) - 1 - MIN_TILE_ROWS
+    # Kept logits: a regenerate needs no decode at all.
+    assert usable_prefix(long, len(long), long, whole=True) == len(long)
+    assert usable_prefix([*long, 900], len(long), long[:-1], whole=True) == len(long) - 2
+
+
+def test_a_regenerate_continues_the_finished_slot() -> None:
+    d = Driver()
+    for prompt in ([*SYSTEM, *range(10, 30)], [*SYSTEM, *LONG]):
+        seq = d.run(prompt)
+        assert d.kv.stats().cached_tokens == len(prompt) + 4
+        assert d.admit(prompt) == (seq, len(prompt) - 1)
+        assert len(d.backend.kv[seq]) == len(prompt) - 1  # the answer's cells were dropped
+        d.release(seq, keep=False)
+
+
+def test_a_cancelled_stream_keeps_its_prompt_for_the_regenerate() -> None:
+    d = Driver()
+    prompt = [*SYSTEM, *range(10, 30)]
+    seq = d.run(prompt, keep=False)
+    assert len(d.backend.kv[seq]) == len(prompt)  # the answer's cells were freed at once
+    assert d.admit(prompt) == (seq, len(prompt) - 1)
+
+
+def test_the_next_turn_reuses_the_previous_prompt_and_recomputes_its_answer() -> None:
+    d = Driver()
+    first = [*SYSTEM, *LONG]
+    seq = d.run(first, n_generated=6)
+    turn = [*first, *range(900, 905), *range(3000, 3080)]
+    assert d.admit(turn) == (seq, len(first) - 1)
+    d.prefill(seq, len(turn) - 1, chunk=256)
+    d.generate(seq, 1)
+    alone = Driver()
+    other, _ = alone.admit(turn)
+    alone.prefill(other, len(turn) - 1, chunk=256)
+    alone.generate(other, 1)
+    assert d.backend.kernels(seq) == alone.backend.kernels(other)
+
+
+def test_the_lowest_slot_unless_another_shares_much_more() -> None:
+    """llama.cpp decodes each run of consecutive slots apart in this layout: leaving
+    the lowest one may leave a gap that costs every step, so only a long match does."""
+    d = Driver()
+    tail = list(range(2000, 2000 + 2 * SWITCH_SLOT_TOKENS))
+    prompts = [[*SYSTEM, 0], [*SYSTEM, 1], [*SYSTEM, 2], [*SYSTEM, *tail, 3]]
+    seqs = [d.admit(p)[0] for p in prompts]
+    assert seqs == [0, 1, 2, 3]
+    for seq, prompt in zip(seqs, prompts, strict=True):
+        d.prefill(seq, len(prompt) - 1)
+    for seq in (2, 3):
+        d.release(seq)
+    assert d.admit([*SYSTEM, 2, 9]) == (2, len(SYSTEM))
+    d.release(2)
+    assert d.admit([*SYSTEM, 5, 9]) == (2, len(SYSTEM))  # slot 3 shares no more
+    d.release(2)
+    assert d.admit([*SYSTEM, *tail, 9])[0] == 3
+
+
+def test_a_reused_slot_goes_to_the_host_tier_and_comes_back_elsewhere() -> None:
+    d = Driver(slots=2, host_bytes=10_000)
+    first = [*SYSTEM, *LONG]
+    seq = d.run(first)
+    kernels = d.backend.kernels(seq)[: len(first) - 1]
+    busy, _ = d.admit(list(range(5000, 5020)))  # the lowest slot: first's cells saved
+    assert busy == seq and len(d.host) == 1
+    again, cached = d.admit(first)  # the other slot, loaded from the host tier
+    assert (again, cached) == (1 - seq, len(first) - 1)
+    assert d.backend.kernels(again) == kernels
+    assert d.host.hits == 1
+
+
+def test_the_host_tier_evicts_the_least_recently_used_entry() -> None:
+    cache = HostCache(3 * HostCache(0, 1).estimate(10), bytes_per_token=1)
+    keys = []
+    for k in range(3):
+        entry = cache.reserve(list(range(k * 10, k * 10 + 10)), 10, None)
+        assert entry is not None
+        cache.put(entry.key, b"x" * entry.num_bytes)
+        keys.append(entry.key)
+    cache.touch(keys[0])  # a hit: the first is now the most recently used
+    fourth = cache.reserve(list(range(100, 110)), 10, None, keep=None)
+    assert fourth is not None
+    assert keys[1] not in cache and keys[0] in cache and keys[2] in cache
+    assert cache.evictions == 1 and cache.num_bytes <= cache.capacity_bytes
+    # An entry about to be loaded is never the one evicted to make room.
+    cache.put(fourth.key, b"x" * fourth.num_bytes)
+    assert cache.reserve(list(range(200, 210)), 10, None, keep=keys[2]) is not None
+    assert keys[2] in cache and keys[0] not in cache
+    assert cache.reserve(list(range(1000)), 1000, None) is None  # larger than the tier
+
+
+def test_a_prefix_in_flight_is_copied_once_computed() -> None:
+    d = Driver()
+    first = [*SYSTEM, *LONG, 1]
+    second = [*SYSTEM, *LONG, 2, 3]
+    a, _ = d.admit(first)
+    b, cached = d.admit(second)
+    assert cached == 0  # nothing computed yet
+    d.prefill(a, len(first) - 1)
+    gained, ops = d.kv.attach_published(b, second)
+    d.apply(ops)
+    assert gained == len(second) - 1 - MIN_TILE_ROWS  # the rest: one whole tile
+    assert d.backend.kernels(b) == d.backend.kernels(a)[:gained]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_traffic_keeps_the_books_equal_to_the_cells(seed: int) -> None:
+    rng = random.Random(seed)
+    d = Driver(slots=4, per_slot=300, host_bytes=20_000)
+    live: list[int] = []
+    prefixes = [list(range(100 * k, 100 * k + rng.choice((30, 80)))) for k in range(3)]
+    for _ in range(80):
+        if live and (len(live) >= 3 or rng.random() < 0.4):
+            d.release(live.pop(rng.randrange(len(live))), keep=rng.random() < 0.5)
+            continue
+        prompt = [*rng.choice(prefixes), *[rng.randrange(5) for _ in range(rng.randrange(1, 90))]]
+        if not d.kv.can_admit(prompt, len(prompt) + 10):
+            continue
+        seq, _ = d.admit(prompt, max_tokens=10)
+        d.prefill(seq, len(prompt) - 1, chunk=rng.choice((64, 128)))
+        d.generate(seq, rng.randrange(1, 10))
+        live.append(seq)
