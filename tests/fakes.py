@@ -54,8 +54,8 @@ class FakeBackend:
 
     ``kernel[cell]`` records how llama.cpp's CPU attention would compute the cell's
     row: ``tile`` (64 rows or more of one sequence in a ubatch), ``row`` (fewer),
-    ``split`` (a ubatch of one sequence's one row) or ``mixed`` (a per-slot batch
-    llama.cpp would split unevenly). Rows computed differently round differently:
+    ``split`` (a ubatch of one sequence's one row, over 256 cells) or ``mixed`` (a
+    per-slot batch llama.cpp would split unevenly). Rows computed differently round differently:
     tests compare kernels where the real model would compare texts.
     """
 
@@ -180,15 +180,21 @@ class FakeBackend:
 
     def _kernels(self, items: Sequence[BatchItem]) -> dict[int, str]:
         """How llama.cpp would compute each item's rows (see the class docstring)."""
+
+        def long(item: BatchItem) -> bool:  # llama.cpp's KV view spans 512 cells or more
+            return len(self.kv.get(item.slot, ())) + len(item.tokens) > 256
+
         if not self.per_slot:
             rows = sum(len(item.tokens) for item in items)
-            return {item.slot: _kernel(rows, lone=len(items) == 1) for item in items}
-        slots = {item.slot: len(item.tokens) for item in items}
+            lone = len(items) == 1 and long(items[0])
+            return {item.slot: _kernel(rows, lone=lone) for item in items}
+        slots = {item.slot: item for item in items}
         kernels = {}
-        for slot, n_rows in slots.items():
+        for slot, item in slots.items():
             run = _run_of(slot, slots)
-            even = len({slots[s] for s in run}) == 1
-            kernels[slot] = _kernel(n_rows, lone=len(run) == 1) if even else "mixed"
+            even = len({len(slots[s].tokens) for s in run}) == 1
+            lone = len(run) == 1 and long(item)
+            kernels[slot] = _kernel(len(item.tokens), lone=lone) if even else "mixed"
         return kernels
 
     def sample_from(self, key: str, logits: Any) -> Sampled:
@@ -264,7 +270,7 @@ def _kernel(n_rows: int, *, lone: bool) -> str:
     return "split" if n_rows == 1 and lone else "row"
 
 
-def _run_of(slot: int, busy: dict[int, int]) -> list[int]:
+def _run_of(slot: int, busy: dict[int, BatchItem]) -> list[int]:
     """The consecutive busy slots around ``slot`` (llama.cpp's ubatch in this layout)."""
     low = slot
     while low - 1 in busy:

@@ -59,6 +59,7 @@ def roomy_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePro
     engine = start_engine(
         tmp_path_factory.mktemp("roomy"),
         "--max-prompt-tokens", "16384",
+        "--max-sequences", "1",  # one slot holding the whole KV budget: past the context
         "--ttft-timeout-ms", "120000",  # a 500-token prefill on a loaded machine
     )  # fmt: skip
     yield engine

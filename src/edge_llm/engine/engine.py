@@ -98,6 +98,7 @@ class Engine:
             kv_used=lambda: self.kv_used_bytes,
             backpressure_peak=lambda: self.streams.backpressure_peak,
         )
+        self.metrics.bind_tiers(self.tier_bytes)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -343,9 +344,11 @@ class Engine:
 
     def _cache_hit(self, seq: Sequence, n_gained: int) -> None:
         self.metrics.prompt_tokens_cached.inc(n_gained)
+        self.metrics.prompt_cache_hits.labels(seq.cache_tier).inc()
         self.events(
-            "cache_hit", seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt
-        )
+            "cache_hit", seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt,
+            tier=seq.cache_tier,
+        )  # fmt: skip
 
     # -- waking the event loop ---------------------------------------------------------------
 
@@ -368,6 +371,17 @@ class Engine:
         """Bytes of KV cells only the prefix cache holds (evicted when needed)."""
         with self._lock:
             return self.kv.stats().cached_tokens * self.kv.bytes_per_token
+
+    def tier_bytes(self) -> dict[str, int]:
+        """Bytes of KV per tier: running streams' and cached cells on the device (the
+        KV context), the prefix cache's host tier."""
+        with self._lock:
+            stats = self.kv.stats()
+            return {
+                "device_live": stats.used_tokens * self.kv.bytes_per_token,
+                "device_cached": stats.cached_tokens * self.kv.bytes_per_token,
+                "host": self.host_cache.num_bytes,
+            }
 
     def _count_paused(self) -> int:
         with self._lock:

@@ -97,6 +97,7 @@ class Admission:
     n_cached: int
     ops: list[KvOp]
     first_logits: Any = None  # the whole prompt was cached: its first token's logits
+    tier: str = "device"  # where the cached cells came from: device or host
 
 
 class _Node:

@@ -202,7 +202,8 @@ class KvSlots:
             ops.extend(self._copy(source, target))
         logits = self._logits_of(source)
         self._start(target, tokens, len(tokens), source.usable, total_tokens - source.usable)
-        return Admission(target.seq_id, source.usable, ops, logits)
+        tier = "host" if source.entry is not None else "device"
+        return Admission(target.seq_id, source.usable, ops, logits, tier)
 
     def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
         """A running sequence that has computed nothing of its own yet takes the

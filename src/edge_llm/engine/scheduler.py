@@ -184,6 +184,7 @@ class Scheduler:
         prompt = seq.request.prompt_tokens
         admission = self.kv.admit(prompt, self.reservation(seq))
         seq.first_logits = admission.first_logits  # the whole prompt is in KV: no decode
+        seq.cache_tier = admission.tier
         self._kv_ops.extend(admission.ops)
         seq.kv_reserved_tokens = self.reservation(seq) - admission.n_cached
         seq.slot = admission.seq_id

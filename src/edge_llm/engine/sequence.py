@@ -55,6 +55,7 @@ class Sequence:
     token_ids: list[int] = field(default_factory=list)
     num_computed: int = 0
     num_cached: int = 0
+    cache_tier: str = "device"  # where its cached cells came from (device or host)
     n_generated: int = 0
     last_token: int | None = None
     offloaded: bool = False  # its KV is in host memory, its slot given back

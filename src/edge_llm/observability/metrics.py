@@ -69,6 +69,19 @@ class EngineMetrics:
         self.prompt_tokens_cached = Counter(
             PREFIX + "prompt_tokens_cached", "Prompt tokens found in the prefix cache", registry=r
         )
+        self.kv_tier_bytes = Gauge(
+            PREFIX + "kv_cache_tier_bytes",
+            "Bytes of KV held per tier: device_live (running streams), device_cached "
+            "(kept slots or pool cache), host (the prefix cache's host tier)",
+            ["tier"],
+            registry=r,
+        )
+        self.prompt_cache_hits = Counter(
+            PREFIX + "prompt_cache_hits",
+            "Requests that started from cached cells, by the tier they came from",
+            ["tier"],
+            registry=r,
+        )
         self.kv_cache_evictions = Counter(
             PREFIX + "kv_cache_evictions", "Cached KV runs evicted to make room", registry=r
         )
@@ -114,6 +127,8 @@ class EngineMetrics:
             self.rejections.labels(reason)
         for reason in ("queue_full", "write_failed"):
             self.event_log_dropped.labels(reason)
+        for tier in ("device", "host"):
+            self.prompt_cache_hits.labels(tier)
 
     def bind_gauges(
         self,
@@ -130,5 +145,14 @@ class EngineMetrics:
         self.kv_cache_used_bytes.set_function(kv_used)
         self.backpressure_peak.set_function(backpressure_peak)
 
+    def bind_tiers(self, tiers: Callable[[], dict[str, int]]) -> None:
+        """``tiers()``: bytes per tier name, read when scraped."""
+        for tier in ("device_live", "device_cached", "host"):
+            self.kv_tier_bytes.labels(tier).set_function(_reader(tiers, tier))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _reader(tiers: Callable[[], dict[str, int]], tier: str) -> Callable[[], float]:
+    return lambda: tiers()[tier]

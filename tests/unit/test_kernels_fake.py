@@ -1,0 +1,84 @@
+"""The engine keeps every row's computation a function of its own sequence (per-slot
+layout, the default): the fake backend records how llama.cpp would compute each cell
+(``FakeBackend.kernel``); cells computed the same way give the same numbers, so equal
+kernels here are what equal greedy texts are with the real model (tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from edge_llm.engine.engine import Engine
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.engine.stream import StreamHandle
+
+from fakes import FakeBackend, drain
+
+SCRIPT = tuple(range(10, 400))  # a long answer: the fake never ends it early
+
+
+def per_slot_backend() -> FakeBackend:
+    return FakeBackend(SCRIPT, kv_capacity_tokens=4 * 1000, max_sequences=4, per_slot=True)
+
+
+def request(prompt: list[int], max_tokens: int = 300) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens)
+
+
+LONG = list(range(1000, 1150))  # prefilled in tiles
+SHORT = list(range(2000, 2030))  # prefilled row by row
+
+
+async def run(engine: Engine, prompt: list[int], max_tokens: int = 300) -> StreamHandle:
+    handle = engine.submit(request(prompt, max_tokens))
+    await drain(engine, handle)
+    return handle
+
+
+def kernels(engine: Engine, handle: StreamHandle) -> list[str]:
+    backend: FakeBackend = engine.backend  # type: ignore[assignment]
+    return backend.kernels(handle.seq.require_slot())
+
+
+def expected(n_prompt: int, n_cells: int) -> list[str]:
+    """A prompt's rows but its last in tiles (when there are 64 or more), every other
+    cell row by row."""
+    tiled = n_prompt - 1 if n_prompt - 1 >= 64 else 0
+    return ["tile"] * tiled + ["row"] * (n_cells - tiled)
+
+
+async def test_a_lone_stream_never_has_a_row_split_across_threads(engine_of) -> None:
+    engine = engine_of(per_slot_backend(), speculative=False)
+    for prompt in (LONG, SHORT):
+        handle = await run(engine, prompt)
+        cells = kernels(engine, handle)
+        assert cells == expected(len(prompt), len(cells))
+        assert len(cells) > 256  # long enough for llama.cpp's split decode to apply
+
+
+async def test_beside_other_streams_every_cell_is_computed_as_alone(engine_of) -> None:
+    alone = engine_of(per_slot_backend(), speculative=True, max_draft_tokens=4)
+    reference = kernels(alone, await run(alone, LONG))
+    engine = engine_of(per_slot_backend(), speculative=True, max_draft_tokens=4)
+    first = engine.submit(request(SHORT, 200))
+    second = engine.submit(request([*SHORT, 7], 250))
+    target = engine.submit(request(LONG))
+    texts = await asyncio.gather(*(drain(engine, h) for h in (first, second, target)))
+    assert all(texts)
+    assert kernels(engine, target) == reference
+    backend: FakeBackend = engine.backend  # type: ignore[assignment]
+    assert set(backend.kernel.values()) <= {"tile", "row"}
+
+
+async def test_a_regenerate_and_the_next_turn_compute_as_a_miss_would(engine_of) -> None:
+    engine = engine_of(per_slot_backend(), speculative=True)
+    first = await run(engine, LONG, max_tokens=40)
+    again = await run(engine, LONG, max_tokens=40)
+    assert again.seq.num_cached == len(LONG)  # whole: its first token from kept logits
+    assert kernels(engine, again) == kernels(engine, first)
+    turn = [*first.seq.token_ids, *range(3000, 3100)]
+    hit = await run(engine, turn, max_tokens=20)
+    assert hit.seq.num_cached == len(LONG) - 1  # the earlier prompt, not its answer
+    fresh = engine_of(per_slot_backend(), speculative=True)
+    miss = await run(fresh, turn, max_tokens=20)
+    assert miss.seq.num_cached == 0
+    assert kernels(engine, hit) == kernels(fresh, miss)
