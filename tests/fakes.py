@@ -10,9 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from edge_llm.engine.backend import (
-    BackendError,
     BatchItem,
-    KvSlotUnavailable,
     ModelInfo,
     Sampled,
     SamplingParams,
@@ -21,7 +19,7 @@ from edge_llm.engine.backend import (
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.speculative import verify
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import InvalidRequest
+from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
 
 FAKE_LOGITS = ("fake logits",)  # what the fake keeps for a prompt's first token
 

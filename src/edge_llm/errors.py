@@ -3,7 +3,8 @@
 EdgeLLMError                      500 internal_error
 ├── InvalidRequest                400 invalid_request (param names the field)
 │   ├── PromptTooLong             400 prompt_too_long
-│   └── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
+│   ├── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
+│   └── TemplateRefused           400 invalid_request (the chat template's raise_exception)
 ├── AuthenticationFailed          401 invalid_api_key
 ├── ForbiddenOrigin               403 forbidden_origin (a WebSocket from another site)
 ├── NotFound                      404 not_found
@@ -17,6 +18,8 @@ EdgeLLMError                      500 internal_error
 │   ├── TooManyConnections        503 too_many_connections
 │   └── UpstreamUnavailable       503 upstream_unavailable (no upstream could take it)
 ├── UpstreamRejected              the upstream's own 4xx status and code, passed on
+├── BackendError                  500 backend_error (the model runtime failed: engine side)
+│   └── KvSlotUnavailable         500 backend_error (llama_decode found no free KV cell)
 └── StreamEnded                   final events of a stream (status if nothing was sent yet)
     ├── Cancelled                 409 cancelled; 503 on shutdown (reason field says why)
     ├── PauseTimeout              408 pause_timeout (paused longer than max_pause_ms)
@@ -83,6 +86,14 @@ class PromptTooLong(InvalidRequest):
 
 class KvBudgetNeverFits(InvalidRequest):
     code = "kv_budget_exceeded"
+
+
+class TemplateRefused(InvalidRequest):
+    """The model's chat template refused the messages (its ``raise_exception``)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"the model's chat template refused the messages: {message}",
+                         param="messages")  # fmt: skip
 
 
 class AuthenticationFailed(EdgeLLMError):
@@ -158,6 +169,17 @@ class UpstreamRejected(EdgeLLMError):
         super().__init__(message, backend=backend)
         self.status = status
         self.code = code
+
+
+class BackendError(EdgeLLMError):
+    """The model runtime failed to load, decode or set up a sequence. Raised inside
+    the engine; a stream it fails ends with :class:`BackendFailure`."""
+
+    code = "backend_error"
+
+
+class KvSlotUnavailable(BackendError):
+    """llama_decode found no free KV cells (return code 1); retry after freeing some."""
 
 
 class StreamEnded(EdgeLLMError):

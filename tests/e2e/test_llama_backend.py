@@ -9,9 +9,9 @@ import jsonschema
 import llama_cpp as llama
 import pytest
 
-from edge_llm.engine.backend import BackendError, BatchItem, Sampled, SamplingParams
+from edge_llm.engine.backend import BatchItem, Sampled, SamplingParams
 from edge_llm.engine.llama_backend import LlamaBackend
-from edge_llm.errors import InvalidRequest
+from edge_llm.errors import BackendError, InvalidRequest
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import COUNTING, chat_body, wait_until
+from support import STORY, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +99,7 @@ def ran_at_once(events: list[dict[str, Any]], waiting: list[str], paused: list[s
 async def test_paused_streams_are_offloaded_and_resume_token_exact(tmp_path: Path) -> None:
     engine = start_engine(tmp_path, *BUDGET)
     try:
-        texts = [prompt(1, COUNTING), prompt(2, COUNTING)]
+        texts = [prompt(1, STORY), prompt(2, STORY)]
         # The uninterrupted runs first. The paused streams below are then regenerates
         # (token-identical, see test_prefix_cache.py): a cold run of the same prompt
         # after the cache was evicted could be computed in other batch shapes.

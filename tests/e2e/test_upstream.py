@@ -17,12 +17,11 @@ from edge_llm.doctor.result import Status
 from edge_llm.doctor.upstreams import check_upstreams
 
 from conftest import EngineProcess, start_engine
-from support import COUNTING, chat_body, wait_until
+from support import STORY, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
 UP_MODEL = "up-model"
-STORY = "Write a very long story about a dragon and a knight."
 # More than the front's max_prompt_tokens (200), fine for the upstreams (512).
 LONG_PROMPT = "Summarise: " + "the river runs to the sea and back again. " * 30
 
@@ -273,7 +272,7 @@ def _folded(names: list[str]) -> list[str]:
 async def test_responses_stream_over_an_upstream_is_what_it_generated(
     front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
 ) -> None:
-    body = {"model": UP_MODEL, "input": COUNTING, "max_output_tokens": 24, "temperature": 0,
+    body = {"model": UP_MODEL, "input": STORY, "max_output_tokens": 24, "temperature": 0,
             "stream": True}  # fmt: skip
     request_id, events = await _post_events(front.base_url, "/responses", body)
     names = [name for name, _ in events]
@@ -294,7 +293,7 @@ async def test_responses_stream_over_an_upstream_is_what_it_generated(
     assert final["model"] == UP_MODEL and final["output"][0]["content"][0]["text"] == text
     assert final["usage"]["output_tokens"] == 24 and final["usage"]["input_tokens"] > 0
     upstream = _upstream_of(front, request_id, {"one": upstream_one, "two": upstream_two})
-    assert text == await _upstream_chat_text(upstream, COUNTING, 24)
+    assert text == await _upstream_chat_text(upstream, STORY, 24)
     assert _routed(front, request_id)["route"] == "model"
 
 
@@ -302,7 +301,7 @@ async def test_messages_stream_over_an_upstream_is_what_it_generated(
     front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
 ) -> None:
     body = {"model": UP_MODEL, "max_tokens": 24, "temperature": 0, "stream": True,
-            "messages": [{"role": "user", "content": COUNTING}]}  # fmt: skip
+            "messages": [{"role": "user", "content": STORY}]}  # fmt: skip
     request_id, events = await _post_events(front.base_url, "/messages", body)
     names = [name for name, _ in events]
     assert names[:2] == ["message_start", "ping"]  # later pings: heartbeats of a slow stream
@@ -319,7 +318,7 @@ async def test_messages_stream_over_an_upstream_is_what_it_generated(
     delta = events[-2][1]
     assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 24
     upstream = _upstream_of(front, request_id, {"one": upstream_one, "two": upstream_two})
-    assert text == await _upstream_chat_text(upstream, COUNTING, 24)
+    assert text == await _upstream_chat_text(upstream, STORY, 24)
 
 
 @pytest.mark.parametrize("path", ["/responses", "/messages"])

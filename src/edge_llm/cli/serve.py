@@ -9,7 +9,7 @@ import signal
 import sys
 
 from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
-from edge_llm.engine.backend import BackendError
+from edge_llm.errors import BackendError
 from edge_llm.server.runtime import start_server
 
 

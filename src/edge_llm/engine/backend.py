@@ -18,14 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
-class BackendError(RuntimeError):
-    """The runtime failed to decode a batch or to set up a sequence."""
-
-
-class KvSlotUnavailable(BackendError):
-    """llama_decode found no free KV cells (return code 1); retry after freeing some."""
-
-
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0

