@@ -111,6 +111,11 @@ class SchedulerConfig(_Section):
 
 
 class CacheConfig(_Section):
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = Field(
+        "f16",
+        description="How KV cells are stored: f16, or quantized (q8_0 about half the bytes, "
+        "q4_0 about a quarter: more tokens in the same max_kv_cache_mb)",
+    )
     prefix_cache: bool = Field(True, description="Reuse KV of prompt prefixes already computed")
     host_cache_mb: int = Field(
         256,

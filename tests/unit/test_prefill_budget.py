@@ -25,16 +25,14 @@ def test_step_costs_fit_the_measured_steps() -> None:
     assert token_s < 0.0005
 
 
-def test_drafts_pay_less_beside_more_streams() -> None:
+def test_drafts_pay_less_beside_more_streams_unless_every_stream_pays_a_row() -> None:
     costs = measured(0.0066, 0.0034)
-    alone, beside = costs.draft_price(1, own_pass=False)[0], costs.draft_price(4, own_pass=False)[0]
+    alone, beside = costs.draft_price(1, padded=False), costs.draft_price(4, padded=False)
     assert 0.2 < alone < 0.5 < beside < 1.0
-    # Per-slot KV: beside others a draft is a pass of its own, whose fixed cost
-    # (6.6 ms) is worth about two of the shared step's tokens (4 in 20.2 ms).
-    assert costs.draft_price(4, own_pass=False) == (beside, 0.0)
-    assert costs.draft_price(1, own_pass=True) == (alone, 0.0)  # alone: no other pass
-    threshold, entry = costs.draft_price(4, own_pass=True)
-    assert threshold == beside and abs(entry - 0.0066 / (0.0202 / 4)) < 0.01
+    assert costs.draft_price(1, padded=True) == alone
+    # Per-slot KV: a draft position gives each of the four streams a row (3.4 ms each),
+    # more than a token of the shared step is worth (20.2 ms / 4): never pays.
+    assert abs(costs.draft_price(4, padded=True) - 4 * 0.0034 / (0.0202 / 4)) < 0.01
 
 
 def test_a_lone_prompt_gets_the_whole_batch_two_prompts_share_the_target() -> None:

@@ -55,19 +55,18 @@ def test_draft_length_follows_acceptance_and_cost() -> None:
     assert (lookup.num_drafted, lookup.num_accepted) == (108, 80)
 
 
-def test_a_draft_in_a_pass_of_its_own_must_pay_that_pass() -> None:
+def test_where_drafts_do_not_pay_a_probe_comes_every_probe_every_proposals() -> None:
     lookup = PromptLookup(max_draft=8)
     assert lookup.draft_length(threshold=0.3) == 2  # the prior acceptance, 0.6
-    assert lookup.draft_length(threshold=0.3, entry=1.3) == 0  # 0.6 + 0.36 < 1.3 + 0.6
     for _ in range(10):
         lookup.feedback(8, 8)  # a copying stream
-    assert lookup.draft_length(threshold=0.67, entry=1.3) == 8
+    assert lookup.draft_length(threshold=0.67) == 8
     for _ in range(20):
         lookup.feedback(1, 0)
-    drafts = [lookup.draft_length(0.67, 1.3) for _ in range(64)]
-    assert drafts == [0] * 64  # a probe only every 64 proposals where it costs a pass
+    assert lookup.draft_length(0.67, probe_every=64) == 0
     tokens = list(range(30)) * 2
-    assert [len(lookup.propose(tokens[: 41 + i], 99, 0.67, 1.3)) for i in range(64)][-1] == 1
+    drafts = [len(lookup.propose(tokens[: 41 + i], 99, 0.67, 64)) for i in range(64)]
+    assert drafts == [0] * 63 + [1]  # a probe only every 64 proposals
 
 
 def test_verify_stops_at_the_first_sample_that_differs() -> None:

@@ -132,6 +132,7 @@ class Backend(Protocol):
     kv_sequence_tokens: int  # most cells one sequence may hold
     max_sequences: int
     num_seq_ids: int  # slots: running sequences plus cached prefixes (unified pool)
+    kv_cache_type: str  # f16, q8_0 or q4_0
     template_has_tools: bool  # the chat template renders ``tools`` itself
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:

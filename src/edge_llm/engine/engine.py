@@ -402,7 +402,7 @@ def _kv_book(backend: Backend, prefix_cache: bool, host_cache: HostCache) -> KvC
         return KvCache(capacity, per_token, backend.num_seq_ids, share=prefix_cache)
     return KvSlots(
         capacity, per_token, backend.num_seq_ids, backend.kv_sequence_tokens,
-        prefix_cache=prefix_cache, host=host_cache,
+        prefix_cache=prefix_cache, host=host_cache, tiles=backend.kv_cache_type == "f16",
     )  # fmt: skip
 
 

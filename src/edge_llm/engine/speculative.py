@@ -21,14 +21,13 @@ acceptance rate ``a`` (accepted over accepted + rejections, recent drafts weighi
 more), the k-th draft token is accepted with probability ``a**k`` and costs what one
 more token adds to the step; it pays when ``a**k`` exceeds that cost over the
 step's cost per token (``StepCosts.draft_price``: on a CPU about 0.3 for one
-stream and higher beside others, whose batch already uses the compute). Where a
-draft runs as a pass of its own (per-slot KV beside other decoding sequences), the
-whole draft must also pay that pass's fixed cost: its expected accepted tokens
-``a + a**2 + ... + a**k`` must exceed it. After a rejection the next draft is at
-most twice the run that was accepted (the copied passage may have ended). A
-sequence whose drafts do not pay drafts one token every ``PROBE_EVERY`` steps
-(``PROBE_EVERY * OWN_PASS_PROBE_FACTOR`` where a probe costs a pass) to notice when
-its text starts copying; text without n-gram matches costs nothing.
+stream and higher beside others, whose batch already uses the compute; in the
+per-slot layout a draft position costs a row for every decoding sequence, so drafts
+beside others rarely pay). After a rejection the next draft is at most twice the
+run that was accepted (the copied passage may have ended). A sequence whose drafts
+do not pay drafts one token every ``probe_every`` steps (``PROBE_EVERY``, times the
+rows a probe costs) to notice when its text starts copying; text without n-gram
+matches costs nothing.
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ PRIOR_ACCEPTANCE = 0.6  # before a sequence's first draft
 PRIOR_TRIALS = 2.0
 DECAY = 0.8  # per draft: the last ten or so drafts count
 PROBE_EVERY = 16
-OWN_PASS_PROBE_FACTOR = 4
 
 T = TypeVar("T")
 
@@ -67,12 +65,10 @@ class PromptLookup:
         """Recent chance that a draft token is accepted, given the ones before it were."""
         return self._accepted / self._trials
 
-    def draft_length(self, threshold: float, entry: float = 0.0) -> int:
+    def draft_length(self, threshold: float, probe_every: int = PROBE_EVERY) -> int:
         """The longest draft whose last token is still worth its cost
-        (``threshold``), if the whole draft also pays ``entry`` (the fixed cost of
-        a pass of its own, in the same units)."""
+        (``threshold``); a one-token probe every ``probe_every`` proposals when none is."""
         a = self.acceptance
-        probe_every = PROBE_EVERY * (OWN_PASS_PROBE_FACTOR if entry else 1)
         probe = 1 if self._since_draft >= probe_every else 0
         if a <= threshold:
             return probe
@@ -80,17 +76,20 @@ class PromptLookup:
             k = self._cap
         else:
             k = min(self._cap, max(1, int(math.log(threshold) / math.log(a))))
-        expected = sum(a**i for i in range(1, k + 1))
-        return k if expected > entry + k * threshold else probe
+        return k
 
     def propose(
-        self, token_ids: Sequence[int], limit: int, threshold: float = 0.0, entry: float = 0.0
+        self,
+        token_ids: Sequence[int],
+        limit: int,
+        threshold: float = 0.0,
+        probe_every: int = PROBE_EVERY,
     ) -> list[int]:
         """At most ``limit`` tokens likely to follow ``token_ids``, as many as pay at
-        ``threshold`` and ``entry`` (see :meth:`draft_length`); [] when none."""
+        ``threshold`` (see :meth:`draft_length`); [] when none."""
         self._extend_index(token_ids)
         self._since_draft += 1
-        k = min(self.draft_length(threshold, entry), limit)
+        k = min(self.draft_length(threshold, probe_every), limit)
         if k <= 0:
             return []
         end = len(token_ids)

@@ -65,6 +65,7 @@ def load_backend(config: EngineConfig) -> Backend:
         ).max_batch_tokens,
         n_threads=config.model.n_threads,
         kv_unified=sched.kv_unified,
+        kv_cache_type=config.cache.kv_cache_type,
         model_id=config.model.model_id,
         verbose=config.model.verbose,
     )
