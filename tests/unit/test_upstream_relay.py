@@ -16,15 +16,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from edge_llm.client.sse import SSEParser
 from edge_llm.config import ConfigError, load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
 from edge_llm.protocol import anthropic, responses
+from edge_llm.protocol.sse import SSEParser
+from edge_llm.protocol.stream_events import Finished
 from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.pump import Finished
 from edge_llm.server.runtime import build_context, engine_settings
 from edge_llm.server.upstream_routes import _Merged
 from edge_llm.upstream.config import UpstreamConfig

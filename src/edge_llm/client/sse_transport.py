@@ -19,7 +19,7 @@ from edge_llm.client.connection import read_bounded, status_error, transport_err
 from edge_llm.client.errors import NotStreamingError, ReadError, TtftTimeoutError
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
-from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk
+from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
 from edge_llm.client.stream_request import StreamRequest
 
 EVENT_STREAM = "text/event-stream"
@@ -108,7 +108,7 @@ class SSETransport:
             if data:
                 attempt.on_bytes()
             comments = parser.comments
-            events = parser.feed(data) if data else parser.close()
+            events = read_events(parser, data)
             if parser.comments > comments:
                 attempt.on_heartbeat(Heartbeat())
             for event in events:

@@ -33,6 +33,7 @@ from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, Overloaded
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import ToolOutputParser, ToolSetup
 from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
@@ -45,7 +46,7 @@ from edge_llm.server.generation import (
     upstream_answer,
 )
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.pump import collect, pump
 from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.registry import Upstream

@@ -15,9 +15,10 @@ from typing import Any
 
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import OutputEvent, ToolCall, ToolOutputParser
 from edge_llm.server.context import ServerContext
-from edge_llm.server.pump import Delta, Finished, Heartbeat, pump
+from edge_llm.server.pump import pump
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
 from edge_llm.upstream.translate import ChatChunkReader, usage_counts
 

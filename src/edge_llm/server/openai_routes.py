@@ -13,11 +13,12 @@ from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai, sse
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, ToolSetup
 from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
+from edge_llm.server.pump import collect, pump
 from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.router import FALLBACK_ERRORS

@@ -14,35 +14,8 @@ from dataclasses import dataclass
 
 from edge_llm.engine.backend import TokenLogprob
 from edge_llm.engine.engine import Engine
-from edge_llm.engine.stream import Outcome, StreamHandle
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
-    n_tokens: int
-    seq: int
-    logprobs: tuple[TokenLogprob, ...] = ()  # of these tokens, when the request asked
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    state: str
-    prefill_done: int
-    prefill_total: int
-
-
-@dataclass(frozen=True)
-class PauseChanged:
-    cause: str | None  # None: resumed
-
-
-@dataclass(frozen=True)
-class Finished:
-    outcome: Outcome
-
-
-StreamEvent = Delta | Heartbeat | PauseChanged | Finished
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged, StreamEvent
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from aiohttp import web
 from edge_llm.engine.backend import SamplingParams
 from edge_llm.errors import NotFound
 from edge_llm.protocol import openai, responses, sse
+from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.protocol.tools import ToolOutputParser
 from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
@@ -44,7 +45,6 @@ from edge_llm.server.generation import (
     upstream_answer,
 )
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.pump import Heartbeat
 from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.registry import Upstream

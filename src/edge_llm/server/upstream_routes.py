@@ -16,9 +16,9 @@ from aiohttp import web
 
 from edge_llm.errors import EdgeLLMError
 from edge_llm.protocol import sse
+from edge_llm.protocol.stream_events import Finished, Heartbeat
 from edge_llm.server.context import ServerContext
 from edge_llm.server.http import session_of
-from edge_llm.server.pump import Finished, Heartbeat
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream

@@ -14,6 +14,7 @@ from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, ForbiddenOrigin, InvalidRequest
 from edge_llm.protocol import openai
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged
 from edge_llm.protocol.ws import (
     CancelStream,
     Command,
@@ -25,7 +26,7 @@ from edge_llm.protocol.ws import (
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.http import tune_connection
 from edge_llm.server.openai_routes import request_sampling
-from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
+from edge_llm.server.pump import pump
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
 

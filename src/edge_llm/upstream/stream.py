@@ -29,8 +29,6 @@ from typing import Any, NoReturn
 
 import aiohttp
 
-from edge_llm.client.errors import EventTooLargeError
-from edge_llm.client.sse import SSEParser
 from edge_llm.engine.stream import Outcome
 from edge_llm.errors import (
     Cancelled,
@@ -42,7 +40,8 @@ from edge_llm.errors import (
     UpstreamUnavailable,
 )
 from edge_llm.observability.events import EventSink
-from edge_llm.server.pump import Finished, Heartbeat, PauseChanged
+from edge_llm.protocol.sse import EventTooLarge, SSEParser
+from edge_llm.protocol.stream_events import Finished, Heartbeat, PauseChanged
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 
@@ -439,7 +438,7 @@ class UpstreamStream:
                         return
                 if not data:
                     break
-        except (aiohttp.ClientError, OSError, EventTooLargeError) as exc:
+        except (aiohttp.ClientError, OSError, EventTooLarge) as exc:
             self._broke_off(upstream, f"stream broke: {type(exc).__name__}", exc)
         if self.progress.finish_reason is None:
             self._broke_off(upstream, "stream ended without a finish_reason or [DONE]")
