@@ -18,6 +18,7 @@ from edge_llm.observability.events import EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
+from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService, Limits
@@ -154,16 +155,19 @@ def build_context(
         log_prompts=server.log_prompts,
         sampling_defaults=defaults,
     )
+    router = build_router(config, engine, service.model_id, events)
+    pump_settings = PumpSettings(
+        chunk_tokens=stream.chunk_size_tokens,
+        flush_interval_s=stream.flush_interval_ms / 1000.0,
+        heartbeat_interval_s=stream.heartbeat_interval_ms / 1000.0,
+    )
     return ServerContext(
         engine=engine,
         service=service,
         config=config,
-        router=build_router(config, engine, service.model_id, events),
-        pump_settings=PumpSettings(
-            chunk_tokens=stream.chunk_size_tokens,
-            flush_interval_s=stream.flush_interval_ms / 1000.0,
-            heartbeat_interval_s=stream.heartbeat_interval_ms / 1000.0,
-        ),
+        router=router,
+        dispatcher=Dispatcher(engine, router, service.model_id, pump_settings),
+        pump_settings=pump_settings,
         connection=ConnectionSettings(
             socket_send_buffer_bytes=server.socket_send_buffer_bytes,
             write_buffer_bytes=server.write_buffer_bytes,
