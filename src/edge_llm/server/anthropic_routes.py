@@ -4,8 +4,8 @@ It shares the engine, the admission limits and the backpressure contract with
 the OpenAI routes: the same dispatch and pump, the same socket tuning and the
 same drain after every write (``SseWriter``), so a stalled reader pauses its own
 sequence here too. What the request may hold is described in
-:mod:`edge_llm.protocol.anthropic`; authentication (``x-api-key`` or Bearer) is
-the application's middleware.
+:mod:`edge_llm.protocol.anthropic`; authentication (``x-api-key`` or Bearer) and
+errors in Anthropic's shape (chosen by path) are the application's middleware.
 
 Stream: ``message_start``, ``content_block_start``, ``ping`` (sent with the first
 token or the first heartbeat, so that an error before then is still a plain HTTP
@@ -31,7 +31,6 @@ from typing import Any
 from aiohttp import web
 
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.errors import EdgeLLMError, Overloaded
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
@@ -52,36 +51,19 @@ from edge_llm.upstream.translate import CHAT_PATH, messages_chat_body
 _PING = encode_event("ping", anthropic.ping())
 
 
-async def messages(request: web.Request) -> web.StreamResponse:
-    ctx = context_of(request)
-    try:
-        return await _messages(request, ctx)
-    except EdgeLLMError as exc:
-        return error_response(exc)
-
-
 async def count_tokens(request: web.Request) -> web.Response:
     """``POST /v1/messages/count_tokens``: the prompt's tokens as the model would
     see them (chat template, tools, prefill); counted even over the prompt limit."""
     ctx = context_of(request)
-    try:
-        req = anthropic.parse_count_request(await read_json(request, ctx.connection))
-        ctx.service.check_messages(len(req.messages))
-        prompt = ctx.service.render_chat(req.chat_messages(), req.tool_setup())
-        count = await ctx.service.count_tokens(prompt + (req.prefill or ""))
-    except EdgeLLMError as exc:
-        return error_response(exc)
+    req = anthropic.parse_count_request(await read_json(request, ctx.connection))
+    ctx.service.check_messages(len(req.messages))
+    prompt = ctx.service.render_chat(req.chat_messages(), req.tool_setup())
+    count = await ctx.service.count_tokens(prompt + (req.prefill or ""))
     return web.json_response({"input_tokens": count})
 
 
-def error_response(error: EdgeLLMError) -> web.Response:
-    headers = {}
-    if isinstance(error, Overloaded):
-        headers["Retry-After"] = str(error.retry_after_s)
-    return web.json_response(anthropic.error_body(error), status=error.status, headers=headers)
-
-
-async def _messages(request: web.Request, ctx: ServerContext) -> web.StreamResponse:
+async def messages(request: web.Request) -> web.StreamResponse:
+    ctx = context_of(request)
     body = await read_json(request, ctx.connection)
     req = anthropic.parse_request(body)
     setup = req.tool_setup()
@@ -160,7 +142,7 @@ async def _stream(
             outcome = event.outcome
             if outcome.error is not None:
                 error_event = encode_event("error", anthropic.error_body(outcome.error))
-                return await writer.fail(outcome.error, error_event, error_response)
+                return await writer.fail(outcome.error, error_event)
             stop = anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence)
             await writer.send(opening + _closing(stop, _counted(answer.usage())))
     return await writer.finish()
@@ -246,7 +228,7 @@ async def _stream_blocks(
             opening = b""
         elif isinstance(event, Failed):
             error_event = encode_event("error", anthropic.error_body(event.error))
-            return await writer.fail(event.error, error_event, error_response)
+            return await writer.fail(event.error, error_event)
         elif isinstance(event, Ended):
             delta = anthropic.message_delta(_ended_stop(event), _counted(event.usage))
             closing = [
