@@ -14,7 +14,7 @@ from aiohttp import web
 from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend, SamplingDefaults
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
-from edge_llm.observability.events import EventLog, EventSink, null_sink
+from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
@@ -185,7 +185,7 @@ def build_router(
         level = logging.INFO if healthy else logging.WARNING
         _log.log(level, "upstream %s is %s", upstream.name, "healthy" if healthy else
                  f"unhealthy: {upstream.last_error}")  # fmt: skip
-        events("upstream_health", None, backend=upstream.name, healthy=healthy,
+        events(Event.UPSTREAM_HEALTH, None, backend=upstream.name, healthy=healthy,
                error=upstream.last_error)  # fmt: skip
 
     registry = UpstreamRegistry(

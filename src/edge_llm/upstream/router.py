@@ -22,7 +22,7 @@ from edge_llm.errors import (
     PromptTooLong,
     QueueFull,
 )
-from edge_llm.observability.events import EventSink
+from edge_llm.observability.events import Event, EventSink
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 from edge_llm.upstream.stream import StreamSettings, UpstreamStream
@@ -126,7 +126,7 @@ class UpstreamRouter:
         backend = usable[0].name if usable else "none"
         self.metrics.requests.labels(backend, route).inc()
         self.events(
-            "routed",
+            Event.ROUTED,
             stream.id,
             backend=backend,
             route=route,
