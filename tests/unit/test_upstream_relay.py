@@ -807,6 +807,22 @@ async def test_the_websocket_and_text_completions_fall_back_too(
     assert fallback.paths[-1] == "/v1/completions"
 
 
+async def test_a_websocket_closed_mid_relay_cancels_the_upstream_once(servers, front_of) -> None:
+    slow = await servers([f" {n}" for n in range(2000)])
+    client = await front_of(upstream=[f"u={slow.url}"])
+    ws = await client.ws_connect("/v1/stream")
+    await ws.send_json({"type": "start", "request": _body("hi", model="m")})
+    started = await asyncio.wait_for(ws.receive_json(), 30)
+    while (await asyncio.wait_for(ws.receive_json(), 30))["type"] != "delta":
+        pass
+    await ws.close()  # the client goes away mid-stream
+    await asyncio.wait_for(slow.closed_by_client.wait(), 30)
+    streams = (await (await client.get("/debug/streams")).json())["streams"]
+    mine = [s for s in streams if s["id"] == started["id"]]
+    assert len(mine) == 1  # closed once, listed once
+    assert (mine[0]["state"], mine[0]["cancel_reason"]) == ("cancelled", "disconnect")
+
+
 async def test_a_prefill_keeps_the_devices_refusal_when_falling_back(
     servers, front_of, tmp_path: Path
 ) -> None:

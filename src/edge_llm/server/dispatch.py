@@ -93,13 +93,16 @@ class Answer(ABC):
         """ttft_ms, pauses, paused_ms (and what else the backend knows) for ``done``."""
 
     @abstractmethod
-    def pause(self) -> None: ...
+    def pause(self) -> None:
+        """The client asked to pause (cause ``client``)."""
 
     @abstractmethod
-    def resume(self) -> None: ...
+    def resume(self) -> None:
+        """The client asked to resume."""
 
     @abstractmethod
-    def cancel(self, reason: str) -> None: ...
+    def cancel(self, reason: str) -> None:
+        """End the stream now with ``reason`` (``client``, ``disconnect``, ...)."""
 
     @abstractmethod
     def close(self) -> None:
