@@ -49,9 +49,14 @@ from peer_servers import PeerError, find_llama_server, free_port
 from rich.console import Console
 from rich.table import Table
 
-from edge_llm.bench.storm import StormConfig, StormResult, run_storm
-from edge_llm.bench.storm_load import StormSettings
-from edge_llm.bench.storm_report import summary_row, write_html
+from edge_llm.bench.storm import (
+    StormConfig,
+    StormResult,
+    StormSettings,
+    run_storm,
+    summary_row,
+    write_html,
+)
 from edge_llm.bench.targets import Target
 from edge_llm.cli.storm import parse_range
 

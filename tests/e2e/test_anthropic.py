@@ -14,7 +14,7 @@ from typing import Any
 import anthropic
 import pytest
 
-from edge_llm.client.sse import SSEParser
+from edge_llm.protocol.sse import SSEParser
 
 pytestmark = pytest.mark.e2e
 

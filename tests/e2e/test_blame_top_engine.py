@@ -14,7 +14,7 @@ import pytest
 from edge_llm.cli import blame as blame_cli
 from edge_llm.cli import top as top_cli
 from edge_llm.client import ClientConfig, StreamClient
-from edge_llm.observability.events import EventLog
+from edge_llm.observability.events import Event, EventLog, read_events
 
 from support import chat_body, wait_until
 
@@ -107,6 +107,9 @@ async def test_blame_says_ok_when_the_client_paused_and_the_engine_obeyed(
     assert report["backpressure_peak"] >= 1
     assert report["client_request_ids"]
     assert report["cannot_tell"] == []
+    written = [e["event"] for e in [*engine_server.events(), *read_events(events.path)]]
+    assert {"pause_sent", "pause_received", "scheduled", "kv_freed"} <= set(written)
+    assert set(written) <= set(Event), "names missing from Event"
 
 
 async def test_blame_says_client_when_it_rendered_slowly_without_pause(

@@ -14,7 +14,6 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
-from edge_llm.client.sse import SSEParser
 from edge_llm.config import load_config
 from edge_llm.engine.backend import SamplingDefaults
 from edge_llm.engine.engine import Engine
@@ -28,6 +27,7 @@ from edge_llm.errors import (
     TtftTimeout,
 )
 from edge_llm.protocol import anthropic
+from edge_llm.protocol.sse import SSEParser
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
 

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import WSCloseCode, WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
 
-from edge_llm.client.sse import SSEParser
 from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
+from edge_llm.protocol.sse import SSEParser
 from edge_llm.server import ws_route
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings

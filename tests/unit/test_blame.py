@@ -18,9 +18,11 @@ from edge_llm.observability.blame import (
     Thresholds,
     blame,
     build_timelines,
+    format_event,
+    render_text,
+    report_json,
     split_sources,
 )
-from edge_llm.observability.blame_render import format_event, render_text, report_json
 from edge_llm.observability.events import parse_event_lines
 
 DATA = Path(__file__).parent.parent / "data" / "blame"

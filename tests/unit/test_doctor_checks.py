@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from edge_llm.client.errors import ConfigError
-from edge_llm.client.sse import SSEParser
 from edge_llm.doctor import api_checks, net, proxy, settings, static_checks
 from edge_llm.doctor.probe import Reply, StreamProbe, StreamTally
 from edge_llm.doctor.result import Status, exit_code, failed, passed, skipped, warned
+from edge_llm.protocol.sse import SSEParser
 
 # -- base URL ----------------------------------------------------------------------
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm.bench.storm_corpus import corpus_words
-from edge_llm.bench.storm_load import (
+from edge_llm.bench.storm.corpus import corpus_words
+from edge_llm.bench.storm.load import (
     QUESTION,
     StormSettings,
     StormSettingsError,

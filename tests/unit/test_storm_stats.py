@@ -6,12 +6,18 @@ import numpy as np
 import pytest
 
 from edge_llm.bench.record import RequestRecord
-from edge_llm.bench.storm import LiveState, StormConfig, StormResult, TargetRunResult, round_order
-from edge_llm.bench.storm_load import StormSettings
-from edge_llm.bench.storm_report import render_html, storm_table, summary_row
-from edge_llm.bench.storm_stats import TargetRunData, summarize_storm
-from edge_llm.bench.storm_user import StormRecord
-from edge_llm.bench.storm_watch import CounterReading, ServerSample
+from edge_llm.bench.storm.load import StormSettings
+from edge_llm.bench.storm.report import render_html, storm_table, summary_row
+from edge_llm.bench.storm.run import (
+    LiveState,
+    StormConfig,
+    StormResult,
+    TargetRunResult,
+    round_order,
+)
+from edge_llm.bench.storm.stats import TargetRunData, summarize_storm
+from edge_llm.bench.storm.user import StormRecord
+from edge_llm.bench.storm.watch import CounterReading, ServerSample
 from edge_llm.bench.targets import Target
 
 

@@ -11,9 +11,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from edge_llm.bench.storm import StormConfig, run_storm
-from edge_llm.bench.storm_load import StormSettings
-from edge_llm.bench.storm_user import OUTCOMES
+from edge_llm.bench.storm.load import StormSettings
+from edge_llm.bench.storm.run import StormConfig, run_storm
+from edge_llm.bench.storm.user import OUTCOMES
 from edge_llm.bench.targets import Target
 
 N_TOKENS = 6

@@ -16,15 +16,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from edge_llm.client.sse import SSEParser
 from edge_llm.config import ConfigError, load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
 from edge_llm.protocol import anthropic, responses
+from edge_llm.protocol.sse import SSEParser
+from edge_llm.protocol.stream_events import Finished
 from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.pump import Finished
 from edge_llm.server.runtime import build_context, engine_settings
 from edge_llm.server.upstream_routes import _Merged
 from edge_llm.upstream.config import UpstreamConfig
@@ -737,6 +737,107 @@ async def test_text_completions_through_an_upstream(servers, front_of, stream: b
         assert whole["object"] == "text_completion" and whole["model"] == "m"
         assert whole["choices"][0]["text"] == "Once upon a time"
         assert whole["usage"]["completion_tokens"] == 5
+
+
+# -- one dispatch for every route ----------------------------------------------------------
+
+LOCAL_BODIES = {
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+    "/v1/completions": {"prompt": "hi", "max_tokens": 2},
+    "/v1/messages": {"model": "fake", "max_tokens": 2,
+                     "messages": [{"role": "user", "content": "hi"}]},
+    "/v1/responses": {"input": "hi", "max_output_tokens": 2},
+}  # fmt: skip
+
+
+async def _over_websocket(
+    client: TestClient, request: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """The text of one stream started on ``/v1/stream``, and its last frame."""
+    async with client.ws_connect("/v1/stream") as ws:
+        await ws.send_json({"type": "start", "request": request})
+        text = []
+        while True:
+            frame = await asyncio.wait_for(ws.receive_json(), 30)
+            if frame["type"] == "delta":
+                text.append(frame["text"])
+            elif frame["type"] in ("done", "error"):
+                return "".join(text), frame
+
+
+@pytest.mark.parametrize("endpoint", [*LOCAL_BODIES, "/v1/stream"])
+async def test_every_route_asks_the_router_once(
+    servers, front_of, monkeypatch: pytest.MonkeyPatch, endpoint: str
+) -> None:
+    fake = await servers(["x"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    router = client.server.app[CONTEXT].router
+    asked: list[str | None] = []
+    decide = router.upstreams_for
+
+    def counting(model: str | None, **kwargs: Any) -> Any:
+        asked.append(model)
+        return decide(model, **kwargs)
+
+    monkeypatch.setattr(router, "upstreams_for", counting)
+    if endpoint == "/v1/stream":
+        _, last = await _over_websocket(client, LOCAL_BODIES["/v1/chat/completions"])
+        assert last["type"] == "done"
+    else:
+        response = await client.post(endpoint, json=LOCAL_BODIES[endpoint])
+        assert response.status == 200
+    assert len(asked) == 1
+    assert fake.requests == []  # the local model ran locally
+
+
+async def test_the_websocket_and_text_completions_fall_back_too(
+    servers, front_of, tmp_path: Path
+) -> None:
+    fallback = await servers(["from", " upstream"])
+    path = tmp_path / "engine.toml"
+    path.write_text(f'[upstream.big]\nurl = "{fallback.url}"\nfallback = true\n', "utf-8")
+    client = await front_of(path, max_prompt_tokens=8)
+    long_prompt = "word " * 40
+    text, done = await _over_websocket(client, _body(long_prompt))
+    assert (text, done["type"], done["stats"]["backend"]) == ("from upstream", "done", "big")
+    assert fallback.paths == ["/v1/chat/completions"]
+    response = await client.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 4})
+    assert response.status == 200
+    assert (await response.json())["choices"][0]["text"] == "from upstream"
+    assert fallback.paths[-1] == "/v1/completions"
+
+
+async def test_a_websocket_closed_mid_relay_cancels_the_upstream_once(servers, front_of) -> None:
+    slow = await servers([f" {n}" for n in range(2000)])
+    client = await front_of(upstream=[f"u={slow.url}"])
+    ws = await client.ws_connect("/v1/stream")
+    await ws.send_json({"type": "start", "request": _body("hi", model="m")})
+    started = await asyncio.wait_for(ws.receive_json(), 30)
+    while (await asyncio.wait_for(ws.receive_json(), 30))["type"] != "delta":
+        pass
+    await ws.close()  # the client goes away mid-stream
+    await asyncio.wait_for(slow.closed_by_client.wait(), 30)
+    streams = (await (await client.get("/debug/streams")).json())["streams"]
+    mine = [s for s in streams if s["id"] == started["id"]]
+    assert len(mine) == 1  # closed once, listed once
+    assert (mine[0]["state"], mine[0]["cancel_reason"]) == ("cancelled", "disconnect")
+
+
+async def test_a_prefill_keeps_the_devices_refusal_when_falling_back(
+    servers, front_of, tmp_path: Path
+) -> None:
+    fallback = await servers(["x"])
+    path = tmp_path / "engine.toml"
+    path.write_text(f'[upstream.big]\nurl = "{fallback.url}"\nfallback = true\n', "utf-8")
+    client = await front_of(path, max_prompt_tokens=8)
+    turns = [{"role": "user", "content": "word " * 40}, {"role": "assistant", "content": "Sure,"}]
+    response = await client.post(
+        "/v1/messages", json={"model": "fake", "max_tokens": 4, "messages": turns}
+    )
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert (error["type"], error["code"]) == ("invalid_request_error", "prompt_too_long")
+    assert fallback.requests == []
 
 
 def test_formats_and_tool_choices_map_to_chat() -> None:

@@ -5,7 +5,8 @@ JSONL), ``connection`` (a minimal HTTP/1.1 client with socket control), ``chat_s
 (one timestamped streaming request), ``record`` and ``stats`` (metrics), ``runner``
 (warm-up, interleaved levels), ``slow_consumer`` (the stalled-reader probe),
 ``inspector`` (edge-llm's /debug/streams and /metrics), ``table``, ``svg`` and
-``report`` (terminal and HTML output).
+``report`` (terminal and HTML output). ``storm/`` is the storm lab behind
+``edge-llm storm``, built on the same pieces.
 """
 
 from edge_llm.bench.chat_stream import RequestOptions, run_request

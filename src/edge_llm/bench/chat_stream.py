@@ -23,7 +23,7 @@ from edge_llm.bench.prompts import Prompt
 from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.targets import Target
 from edge_llm.client.errors import ClientError, ServerStreamError
-from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk
+from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
 
 MAX_ERROR_BODY_BYTES = 64 * 1024
 Clock = Callable[[], float]
@@ -142,7 +142,7 @@ class ChatStream:
         try:
             data = await self.response.read()
             arrived = self.now()
-            events = self._parser.feed(data) if data else self._parser.close()
+            events = read_events(self._parser, data)
             for event in events:
                 self._take(event, arrived)
             if not data:

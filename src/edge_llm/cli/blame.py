@@ -20,10 +20,11 @@ from edge_llm.observability.blame import (
     ENGINE,
     Thresholds,
     blame,
+    render_text,
+    report_json,
     select,
     split_sources,
 )
-from edge_llm.observability.blame_render import render_text, report_json
 from edge_llm.observability.events import parse_event_lines
 
 NO_LOG = "-"

@@ -18,10 +18,17 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from edge_llm.bench.storm import LiveState, StormConfig, StormResult, run_storm
-from edge_llm.bench.storm_load import StormSettings, StormSettingsError
-from edge_llm.bench.storm_report import storm_table, write_html
-from edge_llm.bench.storm_user import OUTCOMES
+from edge_llm.bench.storm import (
+    OUTCOMES,
+    LiveState,
+    StormConfig,
+    StormResult,
+    StormSettings,
+    StormSettingsError,
+    run_storm,
+    storm_table,
+    write_html,
+)
 from edge_llm.bench.targets import TargetError, check_unique, parse_target
 
 WIDE_OUTPUT = 220

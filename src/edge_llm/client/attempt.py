@@ -22,6 +22,7 @@ from edge_llm.client.errors import DeadConnectionError, TtftTimeoutError
 from edge_llm.client.request_log import RequestLog
 from edge_llm.client.result import Heartbeat
 from edge_llm.client.watchdog import Deadline, Watchdog
+from edge_llm.observability.events import Event
 
 T = TypeVar("T")
 Deliver = Callable[[str], Awaitable[None]]
@@ -114,7 +115,7 @@ class Attempt:
         kind = self.watchdog.expired(now)
         elapsed = _ms(now - self.start)
         if kind is Deadline.TTFT_WARN:
-            self.log.emit("ttft_warn", elapsed_ms=elapsed)
+            self.log.emit(Event.TTFT_WARN, elapsed_ms=elapsed)
             logging.getLogger(LOGGER_NAME).warning(
                 "no first token after %.0f ms (ttft_warn_ms); still waiting", elapsed
             )
@@ -137,7 +138,7 @@ class Attempt:
         self.watchdog.bytes_received(now)
         if self.first_byte_at is None:
             self.first_byte_at = now
-            self.log.emit("first_byte", elapsed_ms=_ms(now - self.start))
+            self.log.emit(Event.FIRST_BYTE, elapsed_ms=_ms(now - self.start))
 
     def on_data(self) -> None:
         """A data event (SSE) or the ``started`` frame (WS) arrived: sets TTFR."""
@@ -158,7 +159,7 @@ class Attempt:
         if self.first_token_at is None:
             self.first_token_at = now
             self.watchdog.first_token()
-            self.log.emit("first_token", ttft_ms=_ms(now - self.start))
+            self.log.emit(Event.FIRST_TOKEN, ttft_ms=_ms(now - self.start))
         elif self.last_token_at is not None:
             self.itl_ms.append(_ms(now - self.last_token_at))
         self.last_token_at = now
@@ -181,7 +182,7 @@ class Attempt:
 
     def cancelled(self, reason: str, *, method: str) -> None:
         """Record that the client cancelled this attempt (``method``: frame or close)."""
-        self.log.emit("cancel_sent", reason=reason, method=method, elapsed_ms=self.elapsed_ms())
+        self.log.emit(Event.CANCEL_SENT, reason=reason, method=method, elapsed_ms=self.elapsed_ms())
 
     @property
     def n_tokens(self) -> int:

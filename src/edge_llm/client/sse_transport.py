@@ -19,8 +19,9 @@ from edge_llm.client.connection import read_bounded, status_error, transport_err
 from edge_llm.client.errors import NotStreamingError, ReadError, TtftTimeoutError
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
-from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk
+from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
 from edge_llm.client.stream_request import StreamRequest
+from edge_llm.observability.events import Event
 
 EVENT_STREAM = "text/event-stream"
 NOT_STREAMING_PREVIEW_BYTES = 4096
@@ -38,9 +39,9 @@ class ReadPause:
     async def pause(self) -> None:
         self._resumed.clear()
         self._paused = True
-        self._attempt.log.emit("read_paused", queue_fill=round(self._queue.fill, 3))
+        self._attempt.log.emit(Event.READ_PAUSED, queue_fill=round(self._queue.fill, 3))
         await self._resumed.wait()
-        self._attempt.log.emit("read_resumed", queue_fill=round(self._queue.fill, 3))
+        self._attempt.log.emit(Event.READ_RESUMED, queue_fill=round(self._queue.fill, 3))
 
     async def resume(self) -> None:
         if self._paused:
@@ -60,7 +61,7 @@ class SSETransport:
         """Make one request and stream it to completion ([DONE] or a finish_reason
         and end of body). Raises a :class:`~edge_llm.client.errors.ClientError`."""
         attempt.log.emit(
-            "request_sent", transport=self.name, attempt=attempt.number, url=self._request.url
+            Event.REQUEST_SENT, transport=self.name, attempt=attempt.number, url=self._request.url
         )
         response = None
         try:
@@ -108,7 +109,7 @@ class SSETransport:
             if data:
                 attempt.on_bytes()
             comments = parser.comments
-            events = parser.feed(data) if data else parser.close()
+            events = read_events(parser, data)
             if parser.comments > comments:
                 attempt.on_heartbeat(Heartbeat())
             for event in events:

@@ -32,6 +32,7 @@ from edge_llm.client.render_queue import RenderQueue, Watermark
 from edge_llm.client.request_log import RequestLog
 from edge_llm.client.result import StreamResult
 from edge_llm.client.retry import RetryPolicy
+from edge_llm.observability.events import Event
 
 
 class Transport(Protocol):
@@ -138,7 +139,7 @@ class ChatStream:
         item, mark = self._queue.pop()
         self._not_full.set()
         if mark is Watermark.LOW:
-            self.log.emit("watermark_low", queue_fill=round(self._queue.fill, 3))
+            self.log.emit(Event.WATERMARK_LOW, queue_fill=round(self._queue.fill, 3))
             flow = self._attempt.flow if self._attempt is not None else None
             if flow is not None and self.send_pause:
                 await flow.resume()
@@ -157,7 +158,7 @@ class ChatStream:
 
     async def _on_high(self) -> None:
         self.log.emit(
-            "watermark_high",
+            Event.WATERMARK_HIGH,
             queue_fill=round(self._queue.fill, 3),
             queue_len=len(self._queue),
             queue_capacity=self._queue.capacity,
@@ -197,7 +198,7 @@ class ChatStream:
                 if decision is None:
                     raise
                 self.log.emit(
-                    "retry",
+                    Event.RETRY,
                     attempt=decision.next_attempt,
                     backoff_ms=round(decision.delay_ms, 1),
                     cause=decision.cause,
@@ -227,14 +228,14 @@ class ChatStream:
         fields: dict[str, Any] = {"code": code, "message": str(exc)}
         if server_code is not None:
             fields["server_code"] = server_code
-        self.log.emit("error", **fields)
+        self.log.emit(Event.ERROR, **fields)
 
     def _log_end(self, finish_reason: str | None) -> None:
         attempt = self._attempt
         if attempt is None:
             return
         self.log.emit(
-            "end",
+            Event.END,
             finish_reason=finish_reason,
             n_chunks=attempt.n_chunks,
             n_tokens=attempt.n_tokens,

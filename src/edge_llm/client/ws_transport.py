@@ -27,6 +27,7 @@ from edge_llm.client.errors import (
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
 from edge_llm.client.stream_request import StreamRequest
+from edge_llm.observability.events import Event
 
 MAX_FRAME_BYTES = 1 << 20
 
@@ -49,7 +50,7 @@ class FramePause:
                 return
             self._paused = True
             await self._send({"type": "pause"})
-            self._attempt.log.emit("pause_sent", queue_fill=round(self._queue.fill, 3))
+            self._attempt.log.emit(Event.PAUSE_SENT, queue_fill=round(self._queue.fill, 3))
 
     async def resume(self) -> None:
         async with self._lock:
@@ -57,7 +58,7 @@ class FramePause:
                 return
             self._paused = False
             await self._send({"type": "resume"})
-            self._attempt.log.emit("resume_sent", queue_fill=round(self._queue.fill, 3))
+            self._attempt.log.emit(Event.RESUME_SENT, queue_fill=round(self._queue.fill, 3))
 
     async def _send(self, frame: dict[str, str]) -> None:
         # A send on a socket the server just closed fails; the reader reports that.
@@ -81,7 +82,10 @@ class WSTransport:
             ws = await attempt.read(self._connect)
             await ws.send_json({"type": "start", "request": self._request.body})
             attempt.log.emit(
-                "request_sent", transport=self.name, attempt=attempt.number, url=self._request.url
+                Event.REQUEST_SENT,
+                transport=self.name,
+                attempt=attempt.number,
+                url=self._request.url,
             )
             attempt.watchdog.arm()
             attempt.flow = FramePause(ws, attempt, self._request.queue)

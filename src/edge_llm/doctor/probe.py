@@ -16,8 +16,9 @@ from typing import Any
 
 import aiohttp
 
-from edge_llm.client.errors import EventTooLargeError, MalformedChunkError, ServerStreamError
-from edge_llm.client.sse import DONE_SENTINEL, SSEEvent, SSEParser, parse_chunk
+from edge_llm.client.errors import MalformedChunkError, ServerStreamError
+from edge_llm.client.sse import parse_chunk
+from edge_llm.protocol.sse import DONE_SENTINEL, EventTooLarge, SSEEvent, SSEParser
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_STREAM_BYTES = 1024 * 1024
@@ -161,8 +162,8 @@ async def _read_events(
             if stop_at_first_content and tally.n_content:
                 return bytes(head), False
         _feed(tally, parser.close())
-    except EventTooLargeError as exc:
-        tally.error = tally.error or exc.message
+    except EventTooLarge as exc:
+        tally.error = tally.error or str(exc)
     return bytes(head), False
 
 

@@ -7,13 +7,7 @@ inference thread never waits on the disk; lines that do not fit in the queue or
 on the disk are counted in ``dropped`` (and by ``on_drop``: the engine's
 ``edge_llm_event_log_dropped_total``) and reported in the final ``log_closed`` line.
 
-Engine events: ``admitted``, ``rejected``, ``prefill_progress``, ``first_token``,
-``pause_received``, ``paused``, ``resume_received``, ``resumed``,
-``token_while_paused``, ``cancel``, ``kv_freed``, ``cache_hit``, ``cache_evicted``,
-``offloaded``, ``restored``, ``end``.
-Client events: ``request_sent``, ``first_byte``, ``first_token``, ``ttft_warn``,
-``watermark_high``, ``watermark_low``, ``pause_sent``, ``resume_sent``,
-``read_paused``, ``read_resumed``, ``cancel_sent``, ``retry``, ``error``, ``end``.
+Every event name is a member of :class:`Event`; its comments say who writes each.
 """
 
 from __future__ import annotations
@@ -23,8 +17,61 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
+from enum import StrEnum
 from pathlib import Path
 from typing import IO, Any
+
+
+class Event(StrEnum):
+    """The name of every event line, as written (``event``) and read (``blame``).
+
+    A member is a ``str``: sinks take plain names too (the engine's call sites
+    pass strings until they are converted).
+    """
+
+    # Engine, per request: admission to end.
+    ADMITTED = "admitted"
+    REJECTED = "rejected"
+    SCHEDULED = "scheduled"  # given a slot (the slot kv_freed later names)
+    PREFILL_PROGRESS = "prefill_progress"
+    FIRST_TOKEN = "first_token"  # also the client's and the upstream relay's
+    PAUSE_RECEIVED = "pause_received"  # also the upstream relay's
+    PAUSED = "paused"  # also the upstream relay's
+    RESUME_RECEIVED = "resume_received"  # also the upstream relay's
+    RESUMED = "resumed"  # also the upstream relay's
+    TOKEN_WHILE_PAUSED = "token_while_paused"
+    TTFT_TIMEOUT = "ttft_timeout"
+    PAUSE_TIMEOUT = "pause_timeout"
+    CANCEL = "cancel"  # also the upstream relay's
+    KV_FREED = "kv_freed"
+    END = "end"  # also the client's and the upstream relay's
+    # Engine: the prefix cache and offload.
+    CACHE_HIT = "cache_hit"
+    CACHE_EVICTED = "cache_evicted"
+    OFFLOADED = "offloaded"
+    RESTORED = "restored"
+    # Server: admission details and upstreams.
+    MAX_TOKENS_CLAMPED = "max_tokens_clamped"
+    PROMPT = "prompt"  # the prompt text, with log_prompts on
+    ROUTED = "routed"  # relayed to an upstream (its backend and route)
+    UPSTREAM_FAILOVER = "upstream_failover"
+    UPSTREAM_HEALTH = "upstream_health"
+    # Client.
+    REQUEST_SENT = "request_sent"
+    FIRST_BYTE = "first_byte"
+    TTFT_WARN = "ttft_warn"
+    WATERMARK_HIGH = "watermark_high"
+    WATERMARK_LOW = "watermark_low"
+    PAUSE_SENT = "pause_sent"
+    RESUME_SENT = "resume_sent"
+    READ_PAUSED = "read_paused"
+    READ_RESUMED = "read_resumed"
+    CANCEL_SENT = "cancel_sent"
+    RETRY = "retry"
+    ERROR = "error"
+    # Every log's last line.
+    LOG_CLOSED = "log_closed"
+
 
 EventSink = Callable[..., None]
 DropCounter = Callable[[str, int], None]  # (reason, lines): "queue_full" or "write_failed"
@@ -80,7 +127,7 @@ class EventLog:
         if not self._thread.is_alive():
             return
         # Waits for room: the closing line says how many lines were lost.
-        self._queue.put(self._record("log_closed", None, {"dropped": self.dropped}))
+        self._queue.put(self._record(Event.LOG_CLOSED, None, {"dropped": self.dropped}))
         self._queue.put(_CLOSE)
         self._thread.join(timeout=5)
         self._file.close()

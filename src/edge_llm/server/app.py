@@ -62,30 +62,38 @@ def create_app(ctx: ServerContext) -> web.Application:
 
 @web.middleware
 async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error leaves in OpenAI's shape with its status; bad input is never a 500."""
+    """Every error leaves with its status, in the shape of the API its path belongs
+    to (Anthropic's under /v1/messages, else OpenAI's); bad input is never a 500."""
     try:
         return await handler(request)
-    except EdgeLLMError as exc:
-        return error_response(exc)
-    except web.HTTPRequestEntityTooLarge:
-        return error_response(BodyTooLarge("request body too large"))
-    except web.HTTPNotFound:
-        return error_response(NotFound(f"no route for {request.method} {request.path}"))
-    except web.HTTPMethodNotAllowed as exc:
-        error = InvalidRequest(f"{request.method} is not allowed on {request.path}")
-        error.status = exc.status
-        return error_response(error)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        error = InvalidRequest(exc.reason)
-        error.status = exc.status
-        return error_response(error)
     except (ConnectionResetError, ConnectionAbortedError):
         raise
     except Exception as exc:
-        _log.exception("unexpected error in %s %s", request.method, request.path)
-        return error_response(EdgeLLMError(f"internal error: {type(exc).__name__}"))
+        error = _as_engine_error(request, exc)
+        if error is None:
+            raise
+        return error_response(error, request.path)
+
+
+def _as_engine_error(request: web.Request, exc: Exception) -> EdgeLLMError | None:
+    """The error the client gets for ``exc`` (None: not an error, let it through)."""
+    if isinstance(exc, EdgeLLMError):
+        return exc
+    if isinstance(exc, web.HTTPRequestEntityTooLarge):
+        return BodyTooLarge("request body too large")
+    if isinstance(exc, web.HTTPNotFound):
+        return NotFound(f"no route for {request.method} {request.path}")
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            return None
+        message = exc.reason
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            message = f"{request.method} is not allowed on {request.path}"
+        error = InvalidRequest(message)
+        error.status = exc.status
+        return error
+    _log.exception("unexpected error in %s %s", request.method, request.path)
+    return EdgeLLMError(f"internal error: {type(exc).__name__}")
 
 
 @web.middleware

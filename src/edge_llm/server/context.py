@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from edge_llm.config import EngineConfig
 from edge_llm.engine.engine import Engine
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.protocol.responses import ResponseStore
+from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService
@@ -28,22 +27,14 @@ class ServerContext:
     connection: ConnectionSettings
     # Upstream engines (none configured: every request runs locally).
     router: UpstreamRouter
+    # Who answers each request (the router's decision, fallback), for every route.
+    dispatcher: Dispatcher
     started_at: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     # Open connections; set once the aiohttp server exists.
     count_connections: Callable[[], int] = lambda: 0
     # Conversations behind the Responses API's previous_response_id.
     responses: ResponseStore = field(default_factory=ResponseStore)
-
-    @contextmanager
-    def guard(self, handle: StreamHandle) -> Iterator[None]:
-        """Whatever ends the handler early (the client went away, a write
-        failed), the stream is cancelled and its KV freed."""
-        try:
-            yield
-        finally:
-            if not handle.finished:
-                self.engine.cancel(handle, "disconnect")
 
 
 CONTEXT = web.AppKey("edge_llm_context", ServerContext)

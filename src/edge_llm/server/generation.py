@@ -9,16 +9,15 @@ pump or the relay underneath.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError
-from edge_llm.protocol.tools import OutputEvent, ToolCall, ToolOutputParser
-from edge_llm.server.context import ServerContext
-from edge_llm.server.pump import Delta, Finished, Heartbeat, pump
-from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
+from edge_llm.protocol.tools import OutputEvent, ToolCall, ToolOutputParser, ToolSetup
+from edge_llm.server.dispatch import Answer
+from edge_llm.upstream.stream import UpstreamChunk
 from edge_llm.upstream.translate import ChatChunkReader, usage_counts
 
 
@@ -46,32 +45,21 @@ class Failed:
 GenerationEvent = Produced | Heartbeat | Ended | Failed
 
 
-async def local_answer(
-    ctx: ServerContext, handle: StreamHandle, parser: ToolOutputParser
+async def generation_events(
+    answer: Answer, tools: ToolSetup | None, new_id: Callable[[], str]
 ) -> AsyncIterator[GenerationEvent]:
-    """The local stream's events until (and including) Ended or Failed."""
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+    """The answer's text and tool-call events until (and including) Ended or Failed.
+
+    Local text goes through the tool-call parser (``tools``); a relayed answer's
+    chunks through :class:`ChatChunkReader` (the upstream parsed its calls).
+    ``new_id`` names the calls that come without an id.
+    """
+    parser = ToolOutputParser(tools, new_id)
+    reader = ChatChunkReader(new_id)
+    async for event in answer.events():
         if isinstance(event, Delta):
             yield Produced(parser.feed(event.text))
-        elif isinstance(event, Heartbeat):
-            yield event
-        elif isinstance(event, Finished):
-            outcome = event.outcome
-            if outcome.error is not None:
-                yield Failed(outcome.error)
-                return
-            yield Produced(parser.finish())
-            reason = outcome.finish_reason or "stop"
-            calls = tuple(parser.calls)
-            yield Ended(reason, outcome.stop_sequence, handle.usage(), parser.text, calls)
-
-
-async def upstream_answer(
-    stream: UpstreamStream, reader: ChatChunkReader
-) -> AsyncIterator[GenerationEvent]:
-    """The relayed chat stream's events until (and including) Ended or Failed."""
-    async for event in stream.events():
-        if isinstance(event, UpstreamChunk):
+        elif isinstance(event, UpstreamChunk):
             yield Produced(reader.feed(event.data))
         elif isinstance(event, Heartbeat):
             yield event
@@ -80,7 +68,9 @@ async def upstream_answer(
             if outcome.error is not None:
                 yield Failed(outcome.error)
                 return
+            source = reader if answer.relayed else parser
+            yield Produced(source.finish())
             reason = outcome.finish_reason or "stop"
-            usage = usage_counts(stream.usage())
-            calls = tuple(reader.calls)
-            yield Ended(reason, reader.stop_sequence, usage, reader.text, calls)
+            stop = outcome.stop_sequence or reader.stop_sequence
+            usage = usage_counts(answer.usage())
+            yield Ended(reason, stop, usage, source.text, tuple(source.calls))

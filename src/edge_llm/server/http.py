@@ -1,4 +1,4 @@
-"""Helpers shared by the routes: JSON bodies, error responses, socket tuning."""
+"""Helpers shared by the routes: JSON bodies, error responses by API, socket tuning."""
 
 from __future__ import annotations
 
@@ -17,9 +17,11 @@ from edge_llm.errors import (
     Overloaded,
     TooManyConnections,
 )
+from edge_llm.protocol import anthropic
 from edge_llm.protocol.json_body import decode_json
 
 _DECODE_IN_THREAD_BYTES = 64 * 1024
+ANTHROPIC_PATH = "/v1/messages"
 
 
 @dataclass(frozen=True)
@@ -29,13 +31,21 @@ class ConnectionSettings:
     body_timeout_s: float
 
 
-def error_response(error: EdgeLLMError) -> web.Response:
+def error_response(error: EdgeLLMError, path: str) -> web.Response:
+    """``error`` with its status, in the shape of the API ``path`` belongs to:
+    Anthropic's (``{"type": "error", "error": {...}}``) under ``/v1/messages``,
+    OpenAI's everywhere else."""
     headers = {}
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, TooManyConnections):
         headers["Connection"] = "close"
-    return web.json_response(error.to_dict(), status=error.status, headers=headers)
+    body = anthropic.error_body(error) if is_anthropic_path(path) else error.to_dict()
+    return web.json_response(body, status=error.status, headers=headers)
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
 
 
 async def read_json(request: web.Request, settings: ConnectionSettings) -> Any:

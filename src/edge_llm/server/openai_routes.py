@@ -13,14 +13,13 @@ from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai, sse
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, ToolSetup
 from edge_llm.server import upstream_routes
 from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.pump import Delta, Finished, Heartbeat, collect, pump
-from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
-from edge_llm.upstream.router import FALLBACK_ERRORS
 
 
 @dataclass
@@ -78,50 +77,59 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     body = await read_json(request, ctx.connection)
     req = openai.parse_request(openai.ChatCompletionRequest, body)
-    upstreams = ctx.router.upstreams_for(req.model)
-    if upstreams is not None:
-        return await upstream_routes.respond(
-            request, ctx, body, upstreams, route="model", user=req.user
-        )
-    setup = req.tool_setup()
-    if setup is not None and setup.active and req.n_logprobs is not None:
-        raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
-    try:
-        handle = await ctx.service.start_chat(
-            req.chat_messages(),
-            max_tokens=req.requested_max_tokens,
-            sampling=request_sampling(ctx, req),
-            session=session_of(request, req.user),
-            tools=setup,
-        )
-    except FALLBACK_ERRORS as exc:
-        return await upstream_routes.fallback(request, ctx, body, exc, user=req.user)
-    ctx.router.note_local(handle.id, handle.seq.session)
-    if setup is not None and setup.active:
-        return await _respond_with_tools(request, ctx, handle, req, setup)
-    return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=True))
+    session = session_of(request, req.user)
+    job = Job(
+        req.model,
+        session,
+        start_local=lambda: _start_chat(ctx, req, session),
+        relay=lambda: Relay(request.path, body),
+    )
+    answer = await ctx.dispatcher.start(job)
+    with answer:
+        if answer.relayed:
+            return await upstream_routes.respond(request, ctx, answer, body)
+        setup = req.tool_setup()
+        if setup is not None and setup.active:
+            return await _respond_with_tools(request, ctx, answer, req, setup)
+        return await _respond(request, ctx, answer, req, _shape(ctx, req, chat=True))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     body = await read_json(request, ctx.connection)
     req = openai.parse_request(openai.CompletionRequest, body)
-    upstreams = ctx.router.upstreams_for(req.model)
-    if upstreams is not None:
-        return await upstream_routes.respond(
-            request, ctx, body, upstreams, route="model", user=req.user
-        )
-    try:
-        handle = await ctx.service.start_text(
+    session = session_of(request, req.user)
+    job = Job(
+        req.model,
+        session,
+        start_local=lambda: ctx.service.start_text(
             req.prompt_text(),
             max_tokens=req.requested_max_tokens,
             sampling=request_sampling(ctx, req),
-            session=session_of(request, req.user),
-        )
-    except FALLBACK_ERRORS as exc:
-        return await upstream_routes.fallback(request, ctx, body, exc, user=req.user)
-    ctx.router.note_local(handle.id, handle.seq.session)
-    return await _respond(request, ctx, handle, req, _shape(ctx, req, chat=False))
+            session=session,
+        ),
+        relay=lambda: Relay(request.path, body),
+    )
+    answer = await ctx.dispatcher.start(job)
+    with answer:
+        if answer.relayed:
+            return await upstream_routes.respond(request, ctx, answer, body)
+        return await _respond(request, ctx, answer, req, _shape(ctx, req, chat=False))
+
+
+async def _start_chat(
+    ctx: ServerContext, req: openai.ChatCompletionRequest, session: str | None
+) -> StreamHandle:
+    setup = req.tool_setup()
+    if setup is not None and setup.active and req.n_logprobs is not None:
+        raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
+    return await ctx.service.start_chat(
+        req.chat_messages(),
+        max_tokens=req.requested_max_tokens,
+        sampling=request_sampling(ctx, req),
+        session=session,
+        tools=setup,
+    )
 
 
 def request_sampling(
@@ -146,22 +154,17 @@ def _shape(
 async def _respond(
     request: web.Request,
     ctx: ServerContext,
-    handle: StreamHandle,
+    answer: Answer,
     req: openai.ChatCompletionRequest | openai.CompletionRequest,
     shape: _Shape,
 ) -> web.StreamResponse:
-    ids: _Ids = (handle.id, ctx.service.model_id, int(time.time()))
-    with ctx.guard(handle):
-        if req.stream:
-            return await _stream_sse(
-                request, ctx, handle, ids, shape, include_usage=req.include_usage
-            )
-        records: list[TokenLogprob] = []
-        text, finish_reason = await collect(ctx.engine, handle, ctx.pump_settings, records)
-        return web.json_response(
-            shape.whole(ids, text, finish_reason, handle.usage(), records),
-            headers=response_headers(handle),
-        )
+    ids: _Ids = (answer.id, answer.model, int(time.time()))
+    if req.stream:
+        return await _stream_sse(request, ctx, answer, ids, shape, include_usage=req.include_usage)
+    records: list[TokenLogprob] = []
+    text, outcome = await answer.collect(records)
+    whole = shape.whole(ids, text, outcome.finish_reason or "stop", answer.usage(), records)
+    return web.json_response(whole, headers=answer.headers)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -178,15 +181,15 @@ async def models(request: web.Request) -> web.Response:
 async def _stream_sse(
     request: web.Request,
     ctx: ServerContext,
-    handle: StreamHandle,
+    answer: Answer,
     ids: _Ids,
     shape: _Shape,
     *,
     include_usage: bool,
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, handle.id, response_headers(handle))
+    writer = SseWriter(request, ctx, answer.id, answer.headers)
     first = shape.first(ids)
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+    async for event in answer.events():
         if isinstance(event, Delta):
             prefix = b""
             if first is not None:
@@ -201,7 +204,7 @@ async def _stream_sse(
                 return await writer.fail(outcome.error, sse.encode_data(outcome.error.to_dict()))
             tail = [shape.chunk(ids, "", outcome.finish_reason or "stop")]
             if include_usage:
-                tail.append(openai.usage_chunk(*ids, handle.usage(), chat=shape.chat))
+                tail.append(openai.usage_chunk(*ids, answer.usage(), chat=shape.chat))
             await writer.send(b"".join(sse.encode_data(c) for c in tail) + sse.DONE)
     return await writer.finish()
 
@@ -212,48 +215,43 @@ async def _stream_sse(
 async def _respond_with_tools(
     request: web.Request,
     ctx: ServerContext,
-    handle: StreamHandle,
+    answer: Answer,
     req: openai.ChatCompletionRequest,
     setup: ToolSetup,
 ) -> web.StreamResponse:
-    ids: _Ids = (handle.id, ctx.service.model_id, int(time.time()))
+    ids: _Ids = (answer.id, answer.model, int(time.time()))
     parser = ToolOutputParser(setup, openai.new_call_id)
-    reason = "stop"
-    with ctx.guard(handle):
-        if req.stream:
-            return await _stream_tools(
-                request, ctx, handle, ids, parser, include_usage=req.include_usage
-            )
-        async for event in pump(ctx.engine, handle, ctx.pump_settings):
-            if isinstance(event, Delta):
-                parser.feed(event.text)
-            elif isinstance(event, Finished):
-                if event.outcome.error is not None:
-                    raise event.outcome.error
-                parser.finish()
-                reason = _finish_reason(parser, event.outcome.finish_reason)
-        body = openai.chat_completion(
-            *ids,
-            text=parser.text,
-            finish_reason=reason,
-            usage=handle.usage(),
-            tool_calls=parser.calls,
+    if req.stream:
+        return await _stream_tools(
+            request, ctx, answer, ids, parser, include_usage=req.include_usage
         )
-        return web.json_response(body, headers={"X-Request-Id": handle.id})
+    reason = "stop"
+    async for event in answer.events():
+        if isinstance(event, Delta):
+            parser.feed(event.text)
+        elif isinstance(event, Finished):
+            if event.outcome.error is not None:
+                raise event.outcome.error
+            parser.finish()
+            reason = _finish_reason(parser, event.outcome.finish_reason)
+    body = openai.chat_completion(
+        *ids, text=parser.text, finish_reason=reason, usage=answer.usage(), tool_calls=parser.calls
+    )
+    return web.json_response(body, headers=answer.headers)
 
 
 async def _stream_tools(
     request: web.Request,
     ctx: ServerContext,
-    handle: StreamHandle,
+    answer: Answer,
     ids: _Ids,
     parser: ToolOutputParser,
     *,
     include_usage: bool,
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, handle.id)
+    writer = SseWriter(request, ctx, answer.id, answer.headers)
     first = sse.encode_data(openai.chat_chunk(*ids, role="assistant", content=""))
-    async for event in pump(ctx.engine, handle, ctx.pump_settings):
+    async for event in answer.events():
         if isinstance(event, Delta):
             chunks = _tool_chunks(ids, parser.feed(event.text))
             if chunks or first:
@@ -270,7 +268,7 @@ async def _stream_tools(
             reason = _finish_reason(parser, outcome.finish_reason)
             tail += sse.encode_data(openai.chat_chunk(*ids, finish_reason=reason))
             if include_usage:
-                tail += sse.encode_data(openai.usage_chunk(*ids, handle.usage(), chat=True))
+                tail += sse.encode_data(openai.usage_chunk(*ids, answer.usage(), chat=True))
             await writer.send(first + tail + sse.DONE)
     return await writer.finish()
 

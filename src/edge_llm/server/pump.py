@@ -14,35 +14,8 @@ from dataclasses import dataclass
 
 from edge_llm.engine.backend import TokenLogprob
 from edge_llm.engine.engine import Engine
-from edge_llm.engine.stream import Outcome, StreamHandle
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str
-    n_tokens: int
-    seq: int
-    logprobs: tuple[TokenLogprob, ...] = ()  # of these tokens, when the request asked
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    state: str
-    prefill_done: int
-    prefill_total: int
-
-
-@dataclass(frozen=True)
-class PauseChanged:
-    cause: str | None  # None: resumed
-
-
-@dataclass(frozen=True)
-class Finished:
-    outcome: Outcome
-
-
-StreamEvent = Delta | Heartbeat | PauseChanged | Finished
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged, StreamEvent
 
 
 @dataclass(frozen=True)
@@ -108,24 +81,3 @@ async def pump(
 def _cause(handle: StreamHandle) -> str | None:
     cause = handle.seq.pause_cause
     return cause.value if cause else None
-
-
-async def collect(
-    engine: Engine,
-    handle: StreamHandle,
-    settings: PumpSettings,
-    logprobs: list[TokenLogprob] | None = None,
-) -> tuple[str, str]:
-    """The whole text and finish reason, for non-streaming replies; raises the
-    stream's error if it failed. Token logprobs are appended to ``logprobs``."""
-    parts: list[str] = []
-    async for event in pump(engine, handle, settings):
-        if isinstance(event, Delta):
-            parts.append(event.text)
-            if logprobs is not None:
-                logprobs.extend(event.logprobs)
-        elif isinstance(event, Finished):
-            if event.outcome.error is not None:
-                raise event.outcome.error
-            return "".join(parts), event.outcome.finish_reason or "stop"
-    raise RuntimeError("stream ended without an outcome")  # pump always ends with Finished

@@ -32,81 +32,47 @@ from aiohttp import web
 from edge_llm.engine.backend import SamplingParams
 from edge_llm.errors import NotFound
 from edge_llm.protocol import openai, responses, sse
-from edge_llm.protocol.tools import ToolOutputParser
-from edge_llm.server import upstream_routes
+from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.dispatch import Job, Relay
 from edge_llm.server.generation import (
     Ended,
     Failed,
     GenerationEvent,
     Produced,
-    local_answer,
-    upstream_answer,
+    generation_events,
 )
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.pump import Heartbeat
-from edge_llm.server.service import response_headers
 from edge_llm.server.sse_writer import SseWriter
-from edge_llm.upstream.registry import Upstream
-from edge_llm.upstream.router import FALLBACK_ERRORS
-from edge_llm.upstream.translate import CHAT_PATH, ChatChunkReader, responses_chat_body
+from edge_llm.upstream.translate import CHAT_PATH, responses_chat_body
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     ctx = context_of(request)
     req = responses.parse(await read_json(request, ctx.connection))
-    upstreams = ctx.router.upstreams_for(req.model)
     history = _conversation(ctx, req)
     setup = req.tool_setup()  # refuses a bad tool_choice before anything runs
-    if upstreams is not None:
-        return await _relay(request, ctx, req, history, upstreams, route="model")
-    try:
-        handle = await ctx.service.start_chat(
+    session = session_of(request, req.user)
+    job = Job(
+        req.model,
+        session,
+        start_local=lambda: ctx.service.start_chat(
             _with_instructions(req, history),
             max_tokens=req.max_output_tokens,
             sampling=_sampling(ctx, req),
-            session=session_of(request, req.user),
+            session=session,
             tools=setup,
-        )
-    except FALLBACK_ERRORS as exc:
-        candidates = ctx.router.fallback_for(exc)
-        if not candidates:
-            raise
-        route = f"fallback_{exc.code}"
-        return await _relay(request, ctx, req, history, candidates, route=route)
-    ctx.router.note_local(handle.id, handle.seq.session)
-    builder = responses.ResponseBuilder(
-        responses.response_id(handle.id), ctx.service.model_id, int(time.time()), req
+        ),
+        relay=lambda: Relay(CHAT_PATH, responses_chat_body(req, _with_instructions(req, history))),
     )
-    answer = local_answer(ctx, handle, ToolOutputParser(setup, openai.new_call_id))
-    with ctx.guard(handle):
-        headers = _headers(req, response_headers(handle))
-        response = await _respond(request, ctx, req, builder, answer, headers=headers)
-    _store(ctx, req, history, builder)
-    return response
-
-
-async def _relay(
-    request: web.Request,
-    ctx: ServerContext,
-    req: responses.ResponsesRequest,
-    history: list[dict[str, Any]],
-    candidates: list[Upstream],
-    *,
-    route: str,
-) -> web.StreamResponse:
-    """Served by an upstream, asked as a chat completion; the answer is encoded
-    here as it is for the local engine."""
-    body = responses_chat_body(req, _with_instructions(req, history))
-    async with upstream_routes.relayed(
-        request, ctx, body, candidates, route=route, user=req.user, path=CHAT_PATH
-    ) as stream:
+    answer = await ctx.dispatcher.start(job)
+    with answer:
         builder = responses.ResponseBuilder(
-            responses.response_id(stream.id), stream.client_model, int(time.time()), req
+            responses.response_id(answer.id), answer.model, int(time.time()), req
         )
-        answer = upstream_answer(stream, ChatChunkReader(openai.new_call_id))
-        headers = _headers(req, {"X-Request-Id": stream.id})
-        response = await _respond(request, ctx, req, builder, answer, headers=headers)
+        events = generation_events(answer, setup, openai.new_call_id)
+        headers = _headers(req, dict(answer.headers))
+        response = await _respond(request, ctx, req, builder, events, headers=headers)
     _store(ctx, req, history, builder)
     return response
 

@@ -14,10 +14,11 @@ from aiohttp import web
 from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend, SamplingDefaults
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
-from edge_llm.observability.events import EventLog, EventSink, null_sink
+from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
+from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService, Limits
@@ -156,16 +157,19 @@ def build_context(
         log_prompts=server.log_prompts,
         sampling_defaults=defaults,
     )
+    router = build_router(config, engine, service.model_id, events)
+    pump_settings = PumpSettings(
+        chunk_tokens=stream.chunk_size_tokens,
+        flush_interval_s=stream.flush_interval_ms / 1000.0,
+        heartbeat_interval_s=stream.heartbeat_interval_ms / 1000.0,
+    )
     return ServerContext(
         engine=engine,
         service=service,
         config=config,
-        router=build_router(config, engine, service.model_id, events),
-        pump_settings=PumpSettings(
-            chunk_tokens=stream.chunk_size_tokens,
-            flush_interval_s=stream.flush_interval_ms / 1000.0,
-            heartbeat_interval_s=stream.heartbeat_interval_ms / 1000.0,
-        ),
+        router=router,
+        dispatcher=Dispatcher(engine, router, service.model_id, pump_settings),
+        pump_settings=pump_settings,
         connection=ConnectionSettings(
             socket_send_buffer_bytes=server.socket_send_buffer_bytes,
             write_buffer_bytes=server.write_buffer_bytes,
@@ -183,7 +187,7 @@ def build_router(
         level = logging.INFO if healthy else logging.WARNING
         _log.log(level, "upstream %s is %s", upstream.name, "healthy" if healthy else
                  f"unhealthy: {upstream.last_error}")  # fmt: skip
-        events("upstream_health", None, backend=upstream.name, healthy=healthy,
+        events(Event.UPSTREAM_HEALTH, None, backend=upstream.name, healthy=healthy,
                error=upstream.last_error)  # fmt: skip
 
     registry = UpstreamRegistry(

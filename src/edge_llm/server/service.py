@@ -22,7 +22,7 @@ from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
-from edge_llm.observability.events import EventSink
+from edge_llm.observability.events import Event, EventSink
 from edge_llm.protocol.tools import ToolSetup, template_messages
 
 # Tokenizing a long text takes a few ms; beyond this size it leaves the event loop.
@@ -164,14 +164,14 @@ class GenerationService:
         handle = self.engine.submit(request)
         if budget.limit is not None:
             self.events(
-                "max_tokens_clamped",
+                Event.MAX_TOKENS_CLAMPED,
                 handle.id,
                 requested=budget.wanted,
                 max_tokens=budget.granted,
                 limit=budget.limit,
             )
         if self.log_prompts:
-            self.events("prompt", handle.id, prompt=prompt)
+            self.events(Event.PROMPT, handle.id, prompt=prompt)
         return handle
 
     async def _tokenize(self, text: str) -> list[int]:

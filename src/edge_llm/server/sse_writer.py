@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -51,15 +51,10 @@ class SseWriter:
         await self.response.write_eof()
         return self.response
 
-    async def fail(
-        self,
-        error: EdgeLLMError,
-        event: bytes,
-        plain: Callable[[EdgeLLMError], web.Response] = error_response,
-    ) -> web.StreamResponse:
-        """The stream ended with ``error``: ``plain(error)`` (an HTTP error in the
-        protocol's shape) if nothing was sent yet, else ``event`` and the end."""
+    async def fail(self, error: EdgeLLMError, event: bytes) -> web.StreamResponse:
+        """The stream ended with ``error``: a plain HTTP error (in the shape of the
+        request's API) if nothing was sent yet, else ``event`` and the end."""
         if not self.started:
-            return plain(error)
+            return error_response(error, self.request.path)
         await self.send(event)
         return await self.finish()

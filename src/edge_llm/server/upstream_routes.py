@@ -1,83 +1,34 @@
-"""Chat and text completions served by an upstream, through the same contract.
+"""Chat and text completions relayed from an upstream, as the OpenAI routes send them.
 
-The upstream is always asked to stream; a client that did not ask for a stream
-gets the chunks assembled into one completion object. :func:`relayed` is the
-relay's lifetime for every route (Responses and Messages too).
+The upstream was asked to stream (see :func:`~edge_llm.upstream.router.upstream_body`);
+its chunks are passed on untouched but for ``id`` and ``model``, or, for a client
+that did not ask for a stream, folded into one completion object (:class:`_Merged`).
+Which upstream answers, and the relay's lifetime, are the dispatcher's
+(:mod:`edge_llm.server.dispatch`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from aiohttp import web
 
-from edge_llm.errors import EdgeLLMError
 from edge_llm.protocol import sse
+from edge_llm.protocol.stream_events import Finished, Heartbeat
 from edge_llm.server.context import ServerContext
-from edge_llm.server.http import session_of
-from edge_llm.server.pump import Finished, Heartbeat
+from edge_llm.server.dispatch import Answer
 from edge_llm.server.sse_writer import SseWriter
-from edge_llm.upstream.registry import Upstream
-from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
+from edge_llm.upstream.stream import UpstreamChunk
 
 
 async def respond(
-    request: web.Request,
-    ctx: ServerContext,
-    body: dict[str, Any],
-    candidates: list[Upstream],
-    *,
-    route: str,
-    user: str | None,
+    request: web.Request, ctx: ServerContext, answer: Answer, body: dict[str, Any]
 ) -> web.StreamResponse:
-    """Relay ``body`` to the first usable of ``candidates``; ``route`` says why."""
-    async with relayed(request, ctx, body, candidates, route=route, user=user) as stream:
-        if body.get("stream"):
-            return await _stream_sse(request, ctx, stream, include_usage=_include_usage(body))
-        return await _whole(stream)
-
-
-@asynccontextmanager
-async def relayed(
-    request: web.Request,
-    ctx: ServerContext,
-    body: dict[str, Any],
-    candidates: list[Upstream],
-    *,
-    route: str,
-    user: str | None,
-    path: str | None = None,
-) -> AsyncIterator[UpstreamStream]:
-    """The upstream stream of ``body`` (sent to ``path``, by default the request's
-    own); however the handler ends (a disconnect, a failed write), the upstream
-    request is closed."""
-    session = session_of(request, user)
-    stream = ctx.router.open(path or request.path, body, candidates, route=route, session=session)
-    try:
-        yield stream
-    finally:
-        ctx.router.closed(stream)
-
-
-async def fallback(
-    request: web.Request,
-    ctx: ServerContext,
-    body: dict[str, Any],
-    refused: EdgeLLMError,
-    *,
-    user: str | None,
-) -> web.StreamResponse:
-    """The device refused the request: an upstream with ``fallback`` takes it, or
-    the client gets the refusal."""
-    candidates = ctx.router.fallback_for(refused)
-    if not candidates:
-        raise refused
-    return await respond(
-        request, ctx, body, candidates, route=f"fallback_{refused.code}", user=user
-    )
+    """Send the relayed ``answer`` to the client's request ``body``."""
+    if body.get("stream"):
+        return await _stream_sse(request, ctx, answer, include_usage=_include_usage(body))
+    return await _whole(answer)
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -86,10 +37,10 @@ def _include_usage(body: dict[str, Any]) -> bool:
 
 
 async def _stream_sse(
-    request: web.Request, ctx: ServerContext, stream: UpstreamStream, *, include_usage: bool
+    request: web.Request, ctx: ServerContext, answer: Answer, *, include_usage: bool
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, stream.id)
-    async for event in stream.events():
+    writer = SseWriter(request, ctx, answer.id, answer.headers)
+    async for event in answer.events():
         if isinstance(event, UpstreamChunk):
             if include_usage or not event.usage_only:
                 await writer.send(sse.encode_data(event.data))
@@ -103,16 +54,15 @@ async def _stream_sse(
     return await writer.finish()
 
 
-async def _whole(stream: UpstreamStream) -> web.Response:
+async def _whole(answer: Answer) -> web.Response:
     merged = _Merged()
-    async for event in stream.events():
+    async for event in answer.events():
         if isinstance(event, UpstreamChunk):
             merged.add(event.data)
         elif isinstance(event, Finished) and event.outcome.error is not None:
             raise event.outcome.error
     return web.json_response(
-        merged.completion(stream.id, stream.client_model, stream.usage()),
-        headers={"X-Request-Id": stream.id},
+        merged.completion(answer.id, answer.model, answer.usage()), headers=answer.headers
     )
 
 

@@ -10,10 +10,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
-from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, ForbiddenOrigin, InvalidRequest
 from edge_llm.protocol import openai
+from edge_llm.protocol.stream_events import Delta, Heartbeat, PauseChanged, StreamEvent
 from edge_llm.protocol.ws import (
     CancelStream,
     Command,
@@ -23,11 +22,11 @@ from edge_llm.protocol.ws import (
     StreamProtocol,
 )
 from edge_llm.server.context import ServerContext, context_of
-from edge_llm.server.http import tune_connection
+from edge_llm.server.dispatch import Answer, Job, Relay
+from edge_llm.server.http import session_of, tune_connection
 from edge_llm.server.openai_routes import request_sampling
-from edge_llm.server.pump import Delta, Finished, Heartbeat, PauseChanged, pump
-from edge_llm.upstream.registry import Upstream
-from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
+from edge_llm.upstream.stream import UpstreamChunk
+from edge_llm.upstream.translate import CHAT_PATH
 
 _log = logging.getLogger("edge_llm.server")
 
@@ -50,8 +49,7 @@ class _Connection:
             autoping=False,
         )
         self.protocol = StreamProtocol()
-        self.handle: StreamHandle | None = None
-        self.upstream: UpstreamStream | None = None
+        self.answer: Answer | None = None
         self.pump_task: asyncio.Task[None] | None = None
         self.heard = asyncio.Event()  # set by every complete frame the client sends
         self.serving = True
@@ -93,7 +91,7 @@ class _Connection:
         patience = self.ctx.config.server.body_timeout_ms / 1000
         while self.serving:
             heard = await self._heard_within(patience)
-            if heard or not self.serving or self.handle is not None or self.upstream is not None:
+            if heard or not self.serving or self.answer is not None:
                 continue
             self.heard.clear()
             with contextlib.suppress(ConnectionError, TimeoutError):
@@ -126,97 +124,61 @@ class _Connection:
         await self._flush()
 
     async def _execute(self, command: Command) -> None:
-        engine = self.ctx.engine
         if isinstance(command, StartStream):
             await self._start(command.request)
-        elif self.upstream is not None:
-            _control_upstream(self.upstream, command)
-        elif self.handle is None:
+        elif self.answer is None:
             return
         elif isinstance(command, PauseStream):
-            engine.pause(self.handle, PauseCause.CLIENT)
+            self.answer.pause()
         elif isinstance(command, ResumeStream):
-            engine.resume(self.handle, PauseCause.CLIENT)
+            self.answer.resume()
         elif isinstance(command, CancelStream):
-            engine.cancel(self.handle, "client")
+            self.answer.cancel("client")
 
     async def _start(self, body: dict[str, Any]) -> None:
-        service = self.ctx.service
-        session: str | None = None
         try:
-            req = openai.parse_request(openai.ChatCompletionRequest, body)
-            _no_tools(req)
-            if req.logprobs:
-                raise InvalidRequest(
-                    "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
-                )
-            session = self.request.headers.get("X-Session-Id") or req.user
-            if self._start_upstream(body, req.model, session):
-                return
-            handle = await service.start_chat(
+            answer = await self.ctx.dispatcher.start(self._job(body))
+        except EdgeLLMError as exc:
+            self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
+            return
+        self.answer = answer
+        self.protocol.on_started(answer.id)
+        self.pump_task = asyncio.create_task(self._pump(answer))
+
+    def _job(self, body: dict[str, Any]) -> Job:
+        req = openai.parse_request(openai.ChatCompletionRequest, body)
+        _no_tools(req)
+        if req.logprobs:
+            raise InvalidRequest(
+                "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
+            )
+        session = session_of(self.request, req.user)
+        return Job(
+            req.model,
+            session,
+            start_local=lambda: self.ctx.service.start_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
                 sampling=request_sampling(self.ctx, req),
                 session=session,
-            )
-        except EdgeLLMError as exc:
-            if not self._start_upstream(body, None, session, refused=exc):
-                self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
-            return
-        self.ctx.router.note_local(handle.id, session)
-        self.handle = handle
-        self.protocol.on_started(handle.id)
-        self.pump_task = asyncio.create_task(self._pump(handle))
+            ),
+            relay=lambda: Relay(CHAT_PATH, body),
+        )
 
-    def _start_upstream(
-        self,
-        body: dict[str, Any],
-        model: str | None,
-        session: str | None,
-        refused: EdgeLLMError | None = None,
-    ) -> bool:
-        """Start the stream on an upstream if the model or a local refusal says so."""
-        router = self.ctx.router
-        candidates: list[Upstream] | None
-        if refused is not None:
-            candidates, route = router.fallback_for(refused), f"fallback_{refused.code}"
-        else:
-            candidates, route = router.upstreams_for(model), "model"
-        if not candidates:
-            return False
-        path = "/v1/chat/completions"
-        stream = router.open(path, body, candidates, route=route, session=session)
-        self.upstream = stream
-        self.protocol.on_started(stream.id)
-        self.pump_task = asyncio.create_task(self._pump_upstream(stream))
-        return True
-
-    async def _pump_upstream(self, stream: UpstreamStream) -> None:
-        n_deltas = 0
-        try:
-            async for event in stream.events():
+    async def _pump(self, answer: Answer) -> None:
+        n_relayed = 0
+        with answer:
+            async for event in answer.events():
                 if isinstance(event, UpstreamChunk):
                     if not event.text:
                         continue
-                    self._report(stream, Delta(event.text, 1, n_deltas))
-                    n_deltas += 1
+                    self._report(answer, Delta(event.text, 1, n_relayed))
+                    n_relayed += 1
                 else:
-                    self._report(stream, event)
-                await self._flush()
-        finally:
-            self.ctx.router.closed(stream)
-
-    async def _pump(self, handle: StreamHandle) -> None:
-        with self.ctx.guard(handle):
-            async for event in pump(self.ctx.engine, handle, self.ctx.pump_settings):
-                self._report(handle, event)
+                    self._report(answer, event)
                 await self._flush()
 
-    def _report(
-        self,
-        handle: StreamHandle | UpstreamStream,
-        event: Delta | Heartbeat | PauseChanged | Finished,
-    ) -> None:
+    def _report(self, answer: Answer, event: StreamEvent) -> None:
         protocol = self.protocol
         if isinstance(event, Delta):
             protocol.on_delta(event.text, event.n_tokens, event.seq)
@@ -228,12 +190,11 @@ class _Connection:
             else:
                 protocol.on_paused(event.cause)
         else:
-            self.handle = self.upstream = None
+            self.answer = None
             error = event.outcome.error
-            now = self.ctx.engine.clock()
             if error is None:
                 finish_reason = event.outcome.finish_reason or "stop"
-                protocol.on_done(finish_reason, handle.usage(), handle.stats(now))
+                protocol.on_done(finish_reason, answer.usage(), answer.stats())
             else:
                 protocol.on_failed(error.code, error.message, **_details(error))
 
@@ -245,21 +206,10 @@ class _Connection:
 
     def _abandon(self) -> None:
         """The socket closed: cancel the stream (reason: disconnect)."""
-        if self.handle is not None and not self.handle.finished:
-            self.ctx.engine.cancel(self.handle, "disconnect")
-        if self.upstream is not None:
-            self.upstream.cancel("disconnect")
+        if self.answer is not None:
+            self.answer.close()
         if self.pump_task is not None:
             self.pump_task.cancel()
-
-
-def _control_upstream(stream: UpstreamStream, command: Command) -> None:
-    if isinstance(command, PauseStream):
-        stream.pause()
-    elif isinstance(command, ResumeStream):
-        stream.resume()
-    elif isinstance(command, CancelStream):
-        stream.cancel("client")
 
 
 def _details(error: EdgeLLMError) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from edge_llm.errors import (
     PromptTooLong,
     QueueFull,
 )
-from edge_llm.observability.events import EventSink
+from edge_llm.observability.events import Event, EventSink
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 from edge_llm.upstream.stream import StreamSettings, UpstreamStream
@@ -57,26 +57,25 @@ class UpstreamRouter:
 
     # -- decisions ---------------------------------------------------------------------
 
-    def upstreams_for(self, model: str | None) -> list[Upstream] | None:
-        """None: run locally. Else the upstreams serving ``model`` (ModelNotFound
-        when nobody serves it)."""
+    def upstreams_for(
+        self, model: str | None, *, any_model_local: bool = False
+    ) -> list[Upstream] | None:
+        """None: run locally. Else the upstreams serving ``model``. A model nobody
+        serves is ModelNotFound, unless ``any_model_local`` (Anthropic's endpoint,
+        where clients send their own ids): then it runs locally."""
         if model is None or model == self.local_model:
             return None
         serving = self.registry.serving(model)
-        if not serving:
-            available = [self.local_model, *(m for m, _ in self.registry.all_models())]
-            raise ModelNotFound(
-                f"model {model!r} is not served here; available: {', '.join(available)}",
-                param="model",
-                available=available,
-            )
-        return serving
-
-    def upstreams_naming(self, model: str) -> list[Upstream] | None:
-        """For endpoints where any model id runs locally (Anthropic's: clients send
-        their own ids): the upstreams listing ``model``, None if none does."""
-        serving = [] if model == self.local_model else self.registry.serving(model)
-        return serving or None
+        if serving:
+            return serving
+        if any_model_local:
+            return None
+        available = [self.local_model, *(m for m, _ in self.registry.all_models())]
+        raise ModelNotFound(
+            f"model {model!r} is not served here; available: {', '.join(available)}",
+            param="model",
+            available=available,
+        )
 
     def fallback_for(self, error: EdgeLLMError) -> list[Upstream]:
         """Healthy upstreams with room that may take a request the device refused
@@ -86,7 +85,7 @@ class UpstreamRouter:
             return []
         return [u for u in self.registry.fallbacks() if u.healthy and u.has_room]
 
-    def note_local(self, request_id: str, session: str | None) -> None:
+    def note_local(self, session: str | None) -> None:
         """A request runs locally: it supersedes its session's upstream stream."""
         self.metrics.requests.labels(LOCAL, "local").inc()
         self._supersede(session)
@@ -127,7 +126,7 @@ class UpstreamRouter:
         backend = usable[0].name if usable else "none"
         self.metrics.requests.labels(backend, route).inc()
         self.events(
-            "routed",
+            Event.ROUTED,
             stream.id,
             backend=backend,
             route=route,

@@ -29,8 +29,6 @@ from typing import Any, NoReturn
 
 import aiohttp
 
-from edge_llm.client.errors import EventTooLargeError
-from edge_llm.client.sse import SSEParser
 from edge_llm.engine.stream import Outcome
 from edge_llm.errors import (
     Cancelled,
@@ -41,8 +39,9 @@ from edge_llm.errors import (
     UpstreamRejected,
     UpstreamUnavailable,
 )
-from edge_llm.observability.events import EventSink
-from edge_llm.server.pump import Finished, Heartbeat, PauseChanged
+from edge_llm.observability.events import Event, EventSink
+from edge_llm.protocol.sse import EventTooLarge, SSEParser
+from edge_llm.protocol.stream_events import Finished, Heartbeat, PauseChanged
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 
@@ -167,7 +166,7 @@ class UpstreamStream:
             return
         self._client_paused = True
         self._unpaused.clear()
-        self.log_event("pause_received", self.id, n_generated=self.progress.n_content)
+        self.log_event(Event.PAUSE_RECEIVED, self.id, n_generated=self.progress.n_content)
         self._note_pause_change(was_paused=self._socket_full)
         if self.settings.max_pause_s:
             loop = asyncio.get_running_loop()
@@ -178,7 +177,7 @@ class UpstreamStream:
             return
         self._client_paused = False
         self._unpaused.set()
-        self.log_event("resume_received", self.id, n_generated=self.progress.n_content)
+        self.log_event(Event.RESUME_RECEIVED, self.id, n_generated=self.progress.n_content)
         if self._pause_timer is not None:
             self._pause_timer.cancel()
         self._note_pause_change(was_paused=True)
@@ -308,11 +307,11 @@ class UpstreamStream:
         if paused and not was_paused:
             p.pauses += 1
             p.paused_since = now
-            self.log_event("paused", self.id, cause=self.pause_cause, backend=self.backend)
+            self.log_event(Event.PAUSED, self.id, cause=self.pause_cause, backend=self.backend)
         elif was_paused and not paused and p.paused_since is not None:
             p.paused_s += now - p.paused_since
             p.paused_since = None
-            self.log_event("resumed", self.id, backend=self.backend)
+            self.log_event(Event.RESUMED, self.id, backend=self.backend)
         self._signal()
 
     def _ttft_expired(self) -> None:
@@ -347,9 +346,11 @@ class UpstreamStream:
         reason = error.extra.get("reason") if error is not None else None
         if reason:
             self.metrics.cancellations.labels(self.backend, str(reason)).inc()
-            self.log_event("cancel", self.id, reason=reason, backend=self.backend, state="upstream")
+            self.log_event(
+                Event.CANCEL, self.id, reason=reason, backend=self.backend, state="upstream"
+            )
         self.log_event(
-            "end",
+            Event.END,
             self.id,
             finish_reason=finish_reason,
             error=error.code if error else None,
@@ -388,7 +389,7 @@ class UpstreamStream:
         if exc.unhealthy:
             self.registry.mark(upstream, False, exc.reason)
         self.connected = False
-        self.log_event("upstream_failover", self.id, backend=upstream.name, reason=exc.reason)
+        self.log_event(Event.UPSTREAM_FAILOVER, self.id, backend=upstream.name, reason=exc.reason)
 
     async def _attempt(self, upstream: Upstream) -> None:
         """Relay from one upstream; _GiveUp if it failed before any content."""
@@ -439,7 +440,7 @@ class UpstreamStream:
                         return
                 if not data:
                     break
-        except (aiohttp.ClientError, OSError, EventTooLargeError) as exc:
+        except (aiohttp.ClientError, OSError, EventTooLarge) as exc:
             self._broke_off(upstream, f"stream broke: {type(exc).__name__}", exc)
         if self.progress.finish_reason is None:
             self._broke_off(upstream, "stream ended without a finish_reason or [DONE]")
@@ -498,7 +499,7 @@ class UpstreamStream:
         ttft = p.first_token_at - p.created_at
         self.metrics.ttft.labels(self.backend).observe(ttft)
         self.log_event(
-            "first_token", self.id, ttft_ms=round(ttft * 1000.0, 3), backend=self.backend
+            Event.FIRST_TOKEN, self.id, ttft_ms=round(ttft * 1000.0, 3), backend=self.backend
         )
 
     async def _flush(self, held: list[UpstreamChunk]) -> None:

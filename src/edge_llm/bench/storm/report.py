@@ -16,10 +16,10 @@ from html import escape
 from rich.table import Table
 
 from edge_llm.bench.stats import Distribution
-from edge_llm.bench.storm import StormResult
-from edge_llm.bench.storm_stats import StormSummary
-from edge_llm.bench.storm_user import OUTCOMES, StormRecord
-from edge_llm.bench.storm_watch import ServerSample
+from edge_llm.bench.storm.run import StormResult
+from edge_llm.bench.storm.stats import StormSummary
+from edge_llm.bench.storm.user import OUTCOMES, StormRecord
+from edge_llm.bench.storm.watch import ServerSample
 from edge_llm.bench.svg import Lane, Series, Window, color, line_chart, timeline
 
 DASH = "-"

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edge_llm.bench.prompts import Prompt
-from edge_llm.bench.storm_corpus import corpus_words
+from edge_llm.bench.storm.corpus import corpus_words
 
 QUESTION = "Summarise the passage above in two sentences."
 

@@ -21,10 +21,10 @@ from typing import Any
 
 from edge_llm.bench.chat_stream import Clock
 from edge_llm.bench.runner import discover_model, host_info
-from edge_llm.bench.storm_load import StormSettings
-from edge_llm.bench.storm_stats import StormSummary, TargetRunData, summarize_storm
-from edge_llm.bench.storm_user import Counters, StormRecord, TargetRun
-from edge_llm.bench.storm_watch import ServerSample, ServerWatch
+from edge_llm.bench.storm.load import StormSettings
+from edge_llm.bench.storm.stats import StormSummary, TargetRunData, summarize_storm
+from edge_llm.bench.storm.user import Counters, StormRecord, TargetRun
+from edge_llm.bench.storm.watch import ServerSample, ServerWatch
 from edge_llm.bench.targets import Target
 
 IDLE_POLL_S = 0.25

@@ -26,7 +26,7 @@ from edge_llm.bench.chat_stream import ChatStream, Clock, RequestOptions
 from edge_llm.bench.connection import SMALL_LIMIT
 from edge_llm.bench.prompts import Prompt
 from edge_llm.bench.record import RequestRecord
-from edge_llm.bench.storm_load import (
+from edge_llm.bench.storm.load import (
     StormSettings,
     Turn,
     UserProfile,

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edge_llm.bench.stats import Distribution
-from edge_llm.bench.storm_user import OUTCOMES, StormRecord
-from edge_llm.bench.storm_watch import CounterReading, ServerSample
+from edge_llm.bench.storm.user import OUTCOMES, StormRecord
+from edge_llm.bench.storm.watch import CounterReading, ServerSample
 
 READ_OUTCOMES = ("completed", "abandoned")
 UNREAD_OUTCOMES = ("superseded", "failed")

@@ -13,13 +13,8 @@ import datetime
 import json
 from typing import Any
 
-from edge_llm.observability.blame import (
-    VERDICTS,
-    BlameReport,
-    Event,
-    Finding,
-    RequestReport,
-)
+from edge_llm.observability.blame.lines import LogLine
+from edge_llm.observability.blame.model import VERDICTS, BlameReport, Finding, RequestReport
 
 MAX_EVIDENCE_LINES = 12
 HIDDEN_FIELDS = ("ts", "mono", "source", "event", "request_id", "client_request_id")
@@ -39,7 +34,7 @@ def _value(value: object) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def format_event(event: Event, origin: float) -> str:
+def format_event(event: LogLine, origin: float) -> str:
     """``12:00:01.234  +0.512s  engine  paused  cause=socket_full ring_fill=1.0 ...``"""
     ts = event.get("ts")
     when = float(ts) if isinstance(ts, int | float) else origin
@@ -48,7 +43,7 @@ def format_event(event: Event, origin: float) -> str:
     return f"{head}  {event.get('event')}  {fields}".rstrip()
 
 
-def chronological(finding: Finding) -> list[Event]:
+def chronological(finding: Finding) -> list[LogLine]:
     """The evidence by wall-clock time (lines without ``ts`` first)."""
     return sorted(finding.evidence, key=lambda e: e.get("ts") or 0.0)
 

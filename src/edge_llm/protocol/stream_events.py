@@ -1,0 +1,55 @@
+"""What one connection is told about its stream, whoever generates it (no I/O).
+
+The local pump (:mod:`edge_llm.server.pump`) and the upstream relay
+(:mod:`edge_llm.upstream.stream`) both yield these; the routes encode them as
+SSE chunks or WebSocket frames. They live here, below both, so that neither the
+relay nor the engine has to import the server to speak about a stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from edge_llm.engine.backend import TokenLogprob
+from edge_llm.errors import EdgeLLMError
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+    n_tokens: int
+    seq: int
+    logprobs: tuple[TokenLogprob, ...] = ()  # of these tokens, when the request asked
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    state: str
+    prefill_done: int
+    prefill_total: int
+
+
+@dataclass(frozen=True)
+class PauseChanged:
+    cause: str | None  # None: resumed
+
+
+class Ending(Protocol):
+    """How a stream ended (the engine's ``Outcome`` is one): a finish reason, or
+    the error that ended it, and the stop string that ended it if one did."""
+
+    @property
+    def finish_reason(self) -> str | None: ...
+    @property
+    def error(self) -> EdgeLLMError | None: ...
+    @property
+    def stop_sequence(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class Finished:
+    outcome: Ending
+
+
+StreamEvent = Delta | Heartbeat | PauseChanged | Finished

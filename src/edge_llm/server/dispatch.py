@@ -1,0 +1,256 @@
+"""One entry for every route: who answers a request, and the answer as one event stream.
+
+:meth:`Dispatcher.start` asks the router which backend takes the request (the
+upstreams serving the model it names, else the local engine) and starts it
+there. When the device refuses a request for its own model (``prompt_too_long``,
+``queue_full``, ``kv_budget_exceeded``), an upstream with ``fallback = true``
+takes it if one can; a request that cannot be relayed (an Anthropic prefill)
+keeps the refusal, which says more than ``upstream_unavailable``.
+
+Whoever answers, the route gets an :class:`Answer`: its events (those of
+:mod:`edge_llm.protocol.stream_events`, plus the upstream's chunk objects when
+relayed, so an OpenAI route can pass them on untouched), the ids and headers to
+send, usage and stats, and pause / resume / cancel. Used as a context manager
+it is closed however the handler ends: a local stream still running is
+cancelled (reason ``disconnect``) and frees its KV, a relayed one closes its
+upstream connection. A route reads parse → dispatch → encode.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from edge_llm.engine.backend import TokenLogprob
+from edge_llm.engine.engine import Engine
+from edge_llm.engine.sequence import PauseCause
+from edge_llm.engine.stream import StreamHandle
+from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.protocol.stream_events import Delta, Ending, Finished, StreamEvent
+from edge_llm.server.pump import PumpSettings, pump
+from edge_llm.server.service import response_headers
+from edge_llm.upstream.registry import Upstream
+from edge_llm.upstream.router import FALLBACK_ERRORS, LOCAL, UpstreamRouter
+from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
+
+AnswerEvent = StreamEvent | UpstreamChunk
+
+
+@dataclass(frozen=True)
+class Relay:
+    """The request as an upstream gets it: a chat or text completion."""
+
+    path: str
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a route asks for, both ways it can be answered.
+
+    ``start_local`` admits it to the local engine (raising the device's refusal);
+    ``relay`` builds what an upstream is sent, and raises InvalidRequest when the
+    request cannot be relayed. Both run only if that backend is chosen.
+    """
+
+    model: str | None
+    session: str | None
+    start_local: Callable[[], Awaitable[StreamHandle]]
+    relay: Callable[[], Relay]
+    # Anthropic's endpoint: clients send their own model ids, which run locally
+    # unless an upstream lists them.
+    any_model_runs_locally: bool = False
+
+
+class Answer(ABC):
+    """One request's answer, from the local engine or relayed from an upstream."""
+
+    id: str
+    model: str  # as the client is told
+    n_prompt: int  # 0 when relayed: the upstream counts them at the end
+    headers: dict[str, str]
+    relayed: bool
+
+    @property
+    @abstractmethod
+    def backend(self) -> str:
+        """``local`` or the upstream's name."""
+
+    @abstractmethod
+    def events(self) -> AsyncIterator[AnswerEvent]:
+        """The events until (and including) :class:`Finished`."""
+
+    @abstractmethod
+    def usage(self) -> dict[str, Any]:
+        """The backend's usage object (OpenAI's names; an upstream's as it sent it)."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """ttft_ms, pauses, paused_ms (and what else the backend knows) for ``done``."""
+
+    @abstractmethod
+    def pause(self) -> None:
+        """The client asked to pause (cause ``client``)."""
+
+    @abstractmethod
+    def resume(self) -> None:
+        """The client asked to resume."""
+
+    @abstractmethod
+    def cancel(self, reason: str) -> None:
+        """End the stream now with ``reason`` (``client``, ``disconnect``, ...)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """The connection is done with the answer; a stream still running ends
+        (reason ``disconnect``). Closing again does nothing."""
+
+    async def collect(self, logprobs: list[TokenLogprob] | None = None) -> tuple[str, Ending]:
+        """The whole text and how it ended, for replies that are not streamed;
+        raises the error that ended it. Token logprobs are appended to ``logprobs``."""
+        parts: list[str] = []
+        async for event in self.events():
+            if isinstance(event, Delta):
+                parts.append(event.text)
+                if logprobs is not None:
+                    logprobs.extend(event.logprobs)
+            elif isinstance(event, UpstreamChunk):
+                parts.append(event.text)
+            elif isinstance(event, Finished):
+                if event.outcome.error is not None:
+                    raise event.outcome.error
+                return "".join(parts), event.outcome
+        raise RuntimeError("answer ended without Finished")  # both sources end so
+
+    def __enter__(self) -> Answer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class LocalAnswer(Answer):
+    def __init__(
+        self, engine: Engine, handle: StreamHandle, model: str, settings: PumpSettings
+    ) -> None:
+        self.engine = engine
+        self.handle = handle
+        self.settings = settings
+        self.id = handle.id
+        self.relayed = False
+        self.model = model
+        self.n_prompt = handle.seq.n_prompt
+        self.headers = response_headers(handle)
+
+    @property
+    def backend(self) -> str:
+        return LOCAL
+
+    def events(self) -> AsyncIterator[AnswerEvent]:
+        return pump(self.engine, self.handle, self.settings)
+
+    def usage(self) -> dict[str, Any]:
+        return self.handle.usage()
+
+    def stats(self) -> dict[str, Any]:
+        return self.handle.stats(self.engine.clock())
+
+    def pause(self) -> None:
+        self.engine.pause(self.handle, PauseCause.CLIENT)
+
+    def resume(self) -> None:
+        self.engine.resume(self.handle, PauseCause.CLIENT)
+
+    def cancel(self, reason: str) -> None:
+        self.engine.cancel(self.handle, reason)
+
+    def close(self) -> None:
+        if not self.handle.finished:
+            self.engine.cancel(self.handle, "disconnect")
+
+
+class RelayedAnswer(Answer):
+    def __init__(self, router: UpstreamRouter, stream: UpstreamStream) -> None:
+        self.router = router
+        self.stream = stream
+        self.id = stream.id
+        self.relayed = True
+        self.model = stream.client_model
+        self.n_prompt = 0
+        self.headers = {"X-Request-Id": stream.id}
+        self._closed = False
+
+    @property
+    def backend(self) -> str:
+        return self.stream.backend  # the next candidate's after a failover
+
+    def events(self) -> AsyncIterator[AnswerEvent]:
+        return self.stream.events()
+
+    def usage(self) -> dict[str, Any]:
+        return self.stream.usage()
+
+    def stats(self) -> dict[str, Any]:
+        return self.stream.stats(time.monotonic())
+
+    def pause(self) -> None:
+        self.stream.pause()
+
+    def resume(self) -> None:
+        self.stream.resume()
+
+    def cancel(self, reason: str) -> None:
+        self.stream.cancel(reason)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.router.closed(self.stream)
+
+
+class Dispatcher:
+    def __init__(
+        self, engine: Engine, router: UpstreamRouter, local_model: str, settings: PumpSettings
+    ) -> None:
+        self.engine = engine
+        self.router = router
+        self.local_model = local_model
+        self.settings = settings
+
+    async def start(self, job: Job) -> Answer:
+        """The answer to ``job``, started where the router sends it; raises the
+        error the client must get (a refusal no upstream takes, a bad request)."""
+        upstreams = self.router.upstreams_for(job.model, any_model_local=job.any_model_runs_locally)
+        if upstreams is not None:
+            return self._relay(job, job.relay(), upstreams, route="model")
+        try:
+            handle = await job.start_local()
+        except FALLBACK_ERRORS as refused:
+            return self._fall_back(job, refused)
+        self.router.note_local(handle.seq.session)
+        return LocalAnswer(self.engine, handle, self.local_model, self.settings)
+
+    def _fall_back(self, job: Job, refused: EdgeLLMError) -> Answer:
+        candidates = self.router.fallback_for(refused)
+        if not candidates:
+            raise refused
+        try:
+            relay = job.relay()
+        except InvalidRequest:
+            raise refused from None  # it cannot be relayed: the device's refusal stands
+        return self._relay(job, relay, candidates, route=f"fallback_{refused.code}")
+
+    def _relay(self, job: Job, relay: Relay, candidates: list[Upstream], *, route: str) -> Answer:
+        stream = self.router.open(
+            relay.path, relay.body, candidates, route=route, session=job.session
+        )
+        return RelayedAnswer(self.router, stream)

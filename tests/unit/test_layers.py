@@ -1,0 +1,137 @@
+"""Imports point one way: a lower layer never imports a higher one.
+
+The layers of ``src/edge_llm``, lowest first; a module may import its own package
+and any package of a lower layer::
+
+    edge_llm        the package's own ``__init__`` (its version)
+    errors          the server's error tree
+    observability   event logs, metrics, blame, top (sinks and readers anyone may use)
+    config          the engine's config tree (``upstream/config.py`` is part of it:
+                    the schema of ``[upstream.NAME]`` tables, kept beside its feature)
+    protocol        sans-I/O wire formats: requests, objects, SSE, WebSocket frames,
+                    the stream events every connection is told
+    engine          the inference thread and its policies
+    upstream        the relay to other engines
+    server          aiohttp routes, dispatch, runtime
+    cli             the commands (may import anything)
+
+Beside that stack, programs that talk to a server over the network:
+
+    client          the SDK: errors, observability, protocol only (it ships without the
+                    engine's machinery and shares the wire formats, e.g. the SSE parser)
+    doctor, bench   what the client may, plus the client itself
+
+``KNOWN_EXCEPTIONS`` lists the imports that break the rule today, each with its
+reason; an entry that no longer occurs fails too, so the list only shrinks.
+Imports inside functions count as much as those at the top.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import edge_llm
+
+SOURCE = Path(edge_llm.__file__).parent
+STACK = (
+    "edge_llm",
+    "errors",
+    "observability",
+    "config",
+    "protocol",
+    "engine",
+    "upstream",
+    "server",
+    "cli",
+)
+NETWORK_CLIENTS = {
+    "client": {"errors", "observability", "protocol"},
+    "doctor": {"errors", "observability", "protocol", "client"},
+    "bench": {"errors", "observability", "protocol", "client"},
+}
+MODULE_LAYERS = {"edge_llm.upstream.config": "config", "edge_llm.__main__": "cli"}
+# (importer, imported module): why it is allowed for now.
+KNOWN_EXCEPTIONS = {
+    ("edge_llm.protocol.openai", "edge_llm.engine.backend"): "SamplingParams, TokenLogprob",
+    ("edge_llm.protocol.anthropic", "edge_llm.engine.backend"): "SamplingParams",
+    ("edge_llm.protocol.stream_events", "edge_llm.engine.backend"): "TokenLogprob",
+}
+# The sampling and logprob value types sit in the backend interface module; they move
+# below the engine when it is restructured (engine/ is not edited from here).
+
+
+def layer_of(module: str) -> str:
+    if module in MODULE_LAYERS:
+        return MODULE_LAYERS[module]
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "edge_llm"
+
+
+def may_import(importer: str, imported: str) -> bool:
+    if importer == imported:
+        return True
+    if importer in NETWORK_CLIENTS:
+        return imported in NETWORK_CLIENTS[importer]
+    if importer == "cli":
+        return True
+    return imported in STACK[: STACK.index(importer)]
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path) -> Iterator[str]:
+    """Every ``edge_llm`` module ``path`` imports (``from pkg import mod`` names ``pkg.mod``)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.startswith("edge_llm"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if not node.module.startswith("edge_llm"):
+                continue
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                is_module = (SOURCE.parent / candidate.replace(".", "/")).with_suffix(".py")
+                yield candidate if is_module.exists() else node.module
+
+
+def all_imports() -> list[tuple[str, str]]:
+    pairs = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        importer = module_name(path)
+        pairs += [(importer, imported) for imported in sorted(set(imports_of(path)))]
+    return pairs
+
+
+def test_every_package_is_placed_in_a_layer() -> None:
+    placed = {*STACK, *NETWORK_CLIENTS}
+    packages = {layer_of(module_name(path)) for path in SOURCE.rglob("*.py")}
+    assert packages <= placed, f"not in any layer: {sorted(packages - placed)}"
+
+
+def test_no_import_points_up() -> None:
+    upward = [
+        f"{importer} ({layer_of(importer)}) imports {imported} ({layer_of(imported)})"
+        for importer, imported in all_imports()
+        if not may_import(layer_of(importer), layer_of(imported))
+        and (importer, imported) not in KNOWN_EXCEPTIONS
+    ]
+    assert not upward, "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_known_exceptions_still_occur() -> None:
+    stale = set(KNOWN_EXCEPTIONS) - set(all_imports())
+    assert not stale, f"no longer imported, remove from KNOWN_EXCEPTIONS: {sorted(stale)}"
+
+
+def test_the_rule_catches_an_upward_import() -> None:
+    assert not may_import("upstream", "server")
+    assert not may_import("engine", "server")
+    assert not may_import("protocol", "engine")
+    assert not may_import("client", "server")
+    assert not may_import("client", "engine")
+    assert may_import("server", "upstream")
+    assert may_import("bench", "client")
