@@ -25,8 +25,9 @@ from pathlib import Path
 
 from machine import noise, own_pids, snapshot
 
-from edge_llm.engine.backend import BatchItem, SamplingParams
+from edge_llm.engine.backend import BatchItem
 from edge_llm.engine.llama_backend import LlamaBackend
+from edge_llm.protocol.sampling import SamplingParams
 
 PROMPTS = (
     "Write a long story about a lighthouse keeper.",

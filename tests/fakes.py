@@ -13,13 +13,12 @@ from edge_llm.engine.backend import (
     BatchItem,
     ModelInfo,
     Sampled,
-    SamplingParams,
-    TokenLogprob,
 )
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.speculative import verify
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
+from edge_llm.protocol.sampling import SamplingParams, TokenLogprob
 
 FAKE_LOGITS = ("fake logits",)  # what the fake keeps for a prompt's first token
 

@@ -9,9 +9,10 @@ import jsonschema
 import llama_cpp as llama
 import pytest
 
-from edge_llm.engine.backend import BatchItem, Sampled, SamplingParams
+from edge_llm.engine.backend import BatchItem, Sampled
 from edge_llm.engine.llama_backend import LlamaBackend
 from edge_llm.errors import BackendError, InvalidRequest
+from edge_llm.protocol.sampling import SamplingParams
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,6 @@ from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config import load_config
-from edge_llm.engine.backend import SamplingDefaults
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import (
     AuthenticationFailed,
@@ -27,6 +26,7 @@ from edge_llm.errors import (
     TtftTimeout,
 )
 from edge_llm.protocol import anthropic
+from edge_llm.protocol.sampling import SamplingDefaults
 from edge_llm.protocol.sse import SSEParser
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings

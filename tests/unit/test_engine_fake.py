@@ -143,7 +143,7 @@ async def test_a_failing_sequence_ends_alone(engine_of) -> None:
 
 
 async def test_stop_string_is_cut_and_held_text_released(engine_of) -> None:
-    from edge_llm.engine.backend import SamplingParams
+    from edge_llm.protocol.sampling import SamplingParams
 
     engine = engine_of(FakeBackend(script=[10, 11, 12, EOG]))
     req = request()

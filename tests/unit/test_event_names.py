@@ -2,9 +2,8 @@
 
 The call sites are found in the source: calls of ``events(...)``, ``emit(...)`` or
 ``log_event(...)`` (the sinks' names everywhere), whose first argument is the
-event's name. Outside ``engine/`` that argument must be an ``Event`` member; the
-engine still passes plain strings (its owner converts them), which must name a
-member. The engine's two time-out events go through a variable (the reason);
+event's name. That argument must be an ``Event`` member (the engine's two time-out
+events go through a variable of that type: mypy checks the sinks' signature);
 ``tests/e2e/test_blame_top_engine.py`` checks every name in the logs a real engine
 and client wrote.
 """
@@ -21,7 +20,6 @@ from edge_llm.observability.events import Event
 
 SOURCE = Path(edge_llm.__file__).parent
 SINK_NAMES = {"events", "emit", "log_event"}
-PLAIN_STRINGS_ALLOWED_UNDER = ("engine",)
 
 
 @dataclass(frozen=True)
@@ -77,10 +75,6 @@ def test_every_member_used_exists() -> None:
     assert not missing
 
 
-def test_outside_the_engine_names_are_event_members() -> None:
-    plain = [
-        f"{site.where}: {site.literal!r}"
-        for site in call_sites()
-        if site.literal is not None and not site.where.startswith(PLAIN_STRINGS_ALLOWED_UNDER)
-    ]
+def test_names_are_event_members() -> None:
+    plain = [f"{site.where}: {site.literal!r}" for site in call_sites() if site.literal is not None]
     assert not plain, "use the Event member instead of a string:\n" + "\n".join(plain)

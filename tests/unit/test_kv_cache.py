@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from edge_llm.engine.backend import BatchItem, SamplingParams
+from edge_llm.engine.backend import BatchItem
 from edge_llm.engine.kv_cache import (
     CopyPrefix,
     KvCache,
@@ -16,6 +16,7 @@ from edge_llm.engine.kv_cache import (
     SaveState,
     Truncate,
 )
+from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import FakeBackend
 

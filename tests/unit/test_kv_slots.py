@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from edge_llm.engine.backend import BatchItem, SamplingParams
+from edge_llm.engine.backend import BatchItem
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_cache import (
     CopyPrefix,
@@ -26,6 +26,7 @@ from edge_llm.engine.kv_slots import (
     chunk_rows,
     usable_prefix,
 )
+from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import FakeBackend
 

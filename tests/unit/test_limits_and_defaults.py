@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config import load_config
-from edge_llm.engine.backend import SamplingParams
 from edge_llm.engine.engine import Engine
+from edge_llm.protocol.sampling import SamplingParams
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
 

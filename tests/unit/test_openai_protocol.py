@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_llm.engine.backend import SamplingDefaults
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol.openai import ChatCompletionRequest, CompletionRequest, parse_request
+from edge_llm.protocol.sampling import SamplingDefaults
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),

@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from edge_llm.engine.backend import SamplingParams
 from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.speculative import PromptLookup, verify
+from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import EOG, FakeBackend, drain, text_script
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from edge_llm.observability.events import EventSink, null_sink
+from edge_llm.observability.events import Event, EventSink, null_sink
 
 
 class RequestLog:
@@ -24,5 +24,5 @@ class RequestLog:
         self.client_request_id = client_request_id or f"c-{uuid.uuid4().hex[:16]}"
         self.request_id: str | None = None
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: Event, **fields: Any) -> None:
         self._sink(event, self.request_id, client_request_id=self.client_request_id, **fields)

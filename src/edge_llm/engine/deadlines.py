@@ -10,6 +10,7 @@ from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import Streams
 from edge_llm.errors import EdgeLLMError, PauseTimeout, TtftTimeout
+from edge_llm.observability.events import Event
 
 
 class Deadlines:
@@ -28,22 +29,22 @@ class Deadlines:
         """When the next time-out falls due (None: none pending)."""
         return min((when for when, _, _ in self._due()), default=None)
 
-    def _due(self) -> Iterator[tuple[float, StreamHandle, str]]:
+    def _due(self) -> Iterator[tuple[float, StreamHandle, Event]]:
         ttft, max_pause = self.settings.ttft_timeout_s, self.settings.max_pause_s
         for handle in self.streams.live.values():
             seq = handle.seq
             if ttft and seq.first_token_at is None:
-                yield seq.created_at + ttft, handle, "ttft_timeout"
+                yield seq.created_at + ttft, handle, Event.TTFT_TIMEOUT
             if max_pause and seq.paused_since is not None:
-                yield seq.paused_since + max_pause, handle, "pause_timeout"
+                yield seq.paused_since + max_pause, handle, Event.PAUSE_TIMEOUT
 
-    def _error(self, handle: StreamHandle, reason: str) -> EdgeLLMError:
+    def _error(self, handle: StreamHandle, reason: Event) -> EdgeLLMError:
         seq = handle.seq
         self.streams.events(
             reason, seq.id, state=seq.state.value,
             prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt,
         )  # fmt: skip
-        if reason == "pause_timeout":
+        if reason is Event.PAUSE_TIMEOUT:
             limit_ms = (self.settings.max_pause_s or 0) * 1000
             return PauseTimeout(f"paused for more than {limit_ms:.0f} ms", reason=reason)
         limit_ms = (self.settings.ttft_timeout_s or 0) * 1000

@@ -44,7 +44,7 @@ from edge_llm.errors import (
     EngineUnavailable,
     QueueFull,
 )
-from edge_llm.observability.events import EventSink, null_sink
+from edge_llm.observability.events import Event, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 
 __all__ = ["Engine", "EngineSettings", "scheduler_limits"]
@@ -166,11 +166,11 @@ class Engine:
                 self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
                 self.metrics.rejections.labels(exc.code).inc()
-                self.events("rejected", seq.id, code=exc.code, n_prompt_tokens=seq.n_prompt)
+                self.events(Event.REJECTED, seq.id, code=exc.code, n_prompt_tokens=seq.n_prompt)
                 raise
             self.streams.add(handle)
             self.events(
-                "admitted", seq.id, session=request.session, n_prompt_tokens=seq.n_prompt,
+                Event.ADMITTED, seq.id, session=request.session, n_prompt_tokens=seq.n_prompt,
                 max_tokens=request.max_tokens,
                 kv_reserved_bytes=self.scheduler.reservation(seq) * self.kv.bytes_per_token,
                 queue_position=self.scheduler.num_waiting,
@@ -220,7 +220,7 @@ class Engine:
             if handle.finished:
                 return False
             if cause is PauseCause.CLIENT:
-                self.events("pause_received", handle.id, n_generated=handle.seq.n_generated)
+                self.events(Event.PAUSE_RECEIVED, handle.id, n_generated=handle.seq.n_generated)
             return self.streams.add_pause(handle, cause)
 
     def resume(self, handle: StreamHandle, cause: PauseCause = PauseCause.CLIENT) -> bool:
@@ -228,7 +228,7 @@ class Engine:
             if handle.finished:
                 return False
             if cause is PauseCause.CLIENT:
-                self.events("resume_received", handle.id, n_generated=handle.seq.n_generated)
+                self.events(Event.RESUME_RECEIVED, handle.id, n_generated=handle.seq.n_generated)
             resumed = self.streams.remove_pause(handle, cause)
         if resumed:
             self._wake.set()
@@ -337,7 +337,7 @@ class Engine:
             if seq.admitted_at is not None:
                 self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
             queue_ms = round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3)
-            self.events("scheduled", seq.id, slot=seq.slot, queue_ms=queue_ms)
+            self.events(Event.SCHEDULED, seq.id, slot=seq.slot, queue_ms=queue_ms)
             if seq.num_cached:
                 self._cache_hit(seq, seq.num_cached)
         for seq, n_gained in plan.attached:
@@ -347,7 +347,7 @@ class Engine:
         self.metrics.prompt_tokens_cached.inc(n_gained)
         self.metrics.prompt_cache_hits.labels(seq.cache_tier).inc()
         self.events(
-            "cache_hit", seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt,
+            Event.CACHE_HIT, seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt,
             tier=seq.cache_tier,
         )  # fmt: skip
 

@@ -17,7 +17,7 @@ from edge_llm.engine.kv_cache import (
 )
 from edge_llm.engine.offload import HostStore
 from edge_llm.errors import BackendError
-from edge_llm.observability.events import EventSink
+from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
 
 
@@ -65,7 +65,7 @@ class KvApplier:
         elif isinstance(op, LoadState):
             state = self._load(op.seq_id, op.key, self.store.pop(op.key))
             self.metrics.kv_restores.inc()
-            self.events("restored", op.key, slot=op.seq_id, state_bytes=len(state))
+            self.events(Event.RESTORED, op.key, slot=op.seq_id, state_bytes=len(state))
         elif isinstance(op, SaveCache):
             self.cache.put(op.key, self.backend.save_state(op.seq_id))
         else:
@@ -79,10 +79,9 @@ class KvApplier:
 
     def _report_truncate(self, op: Truncate) -> None:
         if op.reason in ("release", "offload"):
-            self.events(
-                "kv_freed", None, slot=op.seq_id, kv_tokens=op.n_tokens,
+            self.events(Event.KV_FREED, None, slot=op.seq_id, kv_tokens=op.n_tokens,
                 kv_used_bytes=self.used_bytes(),
             )  # fmt: skip
         elif op.reason == "evict":
             self.metrics.kv_cache_evictions.inc()
-            self.events("cache_evicted", None, slot=op.seq_id, kv_tokens=op.n_tokens)
+            self.events(Event.CACHE_EVICTED, None, slot=op.seq_id, kv_tokens=op.n_tokens)

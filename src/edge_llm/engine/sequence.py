@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.backend import SamplingParams
 from edge_llm.engine.speculative import PromptLookup
+from edge_llm.protocol.sampling import SamplingParams
 
 
 class SequenceState(enum.Enum):

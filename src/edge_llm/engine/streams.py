@@ -13,7 +13,7 @@ from edge_llm.engine.sequence import PauseCause, SequenceState
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.stream import Outcome, StreamHandle
 from edge_llm.errors import Cancelled, EdgeLLMError
-from edge_llm.observability.events import EventSink
+from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
 
 RECENT_SECONDS = 60.0
@@ -83,7 +83,7 @@ class Streams:
         self.backpressure += 1
         self.backpressure_peak = max(self.backpressure_peak, self.backpressure)
         self.metrics.pauses.labels(cause.value).inc()
-        self.events("paused", handle.id, cause=cause.value, **ring_fields(handle))
+        self.events(Event.PAUSED, handle.id, cause=cause.value, **ring_fields(handle))
         self.touch(handle)
         return True
 
@@ -94,7 +94,7 @@ class Streams:
         self.backpressure -= 1
         self.metrics.paused_seconds.labels(cause.value).inc(elapsed)
         self.events(
-            "resumed", handle.id, cause=cause.value, paused_ms=round(elapsed * 1000.0, 3),
+            Event.RESUMED, handle.id, cause=cause.value, paused_ms=round(elapsed * 1000.0, 3),
             **ring_fields(handle),
         )  # fmt: skip
         self.touch(handle)
@@ -146,9 +146,9 @@ class Streams:
         seq = handle.seq
         if seq.cancel_reason:
             self.metrics.cancellations.labels(seq.cancel_reason).inc()
-            self.events("cancel", seq.id, reason=seq.cancel_reason, state=seq.state.value)
+            self.events(Event.CANCEL, seq.id, reason=seq.cancel_reason, state=seq.state.value)
         self.events(
-            "end", seq.id, finish_reason=seq.finish_reason, error=error.code if error else None,
+            Event.END, seq.id, finish_reason=seq.finish_reason, error=error.code if error else None,
             n_prompt_tokens=seq.n_prompt, n_generated=seq.n_generated, **handle.stats(now),
         )  # fmt: skip
 

@@ -19,14 +19,14 @@ import time
 from collections.abc import Callable, Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 
 class Event(StrEnum):
     """The name of every event line, as written (``event``) and read (``blame``).
 
-    A member is a ``str``: sinks take plain names too (the engine's call sites
-    pass strings until they are converted).
+    Every emitter passes a member (``tests/unit/test_event_names.py``); a member is a
+    ``str``, so it is written as its value.
     """
 
     # Engine, per request: admission to end.
@@ -73,7 +73,11 @@ class Event(StrEnum):
     LOG_CLOSED = "log_closed"
 
 
-EventSink = Callable[..., None]
+class EventSink(Protocol):
+    def __call__(self, event: Event, request_id: str | None = None, /, **fields: Any) -> None:
+        """Write one event line (never blocks the caller)."""
+
+
 DropCounter = Callable[[str, int], None]  # (reason, lines): "queue_full" or "write_failed"
 
 _CLOSE = object()
@@ -107,7 +111,7 @@ class EventLog:
         self._thread = threading.Thread(target=self._drain, name=f"{source}-event-log", daemon=True)
         self._thread.start()
 
-    def emit(self, event: str, request_id: str | None = None, **fields: Any) -> None:
+    def emit(self, event: Event, request_id: str | None = None, /, **fields: Any) -> None:
         try:
             self._queue.put_nowait(self._record(event, request_id, fields))
         except queue.Full:
@@ -183,7 +187,7 @@ def _encode_line(record: object) -> bytes:
     return text.encode("utf-8", "backslashreplace")
 
 
-def null_sink(event: str, request_id: str | None = None, **fields: Any) -> None:
+def null_sink(event: Event, request_id: str | None = None, /, **fields: Any) -> None:
     """Event sink used when no log file is configured."""
 
 

@@ -52,7 +52,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from edge_llm.engine.backend import SamplingDefaults, SamplingParams
 from edge_llm.errors import (
     AuthenticationFailed,
     BodyTooLarge,
@@ -63,6 +62,7 @@ from edge_llm.errors import (
     TtftTimeout,
 )
 from edge_llm.protocol.openai import parse_request as _parse
+from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.tools import (
     CallStarted,
     ChoiceMode,

@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from edge_llm.engine.backend import SamplingDefaults, SamplingParams, TokenLogprob
 from edge_llm.errors import InvalidRequest
+from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams, TokenLogprob
 from edge_llm.protocol.tools import (
     ArgumentsOut,
     CallStarted,

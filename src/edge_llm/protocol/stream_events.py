@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from edge_llm.engine.backend import TokenLogprob
 from edge_llm.errors import EdgeLLMError
+from edge_llm.protocol.sampling import TokenLogprob
 
 
 @dataclass(frozen=True)

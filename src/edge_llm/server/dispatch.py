@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from edge_llm.engine.backend import TokenLogprob
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Ending, Finished, StreamEvent
 from edge_llm.server.pump import PumpSettings, pump
 from edge_llm.server.service import response_headers

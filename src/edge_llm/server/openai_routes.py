@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.engine.backend import SamplingParams, TokenLogprob
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai, sse
+from edge_llm.protocol.sampling import SamplingParams, TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, ToolSetup
 from edge_llm.server import upstream_routes

@@ -12,9 +12,9 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from edge_llm.engine.backend import TokenLogprob
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.stream import StreamHandle
+from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged, StreamEvent
 
 

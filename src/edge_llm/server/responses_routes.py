@@ -29,9 +29,9 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.engine.backend import SamplingParams
 from edge_llm.errors import NotFound
 from edge_llm.protocol import openai, responses, sse
+from edge_llm.protocol.sampling import SamplingParams
 from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Job, Relay

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from edge_llm.config import EngineConfig
-from edge_llm.engine.backend import Backend, SamplingDefaults
+from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
 from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
+from edge_llm.protocol.sampling import SamplingDefaults
 from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
 from edge_llm.server.dispatch import Dispatcher

@@ -17,12 +17,13 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge_llm.engine.backend import Backend, SamplingDefaults, SamplingParams
+from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
 from edge_llm.observability.events import Event, EventSink
+from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.tools import ToolSetup, template_messages
 
 # Tokenizing a long text takes a few ms; beyond this size it leaves the event loop.
