@@ -150,6 +150,13 @@ class ModelConfig(_Section):
         default_factory=lambda: os.cpu_count() or 1, ge=1, description="Decode threads"
     )
     verbose: bool = Field(False, description="Let llama.cpp log to stderr")
+    min_available_mb: int = Field(
+        0,
+        ge=0,
+        description="Device memory floor (cgroup room or MemAvailable): under it the engine "
+        "refuses requests (503 memory_pressure), drops its host cache and cancels paused "
+        "streams (0: not watched)",
+    )
 
 
 class ServerConfig(_Section):

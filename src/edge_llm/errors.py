@@ -15,6 +15,7 @@ EdgeLLMError                      500 internal_error
 │   ├── QueueFull                 503 queue_full
 │   ├── KvBudgetExceeded          503 kv_budget_exceeded
 │   ├── EngineUnavailable         503 engine_unavailable
+│   ├── MemoryPressure            503 memory_pressure (the device is short of memory)
 │   ├── TooManyConnections        503 too_many_connections
 │   └── UpstreamUnavailable       503 upstream_unavailable (no upstream could take it)
 ├── UpstreamRejected              the upstream's own 4xx status and code, passed on
@@ -150,6 +151,13 @@ class KvBudgetExceeded(Overloaded):
 
 class EngineUnavailable(Overloaded):
     code = "engine_unavailable"
+
+
+class MemoryPressure(Overloaded):
+    """The device's available memory is under ``min_available_mb``: a new request is
+    refused, or a paused stream cancelled (``reason`` says so)."""
+
+    code = "memory_pressure"
 
 
 class TooManyConnections(Overloaded):

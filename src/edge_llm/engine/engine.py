@@ -26,6 +26,7 @@ from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_apply import KvApplier
 from edge_llm.engine.kv_cache import KvCache, KvOp
 from edge_llm.engine.kv_slots import KvSlots
+from edge_llm.engine.memory import MemoryGuard, MemoryPolicy, MemorySource, ProcMemory
 from edge_llm.engine.offload import HostStore, OffloadPolicy
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.output import Output
@@ -61,7 +62,9 @@ class Engine:
         metrics: EngineMetrics | None = None,
         events: EventSink = null_sink,
         clock: Callable[[], float] = time.monotonic,
+        memory: MemorySource | None = None,
     ) -> None:
+        """``memory``: where available device memory is read (default: /proc)."""
         self.backend = backend
         self.settings = settings
         self.metrics = metrics or EngineMetrics()
@@ -84,6 +87,8 @@ class Engine:
         )  # fmt: skip
         self.runner = ModelRunner(backend, applier, prefill_apart=self.kv.per_slot)
         self.output = Output(self.streams, backend, settings, clock)
+        guard = MemoryGuard(settings.min_available_bytes, memory or ProcMemory(), clock)
+        self.memory = MemoryPolicy(guard, self.host_cache, self.streams)
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,6 +105,7 @@ class Engine:
             backpressure_peak=lambda: self.streams.backpressure_peak,
         )
         self.metrics.bind_tiers(self.tier_bytes)
+        self.metrics.memory_available.set_function(self._memory_available)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -162,6 +168,7 @@ class Engine:
         with self._lock:
             self.streams.supersede(request.session)
             try:
+                self.memory.refuse_if_short()
                 self._refuse_if_late(seq)
                 self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
@@ -278,6 +285,7 @@ class Engine:
         """Lock held: time-outs and offloads first, then the scheduler's plan, with the
         KV operations and sampler frees due before its decode."""
         self.deadlines.expire(now)
+        self.memory.relieve()
         self.offload.run(now)
         plan = self.scheduler.schedule(now, self._draft_room)
         plan.kv_ops, plan.ended_samplers = self._take_pending()
@@ -300,7 +308,7 @@ class Engine:
     def _idle_timeout(self) -> float:
         """Lock held: seconds until the next time-out or offload falls due."""
         now = self.clock()
-        due = [self.deadlines.next_due(), self.offload.next_due(now)]
+        due = [self.deadlines.next_due(), self.offload.next_due(now), self.memory.next_check(now)]
         wait = min([when - now for when in due if when is not None], default=_IDLE_WAIT_S)
         return max(0.0, min(_IDLE_WAIT_S, wait))
 
@@ -383,6 +391,10 @@ class Engine:
                 "device_cached": stats.cached_tokens * self.kv.bytes_per_token,
                 "host": self.host_cache.num_bytes,
             }
+
+    def _memory_available(self) -> float:
+        last = self.memory.guard.last
+        return float(last.available_bytes) if last else float("nan")
 
     def _count_paused(self) -> int:
         with self._lock:

@@ -31,6 +31,7 @@ class EngineSettings:
     offload_paused_after_s: float = 1.0
     supersede_sessions: bool = True
     deadline_admission: bool = False
+    min_available_bytes: int = 0  # device memory floor (0: not watched)
 
 
 def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerLimits:

@@ -25,6 +25,7 @@ def snapshot(engine: Engine, now: float) -> dict[str, Any]:
         "kv_host_cache_entries": len(engine.host_cache),
         "kv_host_cache_hits": engine.host_cache.hits,
         "kv_layout": "per_slot" if kv.per_slot else "pool",
+        **memory_fields(engine),
         "kv_budget_bytes": kv.capacity_bytes,
         "kv_reserved_bytes": kv.reserved_bytes,
         "kv_bytes_per_token": kv.bytes_per_token,
@@ -64,4 +65,16 @@ def describe(handle: StreamHandle, now: float) -> dict[str, Any]:
         "finish_reason": seq.finish_reason,
         "cancel_reason": seq.cancel_reason,
         "age_ms": round((now - seq.created_at) * 1000.0, 3),
+    }
+
+
+def memory_fields(engine: Engine) -> dict[str, Any]:
+    guard = engine.memory.guard
+    last = guard.last
+    return {
+        "memory_min_available_bytes": guard.floor_bytes,
+        "memory_available_bytes": last.available_bytes if last else None,
+        "memory_pressure": guard.under_pressure,
+        "memory_source": last.source if last else None,
+        "memory_pressure_avg10": last.pressure_avg10 if last else None,
     }

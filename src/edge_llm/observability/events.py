@@ -50,6 +50,9 @@ class Event(StrEnum):
     CACHE_EVICTED = "cache_evicted"
     OFFLOADED = "offloaded"
     RESTORED = "restored"
+    # Engine: device memory under min_available_mb, and back above it.
+    MEMORY_PRESSURE = "memory_pressure"
+    MEMORY_RECOVERED = "memory_recovered"
     # Server: admission details and upstreams.
     MAX_TOKENS_CLAMPED = "max_tokens_clamped"
     PROMPT = "prompt"  # the prompt text, with log_prompts on

@@ -82,6 +82,18 @@ class EngineMetrics:
             ["tier"],
             registry=r,
         )
+        self.memory_available = Gauge(
+            PREFIX + "memory_available_bytes",
+            "Device memory available at the last check (cgroup room or MemAvailable)",
+            registry=r,
+        )
+        self.memory_actions = Counter(
+            PREFIX + "memory_pressure_actions",
+            "What the engine did under min_available_mb besides refusing requests "
+            "(admission_rejections_total): host cache entries dropped, streams cancelled",
+            ["action"],
+            registry=r,
+        )
         self.kv_cache_evictions = Counter(
             PREFIX + "kv_cache_evictions", "Cached KV runs evicted to make room", registry=r
         )
@@ -129,6 +141,10 @@ class EngineMetrics:
             self.event_log_dropped.labels(reason)
         for tier in ("device", "host"):
             self.prompt_cache_hits.labels(tier)
+        for action in ("host_cache_dropped", "stream_cancelled"):
+            self.memory_actions.labels(action)
+        self.rejections.labels("memory_pressure")
+        self.cancellations.labels("memory_pressure")
 
     def bind_gauges(
         self,
