@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.errors import QueueFull
 
 MIN_RETRY_AFTER_S = 1
 MAX_RETRY_AFTER_S = 30
@@ -65,3 +66,16 @@ def retry_after_s(predicted_s: float, deadline_s: float) -> int:
     """Seconds after which the queue ahead should have drained enough to meet the deadline."""
     wait = math.ceil(predicted_s - deadline_s)
     return max(MIN_RETRY_AFTER_S, min(MAX_RETRY_AFTER_S, wait))
+
+
+def refuse_if_late(view: QueueView, costs: StepCosts, deadline_s: float) -> None:
+    """Refuse at once (503 ``queue_full``) a request whose predicted TTFT exceeds its
+    deadline."""
+    predicted = predict_ttft_s(view, costs)
+    if predicted > deadline_s:
+        raise QueueFull(
+            f"predicted time to first token {predicted:.1f} s exceeds ttft_timeout_ms "
+            f"({deadline_s * 1000:.0f}): {view.prefill_ahead_tokens} prompt tokens ahead",
+            retry_after_s=retry_after_s(predicted, deadline_s),
+            predicted_ttft_ms=round(predicted * 1000.0),
+        )

@@ -19,22 +19,22 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edge_llm.engine.admission import predict_ttft_s, retry_after_s
+from edge_llm.engine.admission import refuse_if_late
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.deadlines import Deadlines
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_apply import KvApplier
-from edge_llm.engine.kv_cache import KvCache, KvOp
-from edge_llm.engine.kv_slots import KvSlots
+from edge_llm.engine.kv_cache import KvOp
+from edge_llm.engine.kv_slots import kv_book
 from edge_llm.engine.memory import MemoryGuard, MemoryPolicy, MemorySource, ProcMemory
 from edge_llm.engine.offload import HostStore, OffloadPolicy
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.output import Output
-from edge_llm.engine.runner import ModelRunner
+from edge_llm.engine.runner import ChunkResult, ModelRunner
 from edge_llm.engine.scheduler import Scheduler, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
-from edge_llm.engine.snapshot import snapshot
+from edge_llm.engine.snapshot import bind_gauges, snapshot, tier_bytes
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import Streams
 from edge_llm.errors import (
@@ -43,7 +43,6 @@ from edge_llm.errors import (
     Cancelled,
     EdgeLLMError,
     EngineUnavailable,
-    QueueFull,
 )
 from edge_llm.observability.events import Event, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
@@ -71,7 +70,7 @@ class Engine:
         self.events = events
         self.clock = clock
         self.host_cache = HostCache(settings.host_cache_bytes, backend.info.kv_bytes_per_token)
-        self.kv = _kv_book(backend, settings.prefix_cache, self.host_cache)
+        self.kv = kv_book(backend, settings.prefix_cache, self.host_cache)
         self.host = HostStore(settings.host_offload_bytes)
         self.scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), self.kv)
         self.streams = Streams(
@@ -97,15 +96,7 @@ class Engine:
         self._draining = False
         self._crash: BaseException | None = None
         self.steps = 0
-        self.metrics.bind_gauges(
-            running=lambda: self.scheduler.num_running,
-            waiting=lambda: self.scheduler.num_waiting,
-            paused=self._count_paused,
-            kv_used=lambda: self.kv_used_bytes,
-            backpressure_peak=lambda: self.streams.backpressure_peak,
-        )
-        self.metrics.bind_tiers(self.tier_bytes)
-        self.metrics.memory_available.set_function(self._memory_available)
+        bind_gauges(self)
 
     # -- life cycle -----------------------------------------------------------------
 
@@ -164,7 +155,12 @@ class Engine:
             raise EngineUnavailable(f"engine unavailable: {reason}", retry_after_s=5)
         now = self.clock()
         seq = Sequence(request, request.request_id or self.new_request_id(), now)
-        handle = StreamHandle(seq, self._new_ring(request.max_tokens), request.sampling.stop)
+        ring = TokenRing.for_stream(
+            self.settings.outbound_buffer_tokens,
+            self.settings.pause_on_socket_full,
+            request.max_tokens,
+        )
+        handle = StreamHandle(seq, ring, request.sampling.stop)
         with self._lock:
             self.streams.supersede(request.session)
             try:
@@ -186,27 +182,12 @@ class Engine:
         return handle
 
     def _refuse_if_late(self, seq: Sequence) -> None:
-        """Lock held: with ``deadline_admission``, refuse at once (503 ``queue_full``) a
-        request whose predicted TTFT exceeds ``ttft_timeout`` (engine/admission.py)."""
+        """Lock held: with ``deadline_admission``, a request predicted to miss its TTFT
+        time-out is refused at once (``admission.py``)."""
         deadline = self.settings.ttft_timeout_s
-        if not (self.settings.deadline_admission and deadline):
-            return
-        view = self.scheduler.queue_view(seq)
-        predicted = predict_ttft_s(view, self.scheduler.prefill_budget.costs)
-        if predicted > deadline:
-            raise QueueFull(
-                f"predicted time to first token {predicted:.1f} s exceeds ttft_timeout_ms "
-                f"({deadline * 1000:.0f}): {view.prefill_ahead_tokens} prompt tokens ahead",
-                retry_after_s=retry_after_s(predicted, deadline),
-                predicted_ttft_ms=round(predicted * 1000.0),
-            )
-
-    def _new_ring(self, max_tokens: int) -> TokenRing:
-        capacity = self.settings.outbound_buffer_tokens
-        if self.settings.pause_on_socket_full:
-            return TokenRing(capacity)
-        # Not pausing: a slow reader's tokens wait in the ring, at most all of them.
-        return TokenRing(capacity, hard_limit=max_tokens)
+        if self.settings.deadline_admission and deadline:
+            costs = self.scheduler.prefill_budget.costs
+            refuse_if_late(self.scheduler.queue_view(seq), costs, deadline)
 
     def cancel(self, handle: StreamHandle, reason: str) -> None:
         """End a stream now; its KV cells are freed before the next decode."""
@@ -264,21 +245,15 @@ class Engine:
     def _step(self) -> None:
         self._wake.clear()
         with self._lock:
-            plan = self._plan(self.clock())
-        self._apply(plan.kv_ops, plan.ended_samplers)
+            plan = self._plan(self.clock())  # time-outs, memory, offloads, the schedule
+        self._apply(plan.kv_ops, plan.ended_samplers)  # its KV plan, before the decode
         if not plan:
-            self._idle()
-            return
-        self.runner.start(plan.started)
-        began = self.clock()
-        results = self.runner.decode(plan, self._unpaused)
-        self.scheduler.observe_step(plan, self.clock() - began)
+            return self._idle()
+        results = self._decode(plan)
         with self._lock:
-            self._report_started(plan)
-            self.output.publish(results)
-            ops, ended_samplers = self._take_pending()
-        self._apply(ops, ended_samplers)  # streams that just ended free their cells now
-        self.steps += 1
+            self.output.publish(plan, results)  # tokens, text, rings, the ends of streams
+            pending = self._pending()
+        self._apply(*pending)  # streams that just ended free their cells now
         self._signal_touched()
 
     def _plan(self, now: float) -> StepPlan:
@@ -288,12 +263,22 @@ class Engine:
         self.memory.relieve()
         self.offload.run(now)
         plan = self.scheduler.schedule(now, self._draft_room)
-        plan.kv_ops, plan.ended_samplers = self._take_pending()
+        plan.kv_ops, plan.ended_samplers = self._pending()
         return plan
 
-    def _take_pending(self) -> tuple[list[KvOp], list[str]]:
+    def _pending(self) -> tuple[list[KvOp], list[str]]:
         """Lock held: KV operations and sampler frees not applied yet, in order."""
         return self.scheduler.take_kv_ops(), self.streams.take_ended_samplers()
+
+    def _decode(self, plan: StepPlan) -> list[ChunkResult]:
+        """Start the new sequences' samplers and decode, timing the step for the cost
+        model."""
+        self.runner.start(plan.started)
+        began = self.clock()
+        results = self.runner.decode(plan, self._unpaused)
+        self.scheduler.observe_step(plan, self.clock() - began)
+        self.steps += 1
+        return results
 
     def _apply(self, ops: list[KvOp], ended_samplers: list[str]) -> None:
         self._fail_restores(self.runner.apply(ops, ended_samplers))
@@ -338,27 +323,6 @@ class Engine:
                     error_ = BackendFailure(str(error))
                     self.streams.finish(handle, error_, SequenceState.DONE, "error")
 
-    def _report_started(self, plan: StepPlan) -> None:
-        """Lock held: queue time, ``scheduled`` and ``cache_hit`` of the sequences the
-        plan started, and the cells sequences attached from a prefill in flight."""
-        for seq in plan.started:
-            if seq.admitted_at is not None:
-                self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
-            queue_ms = round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3)
-            self.events(Event.SCHEDULED, seq.id, slot=seq.slot, queue_ms=queue_ms)
-            if seq.num_cached:
-                self._cache_hit(seq, seq.num_cached)
-        for seq, n_gained in plan.attached:
-            self._cache_hit(seq, n_gained)
-
-    def _cache_hit(self, seq: Sequence, n_gained: int) -> None:
-        self.metrics.prompt_tokens_cached.inc(n_gained)
-        self.metrics.prompt_cache_hits.labels(seq.cache_tier).inc()
-        self.events(
-            Event.CACHE_HIT, seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt,
-            tier=seq.cache_tier,
-        )  # fmt: skip
-
     # -- waking the event loop ---------------------------------------------------------------
 
     def _signal_touched(self) -> None:
@@ -372,50 +336,30 @@ class Engine:
     @property
     def kv_used_bytes(self) -> int:
         """Bytes of KV cells live streams hold, shared cells counted once."""
-        with self._lock:
-            return self.kv.stats().used_tokens * self.kv.bytes_per_token
+        return self.tier_bytes()["device_live"]
 
     @property
     def kv_cached_bytes(self) -> int:
         """Bytes of KV cells only the prefix cache holds (evicted when needed)."""
-        with self._lock:
-            return self.kv.stats().cached_tokens * self.kv.bytes_per_token
+        return self.tier_bytes()["device_cached"]
 
     def tier_bytes(self) -> dict[str, int]:
-        """Bytes of KV per tier: running streams' and cached cells on the device (the
-        KV context), the prefix cache's host tier."""
         with self._lock:
-            stats = self.kv.stats()
-            return {
-                "device_live": stats.used_tokens * self.kv.bytes_per_token,
-                "device_cached": stats.cached_tokens * self.kv.bytes_per_token,
-                "host": self.host_cache.num_bytes,
-            }
-
-    def _memory_available(self) -> float:
-        last = self.memory.guard.last
-        return float(last.available_bytes) if last else float("nan")
-
-    def _count_paused(self) -> int:
-        with self._lock:
-            return self.streams.count_paused()
+            return tier_bytes(self)
 
     def snapshot(self) -> dict[str, Any]:
         """The /debug/streams document."""
         with self._lock:
             return snapshot(self, self.clock())
 
+    def locked(self, read: Callable[[Engine], float]) -> Callable[[], float]:
+        """``read(engine)`` under the engine lock: what a scraped gauge calls."""
 
-def _kv_book(backend: Backend, prefix_cache: bool, host_cache: HostCache) -> KvCache | KvSlots:
-    """The unified pool shares prefix cells between sequences (``kv_cache.py``); the
-    per-slot layout keeps them in slots and the host tier (``kv_slots.py``)."""
-    capacity, per_token = backend.kv_capacity_tokens, backend.info.kv_bytes_per_token
-    if backend.kv_sequence_tokens >= capacity:
-        return KvCache(capacity, per_token, backend.num_seq_ids, share=prefix_cache)
-    return KvSlots(
-        capacity, per_token, backend.num_seq_ids, backend.kv_sequence_tokens,
-        prefix_cache=prefix_cache, host=host_cache, tiles=backend.kv_cache_type == "f16",
-    )  # fmt: skip
+        def gauge() -> float:
+            with self._lock:
+                return read(self)
+
+        return gauge
 
 
 def _signal_all(handles: Iterable[StreamHandle]) -> None:

@@ -32,10 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_llm.engine.backend import Backend
 from edge_llm.engine.host_cache import HostCache, HostEntry
 from edge_llm.engine.kv_cache import (
     Admission,
     CopyPrefix,
+    KvCache,
     KvCacheStats,
     KvOp,
     LoadCache,
@@ -374,3 +376,15 @@ class KvSlots:
     def _touch(self, slot: _Slot) -> None:
         self._tick += 1
         slot.last_used = self._tick
+
+
+def kv_book(backend: Backend, prefix_cache: bool, host_cache: HostCache) -> KvCache | KvSlots:
+    """The unified pool shares prefix cells between sequences (``kv_cache.py``); the
+    per-slot layout keeps them in slots and the host tier (``kv_slots.py``)."""
+    capacity, per_token = backend.kv_capacity_tokens, backend.info.kv_bytes_per_token
+    if backend.kv_sequence_tokens >= capacity:
+        return KvCache(capacity, per_token, backend.num_seq_ids, share=prefix_cache)
+    return KvSlots(
+        capacity, per_token, backend.num_seq_ids, backend.kv_sequence_tokens,
+        prefix_cache=prefix_cache, host=host_cache, tiles=backend.kv_cache_type == "f16",
+    )  # fmt: skip

@@ -22,6 +22,12 @@ class RingOverflow(RuntimeError):
 class TokenRing:
     """Thread-safe single-producer, single-consumer token ring."""
 
+    @classmethod
+    def for_stream(cls, capacity: int, pause_when_full: bool, max_tokens: int) -> TokenRing:
+        """A stream's ring: ``capacity`` tokens; without pausing a slow reader's tokens
+        wait in it, at most all of them (``max_tokens``)."""
+        return cls(capacity) if pause_when_full else cls(capacity, hard_limit=max_tokens)
+
     def __init__(self, capacity: int, hard_limit: int | None = None) -> None:
         """``capacity`` is what counts as full (the engine pauses there);
         ``hard_limit`` (default: capacity) is what the ring may ever hold — larger

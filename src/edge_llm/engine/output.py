@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from edge_llm.engine.backend import Backend, Sampled
 from edge_llm.engine.runner import ChunkResult
-from edge_llm.engine.scheduler import ScheduledChunk
-from edge_llm.engine.sequence import PauseCause, SequenceState
+from edge_llm.engine.scheduler import ScheduledChunk, StepPlan
+from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import Streams
@@ -40,7 +40,8 @@ class Output:
         self.events = streams.events
         self.clock = clock
 
-    def publish(self, results: list[ChunkResult]) -> None:
+    def publish(self, plan: StepPlan, results: list[ChunkResult]) -> None:
+        self._started(plan)
         now = self.clock()
         for result in results:
             handle = self.streams.live.get(result.chunk.seq.id)
@@ -53,6 +54,27 @@ class Output:
                 self._prefilled(handle, result.chunk)
             else:
                 self._decoded(handle, result.chunk, result.run or [], now)
+
+    def _started(self, plan: StepPlan) -> None:
+        """Queue time, ``scheduled`` and ``cache_hit`` of the sequences the plan
+        started, and the cells sequences attached from a prefill in flight."""
+        for seq in plan.started:
+            if seq.admitted_at is not None:
+                self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
+            queue_ms = round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3)
+            self.events(Event.SCHEDULED, seq.id, slot=seq.slot, queue_ms=queue_ms)
+            if seq.num_cached:
+                self._cache_hit(seq, seq.num_cached)
+        for seq, n_gained in plan.attached:
+            self._cache_hit(seq, n_gained)
+
+    def _cache_hit(self, seq: Sequence, n_gained: int) -> None:
+        self.metrics.prompt_tokens_cached.inc(n_gained)
+        self.metrics.prompt_cache_hits.labels(seq.cache_tier).inc()
+        self.events(
+            Event.CACHE_HIT, seq.id, n_cached_tokens=seq.num_cached, n_prompt_tokens=seq.n_prompt,
+            tier=seq.cache_tier,
+        )  # fmt: skip
 
     def _prefilled(self, handle: StreamHandle, chunk: ScheduledChunk) -> None:
         seq = handle.seq

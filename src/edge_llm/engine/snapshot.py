@@ -15,10 +15,11 @@ def snapshot(engine: Engine, now: float) -> dict[str, Any]:
     streams = engine.streams
     handles = [*streams.live.values(), *streams.recent(now)]
     kv = engine.kv
+    tiers = tier_bytes(engine)
     return {
         "streams": [describe(handle, now) for handle in handles],
-        "kv_used_bytes": engine.kv_used_bytes,
-        "kv_cached_bytes": engine.kv_cached_bytes,
+        "kv_used_bytes": tiers["device_live"],
+        "kv_cached_bytes": tiers["device_cached"],
         "kv_offloaded_bytes": engine.host.num_bytes,
         "kv_host_cache_bytes": engine.host_cache.num_bytes,
         "kv_host_cache_budget_bytes": engine.host_cache.capacity_bytes,
@@ -78,3 +79,33 @@ def memory_fields(engine: Engine) -> dict[str, Any]:
         "memory_source": last.source if last else None,
         "memory_pressure_avg10": last.pressure_avg10 if last else None,
     }
+
+
+def tier_bytes(engine: Engine) -> dict[str, int]:
+    """Engine lock held: bytes of KV per tier: running streams' and cached cells on the
+    device (the KV context), the prefix cache's host tier."""
+    stats, per_token = engine.kv.stats(), engine.kv.bytes_per_token
+    return {
+        "device_live": stats.used_tokens * per_token,
+        "device_cached": stats.cached_tokens * per_token,
+        "host": engine.host_cache.num_bytes,
+    }
+
+
+def bind_gauges(engine: Engine) -> None:
+    """The engine's gauges read its state, under its lock, when scraped."""
+    metrics = engine.metrics
+    metrics.bind_gauges(
+        running=engine.locked(lambda e: e.scheduler.num_running),
+        waiting=engine.locked(lambda e: e.scheduler.num_waiting),
+        paused=engine.locked(lambda e: e.streams.count_paused()),
+        kv_used=engine.locked(lambda e: tier_bytes(e)["device_live"]),
+        backpressure_peak=engine.locked(lambda e: e.streams.backpressure_peak),
+    )
+    metrics.bind_tiers(engine.tier_bytes)
+    metrics.memory_available.set_function(engine.locked(_memory_available))
+
+
+def _memory_available(engine: Engine) -> float:
+    last = engine.memory.guard.last
+    return float(last.available_bytes) if last else float("nan")
