@@ -355,9 +355,9 @@ class KvSlots:
             start = 0
         else:
             start = slot.n_cells if keep else min(n_prompt, slot.n_cells)
-        ops: list[KvOp] = []
-        if slot.n_cells > start:
-            ops.append(Truncate(seq_id, start, slot.n_cells - start, "release"))
+        # Always one release, if it frees nothing: its stream's KV is no longer in use
+        # (kv_freed, as the pool reports a stream whose cells all became cache).
+        ops: list[KvOp] = [Truncate(seq_id, start, slot.n_cells - start, "release")]
         slot.tokens, slot.n_cells, slot.n_prompt = list(tokens[:start]), start, n_prompt
         slot.running, slot.reserved = False, 0
         if not start:
