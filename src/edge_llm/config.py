@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
+from edge_llm.cli.help import show_default
 from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
 
 ENV_PREFIX = "EDGE_LLM_"
@@ -395,7 +397,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     for section, key in _keys():
         field = _SECTIONS[section].model_fields[key]
         flags = ["--" + key.replace("_", "-"), *_FLAG_ALIASES.get(key, ())]
-        help_text = f"{field.description} [{ENV_PREFIX}{key.upper()}]"
+        help_text = f"{_with_default(field)} [{ENV_PREFIX}{key.upper()}]"
         if field.annotation is bool:
             parser.add_argument(
                 *flags, dest=key, action=argparse.BooleanOptionalAction, help=help_text
@@ -412,6 +414,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="An OpenAI-compatible engine behind this one (repeatable; more keys in "
         f"[upstream.NAME] tables) [{ENV_PREFIX}UPSTREAM, comma-separated]",
     )
+
+
+def _with_default(field: FieldInfo) -> str:
+    """The description and, unless it already says it, `` (default: X)``: flags stay
+    None when not given (so they override nothing), so argparse cannot show it."""
+    text = field.description or ""
+    if "(default" in text:
+        return text
+    value = field.get_default(call_default_factory=True)
+    return f"{text} (default: {show_default(value)})".replace("%", "%%")
 
 
 def _flag_type(annotation: object) -> type:
