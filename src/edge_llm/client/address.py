@@ -93,8 +93,7 @@ def normalise_base_url(url: str) -> tuple[str, list[str]]:
         while path.endswith("/v1/v1"):
             path = path[: -len("/v1")]
     if not path:
-        notes.append("base_url had no path; using /v1")
-        path = "/v1"
+        path = "/v1"  # "with or without /v1" is the documented form: no note
     return urlunsplit((parts.scheme, parts.netloc, path, "", "")), notes
 
 

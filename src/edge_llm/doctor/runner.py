@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import aiohttp
 
+from edge_llm.client.address import setting_to_change
 from edge_llm.doctor import api_checks, net, proxy, static_checks, upstreams
 from edge_llm.doctor.probe import StreamProbe
 from edge_llm.doctor.result import CheckResult, Status, failed, skipped
@@ -29,7 +30,8 @@ async def run_checks(settings: DoctorSettings, env: Mapping[str, str]) -> list[C
         results.append(key_result)
         return results + [skipped(name, "no usable base URL") for name in NETWORK_CHECKS]
     base_url = verdict.url
-    reach = await net.check_reachable(base_url, settings.timeout_s)
+    setting = setting_to_change(settings.base_url.source)
+    reach = await net.check_reachable(base_url, settings.timeout_s, setting)
     results += [reach, await proxy.check_proxy(base_url, env, settings.timeout_s), key_result]
     if reach.status is Status.FAIL:
         return results + [skipped(name, "the server is not reachable") for name in API_CHECKS]
