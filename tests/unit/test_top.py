@@ -163,11 +163,21 @@ def test_frame_shows_streams_with_ring_kv_and_pauses() -> None:
     assert "cancelled  disconnect" in done
 
 
+@pytest.mark.parametrize("width", range(48, 200, 7))
+def test_a_narrow_terminal_wraps_the_header_between_fields(width: int) -> None:
+    out = io.StringIO()
+    frame = render_frame(DOC, parse_metrics(metrics_text()), Rates(26.5), title="T")
+    Console(file=out, width=width, force_terminal=False).print(frame)
+    lines = out.getvalue().splitlines()
+    assert any(line.endswith("26.5 tok/s") or "26.5 tok/s  " in line for line in lines)
+    assert any("1.6/256.0 MiB used/capacity" in line for line in lines)
+
+
 def test_frame_shows_engine_line_and_totals() -> None:
     text = text_of(render_frame(DOC, parse_metrics(metrics_text()), Rates(26.5), title="T"))
-    assert "engine alive  steps 1234  running 1  waiting 0  paused 1" in text
-    assert "KV ░░░░░░░░░░ 1.6/256.0 MiB (reserved 2.8, cached 0.0, offloaded 0.0)" in text
-    assert "backpressure 1 (peak 2)   26.5 tok/s" in text
+    assert "engine alive  steps 1234  running 1  waiting 0  paused 1  26.5 tok/s" in text
+    assert "backpressure 1 (peak 2)  KV ░░░░░░░░░░ 1.6/256.0 MiB used/capacity" in text
+    assert "MiB used/capacity  (reserved 2.8, cached 0.0, offloaded 0.0)" in text
     assert "pauses client 3 socket_full 1  |  cancels disconnect 1  |  rejected none" in text
     assert "tokens 53 generated, 62 prompt  |  TTFT p50 <= 0.05 s p90 <= 5 s" in text
 

@@ -36,9 +36,9 @@ from edge_llm.bench.targets import (
     add_target_arguments,
     targets_from_args,
 )
+from edge_llm.observability.units import MIB, mib
 
 WIDE_OUTPUT = 220
-MIB = 1024 * 1024
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -190,7 +190,7 @@ def live_table(state: LiveState, config: StormConfig) -> Table:
         sample = state.last_sample.get(name)
         kv = rss = peaks = "-"
         if sample is not None:
-            kv = "-" if sample.kv_used_bytes is None else f"{sample.kv_used_bytes / MIB:.1f}"
+            kv = "-" if sample.kv_used_bytes is None else mib(sample.kv_used_bytes)
             rss = "-" if sample.rss_bytes is None else f"{sample.rss_bytes / MIB:.0f}"
             peaks = "/".join(
                 "-" if v is None else str(v)
