@@ -185,6 +185,9 @@ class ServerConfig(_Section):
     playground: bool = Field(
         True, description="Serve the playground page at / (--no-playground: 404)"
     )
+    access_log: bool = Field(
+        True, description="One line per request on the edge_llm.access logger, when it ends"
+    )
     upstream_health_interval_ms: int = Field(
         5000, ge=100, description="Period of each upstream's health check (GET /v1/models)"
     )
