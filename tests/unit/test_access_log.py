@@ -179,25 +179,47 @@ async def test_no_access_log_writes_nothing(client_of, access) -> None:
 
 
 async def test_each_websocket_stream_has_its_line(client_of, access) -> None:
-    client = await client_of()
-    async with client.ws_connect("/v1/stream") as ws:
-        for request in ({**CHAT, "max_tokens": 2}, {**CHAT, "max_tokens": 400}):
-            await ws.send_json({"type": "start", "request": request})
-            started = await ws.receive_json()
-            if request["max_tokens"] == 400:
-                await ws.send_json({"type": "cancel"})
-            while True:
-                message = await ws.receive()
-                assert message.type is WSMsgType.TEXT
-                if json.loads(message.data)["type"] in ("done", "error"):
-                    break
+    backend = FakeBackend()
+    backend.gate = threading.Semaphore(0)  # the first stream waits until it is cancelled
+    client = await client_of(backend)
+    try:
+        async with client.ws_connect("/v1/stream") as ws:
+            cancelled = await _cancelled_stream(ws, backend)
+            await ws.send_json({"type": "start", "request": {**CHAT, "max_tokens": 2}})
+            assert (await _last_frame(ws))["type"] == "done"
+    finally:
+        backend.gate.release(10_000)
     found = lines(access)
     assert [(x["method"], x["path"], x["status"]) for x in found] == [
         ("WS", "/v1/stream", "101")
     ] * 2
-    assert found[0]["end"] == "length"
-    assert found[1]["id"] == started["id"]
-    assert found[1]["end"] == "cancelled:client"
+    assert (found[0]["id"], found[0]["end"]) == (cancelled, "cancelled:client")
+    assert found[1]["end"] == "length"
+
+
+async def _cancelled_stream(ws: Any, backend: FakeBackend) -> str:
+    """Start a stream, cancel it while its first step waits at the gate, and return
+    its id once the engine has ended it."""
+    await ws.send_json({"type": "start", "request": {**CHAT, "max_tokens": 400}})
+    started = await ws.receive_json()
+    assert await asyncio.to_thread(backend.at_gate.wait, 60)
+    await ws.send_json({"type": "cancel"})
+    await ws.send_json({"type": "bogus"})  # its error frame: the cancel was handled
+    assert (await ws.receive_json())["type"] == "error"
+    assert backend.gate is not None
+    backend.gate.release(10_000)
+    assert (await _last_frame(ws))["code"] == "cancelled"
+    return str(started["id"])
+
+
+async def _last_frame(ws: Any) -> dict[str, Any]:
+    """Frames until the stream's ``done`` or ``error``."""
+    while True:
+        message = await ws.receive()
+        assert message.type is WSMsgType.TEXT
+        frame: dict[str, Any] = json.loads(message.data)
+        if frame["type"] in ("done", "error"):
+            return frame
 
 
 async def test_a_relayed_answer_names_its_upstream(client_of, access) -> None:
