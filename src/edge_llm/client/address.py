@@ -93,7 +93,8 @@ def normalise_base_url(url: str) -> tuple[str, list[str]]:
         while path.endswith("/v1/v1"):
             path = path[: -len("/v1")]
     if not path:
-        path = "/v1"  # "with or without /v1" is the documented form: no note
+        notes.append("base_url had no path; using /v1")
+        path = "/v1"
     return urlunsplit((parts.scheme, parts.netloc, path, "", "")), notes
 
 
