@@ -18,7 +18,6 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from edge_llm.cli.help import show_default
 from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
 
 ENV_PREFIX = "EDGE_LLM_"
@@ -483,6 +482,20 @@ def _with_default(field: FieldInfo) -> str:
         return text
     value = field.get_default(call_default_factory=True)
     return f"{text} (default: {show_default(value)})".replace("%", "%%")
+
+
+def show_default(value: object, metavar: object = None) -> str:
+    """How help texts show a default (every command's, not only serve's): ``300.0``
+    as ``300``, ``(128, 1024)`` as ``128-1024`` for a LOW-HIGH option, ``(1,)`` as
+    ``1``; booleans, None and lists as the TOML config reads."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple | list):
+        separator = "-" if metavar == "LOW-HIGH" else ","
+        return separator.join(show_default(item) for item in value) or "none"
+    return str(value)
 
 
 def _flag_type(annotation: object) -> type:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from edge_llm.config import show_default
+
 DEFAULT_MARK = "(default"
 
 
@@ -27,19 +29,6 @@ class DefaultsOnceFormatter(argparse.HelpFormatter):
 def not_given(default: object) -> bool:
     """A default that means "not set" (compared by identity: 0 is a real default)."""
     return default is None or default is False or default is argparse.SUPPRESS or default == []
-
-
-def show_default(value: object, metavar: object = None) -> str:
-    """``300.0`` as ``300``, ``(128, 1024)`` as ``128-1024`` for a LOW-HIGH option,
-    ``(1,)`` as ``1``; booleans, None and lists as the TOML config reads."""
-    if value is None or isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, tuple | list):
-        separator = "-" if metavar == "LOW-HIGH" else ","
-        return separator.join(show_default(item) for item in value) or "none"
-    return str(value)
 
 
 class HelpParser(argparse.ArgumentParser):
