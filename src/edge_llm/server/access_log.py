@@ -10,8 +10,9 @@ name); a field a request does not have is ``-``. A client that goes away before 
 answer is complete gets status 499 and ``end=cancelled:disconnect``, as nginx logs it.
 
 :func:`middleware` writes the line when the handler returns, which for a stream is
-when the stream has ended. Where an answer lives, :func:`answering` tells the
-request's record which answer it is (its facts are read when the line is written);
+when the stream has ended. Each route scopes its dispatched answer with
+:func:`answering`, which tells the request's record which answer it is (its facts are
+read when the line is written);
 :func:`mark_error` tags an error response with its code. A WebSocket carries streams
 one after the other: each stream gets a line of its own when its :func:`answering`
 scope ends (method ``WS``, status 101) and the socket none. Requests to what tools
