@@ -36,6 +36,21 @@ class EngineProcess:
     event_log: Path
     reader: threading.Thread
     output: list[str] = field(default_factory=list)
+    printed: queue.Queue[str] = field(default_factory=queue.Queue)  # lines not yet in output
+
+    def wait_for_output(self, wanted: Callable[[str], bool], timeout: float = 120.0) -> str:
+        """The next printed line that ``wanted`` accepts (lines read on the way join
+        ``output``); raises AssertionError if none comes within ``timeout``."""
+        while True:
+            try:
+                line = self.printed.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(
+                    "expected output did not come:\n" + "".join(self.output)
+                ) from None
+            self.output.append(line)
+            if wanted(line):
+                return line
 
     @property
     def base_url(self) -> str:
@@ -113,7 +128,7 @@ def start_engine(tmp_path: Path, *flags: str, env: dict[str, str] | None = None)
         output.append(line)
         if " on http://" in line:
             url = line.split(" on ", 1)[1].split()[0]
-            return EngineProcess(url, proc, event_log, reader, output)
+            return EngineProcess(url, proc, event_log, reader, output, lines)
         if proc.poll() is not None and lines.empty():
             raise RuntimeError("engine exited:\n" + "".join(output))
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
 
@@ -190,6 +191,9 @@ class ServerConfig(_Section):
     playground: bool = Field(
         True, description="Serve the playground page at / (--no-playground: 404)"
     )
+    access_log: bool = Field(
+        True, description="One line per request on the edge_llm.access logger, when it ends"
+    )
     upstream_health_interval_ms: int = Field(
         5000, ge=100, description="Period of each upstream's health check (GET /v1/models)"
     )
@@ -248,6 +252,29 @@ def _section_of(key: str) -> str:
     raise ConfigError(f"unknown configuration key {key!r}")
 
 
+def toml_path(key: str) -> str:
+    """Where ``key`` sits in the TOML file: ``engine.backpressure.max_kv_cache_mb``,
+    ``engine.model_path`` (model keys sit in ``[engine]``), ``server.port``."""
+    section = _section_of(key)
+    if section == "model":
+        return f"engine.{key}"
+    return f"{section}.{key}" if section == "server" else f"engine.{section}.{key}"
+
+
+def flags_of(key: str) -> list[str]:
+    return ["--" + key.replace("_", "-"), *_FLAG_ALIASES.get(key, ())]
+
+
+def env_of(key: str) -> str:
+    return ENV_PREFIX + key.upper()
+
+
+def where_to_set(key: str) -> str:
+    """Every way to set ``key``, for messages that tell a user which knob to turn."""
+    table, _, name = toml_path(key).rpartition(".")
+    return f"flag {flags_of(key)[0]}, env {env_of(key)}, or {name} in [{table}] of the TOML"
+
+
 def _toml_to_tree(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Map the TOML layout onto sections, naming any unknown key in full."""
     tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
@@ -281,14 +308,17 @@ def _merge_upstreams(tables: Mapping[str, Any], upstreams: dict[str, Any]) -> No
         upstreams[name] = dict(table)
 
 
-def _add_upstream_flags(values: list[str], upstreams: dict[str, Any]) -> None:
+def _add_upstream_flags(
+    values: list[str], upstreams: dict[str, Any], sources: dict[str, str], source: str
+) -> None:
     """``NAME=URL`` items: a new upstream, or a new url for one the file names."""
     for text in values:
         try:
             name, url = parse_upstream_flag(text)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(f"{exc} (from {source})") from exc
         upstreams[name] = {**upstreams.get(name, {}), "url": url}
+        sources[f"{_UPSTREAM}.{name}"] = source
 
 
 def _merge_engine(engine: Mapping[str, Any], tree: dict[str, dict[str, Any]]) -> None:
@@ -313,24 +343,39 @@ def _merge_table(
         tree[section][key] = value
 
 
-def _build(tree: Mapping[str, Mapping[str, Any]]) -> EngineConfig:
+def _build(tree: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]) -> EngineConfig:
+    sections: dict[str, Any] = {
+        name: _validated(_SECTIONS[name], tree[name], name, sources) for name in _SECTIONS
+    }
+    sections[_UPSTREAM] = {
+        name: _validated(UpstreamConfig, values, f"{_UPSTREAM}.{name}", sources)
+        for name, values in tree[_UPSTREAM].items()
+    }
+    return EngineConfig.model_validate(sections)
+
+
+def _validated(
+    model: type[BaseModel], values: Mapping[str, Any], where: str, sources: Mapping[str, str]
+) -> Any:
     try:
-        sections: dict[str, Any] = {
-            name: _SECTIONS[name](**values) for name, values in tree.items() if name in _SECTIONS
-        }
-        sections[_UPSTREAM] = {
-            name: UpstreamConfig(**values) for name, values in tree.get(_UPSTREAM, {}).items()
-        }
-        return EngineConfig.model_validate(sections)
+        return model(**values)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from exc
+        raise ConfigError(_describe(exc, where, sources)) from exc
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc: ValidationError, where: str, sources: Mapping[str, str]) -> str:
+    """Each error with its key's TOML path and where its value came from."""
     parts = []
     for error in exc.errors():
-        key = ".".join(str(p) for p in error["loc"])
-        parts.append(f"{key}: {error['msg']} (got {error.get('input')!r})")
+        key = str(error["loc"][0]) if error["loc"] else ""
+        upstream = where.startswith(f"{_UPSTREAM}.")
+        path = f"{where}.{key}" if upstream or not key else toml_path(key)
+        source = sources.get(where if upstream else key, "the defaults")
+        message = error["msg"].removeprefix("Value error, ")
+        got = repr(error.get("input"))
+        parts.append(
+            f"{path} (from {source}): {message}" + ("" if got in message else f" (got {got})")
+        )
     return "invalid configuration: " + "; ".join(parts)
 
 
@@ -342,7 +387,10 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
-    return _toml_to_tree(data)
+    try:
+        return _toml_to_tree(data)
+    except ConfigError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
 
 
 def _env_overrides(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
@@ -356,7 +404,7 @@ def _env_overrides(env: Mapping[str, str]) -> Iterator[tuple[str, str, str]]:
 
 
 def _coerce_text(section: str, key: str, text: str) -> object:
-    """Turn a flag or env string into the field's type; lists split on commas."""
+    """Turn an environment string into the field's type; lists split on commas."""
     annotation = _SECTIONS[section].model_fields[key].annotation
     if get_origin(annotation) is list:
         return [part.strip() for part in text.split(",") if part.strip()]
@@ -366,7 +414,8 @@ def _coerce_text(section: str, key: str, text: str) -> object:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise ConfigError(f"{key}: expected true or false, got {text!r}")
+        source = f"environment variable {env_of(key)}"
+        raise ConfigError(f"{toml_path(key)} (from {source}): expected true or false, got {text!r}")
     return text
 
 
@@ -380,29 +429,40 @@ def load_config(
     ``overrides`` maps key names (``max_kv_cache_mb``) to values already typed,
     as the CLI produces them. Raises :class:`ConfigError` naming the bad key.
     """
-    tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
-    tree[_UPSTREAM] = {}
+    tree: dict[str, dict[str, Any]] = {name: {} for name in [*_SECTIONS, _UPSTREAM]}
+    sources: dict[str, str] = {}  # key (or upstream.NAME) -> where its value came from
     if path is not None:
         tree = load_toml(path)
+        sources.update(_file_sources(tree, f"file {path}"))
     environment = os.environ if env is None else env
     for section, key, text in _env_overrides(environment):
         tree[section][key] = _coerce_text(section, key, text)
-    env_upstreams = environment.get(ENV_PREFIX + "UPSTREAM", "")
-    _add_upstream_flags([t.strip() for t in env_upstreams.split(",") if t.strip()], tree[_UPSTREAM])
+        sources[key] = f"environment variable {env_of(key)}"
+    env_upstreams = [t.strip() for t in environment.get(env_of(_UPSTREAM), "").split(",")]
+    env_source = f"environment variable {env_of(_UPSTREAM)}"
+    _add_upstream_flags([t for t in env_upstreams if t], tree[_UPSTREAM], sources, env_source)
     for key, value in (overrides or {}).items():
         if key == _UPSTREAM:
-            _add_upstream_flags(list(value) if isinstance(value, list) else [], tree[_UPSTREAM])
+            given = list(value) if isinstance(value, list) else []
+            _add_upstream_flags(given, tree[_UPSTREAM], sources, "flag --upstream")
         else:
             tree[_section_of(key)][key] = value
-    return _build(tree)
+            sources[key] = "flag " + " / ".join(flags_of(key))
+    return _build(tree, sources)
+
+
+def _file_sources(tree: Mapping[str, Mapping[str, Any]], source: str) -> dict[str, str]:
+    sources = {key: source for name, values in tree.items() if name != _UPSTREAM for key in values}
+    sources.update({f"{_UPSTREAM}.{name}": source for name in tree[_UPSTREAM]})
+    return sources
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """Add one ``--flag`` per configuration key; unset flags stay ``None``."""
     for section, key in _keys():
         field = _SECTIONS[section].model_fields[key]
-        flags = ["--" + key.replace("_", "-"), *_FLAG_ALIASES.get(key, ())]
-        help_text = f"{field.description} [{ENV_PREFIX}{key.upper()}]"
+        flags = flags_of(key)
+        help_text = f"{_with_default(field)} [{env_of(key)}]"
         if field.annotation is bool:
             parser.add_argument(
                 *flags, dest=key, action=argparse.BooleanOptionalAction, help=help_text
@@ -419,6 +479,30 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="An OpenAI-compatible engine behind this one (repeatable; more keys in "
         f"[upstream.NAME] tables) [{ENV_PREFIX}UPSTREAM, comma-separated]",
     )
+
+
+def _with_default(field: FieldInfo) -> str:
+    """The description and, unless it already says it, `` (default: X)``: flags stay
+    None when not given (so they override nothing), so argparse cannot show it."""
+    text = field.description or ""
+    if "(default" in text:
+        return text
+    value = field.get_default(call_default_factory=True)
+    return f"{text} (default: {show_default(value)})".replace("%", "%%")
+
+
+def show_default(value: object, metavar: object = None) -> str:
+    """How help texts show a default (every command's, not only serve's): ``300.0``
+    as ``300``, ``(128, 1024)`` as ``128-1024`` for a LOW-HIGH option, ``(1,)`` as
+    ``1``; booleans, None and lists as the TOML config reads."""
+    if value is None or isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple | list):
+        separator = "-" if metavar == "LOW-HIGH" else ","
+        return separator.join(show_default(item) for item in value) or "none"
+    return str(value)
 
 
 def _flag_type(annotation: object) -> type:

@@ -72,16 +72,39 @@ class InvalidRequest(EdgeLLMError):
     type = "invalid_request_error"
 
 
+_PROMPT_LIMITS = {
+    "max_prompt_tokens": "max_prompt_tokens",
+    "context": "the model's context leaves room for",
+    "kv": "one sequence's share of the KV cache holds",
+}
+
+
 class PromptTooLong(InvalidRequest):
+    """The prompt is over the limit. ``limited_by`` says which limit
+    (``max_prompt_tokens``, the model's ``context``, one sequence's ``kv`` share);
+    ``server_fix`` names the server setting that raises it, if one does."""
+
     code = "prompt_too_long"
 
-    def __init__(self, n_prompt_tokens: int, max_prompt_tokens: int) -> None:
+    def __init__(
+        self,
+        n_prompt_tokens: int,
+        max_prompt_tokens: int,
+        *,
+        limited_by: str = "max_prompt_tokens",
+        server_fix: str | None = None,
+    ) -> None:
+        limit = _PROMPT_LIMITS.get(limited_by, limited_by)
+        message = (
+            f"prompt has {n_prompt_tokens} tokens, more than {limit} ({max_prompt_tokens}): "
+            "shorten the prompt (nothing is truncated)"
+        )
         super().__init__(
-            f"prompt has {n_prompt_tokens} tokens, more than max_prompt_tokens "
-            f"({max_prompt_tokens}); shorten it, nothing is truncated",
+            message + (f", or {server_fix}" if server_fix else ""),
             param="messages",
             n_prompt_tokens=n_prompt_tokens,
             max_prompt_tokens=max_prompt_tokens,
+            limited_by=limited_by,
         )
 
 

@@ -47,8 +47,8 @@ CLAUDE_DEFAULT = "claude-code-default"
 CODEX_DEFAULT = "codex-default"
 CODEX_EXEC = ("exec", "--skip-git-repo-check", "--color", "never")
 PROMPT_TOO_LONG = re.compile(
-    r"prompt has (\d+) tokens, more than max_prompt_tokens \((\d+)\); "
-    r"shorten it, nothing is truncated"
+    r"prompt has (\d+) tokens, more than (?:max_prompt_tokens|the model's context leaves "
+    r"room for) \((\d+)\): shorten the prompt \(nothing is truncated\)"
 )
 
 

@@ -139,7 +139,7 @@ async def test_top_once_shows_a_paused_stream(
             frames.append(await asyncio.wait_for(ws.receive_json(), 120))
         parser = argparse.ArgumentParser()
         top_cli.register(parser.add_subparsers())
-        args = parser.parse_args(["top", "--url", engine_server.url, "--once"])
+        args = parser.parse_args(["top", "--base-url", engine_server.url, "--once"])
         assert await asyncio.to_thread(top_cli.run, args) == 0
         await ws.send_json({"type": "cancel"})
     out = capsys.readouterr().out

@@ -101,3 +101,21 @@ def test_keys_against_an_engine_that_requires_one(engine_factory: Any) -> None:
     code, report = doctor(*argv, env={"EDGE_LLM_API_KEY": "sk-test"})
     assert code == 0
     assert report["settings"]["api_key"]["source"] == "EDGE_LLM_API_KEY"
+
+
+def test_a_repeat_run_still_measures_a_real_prefill(engine_factory: Any) -> None:
+    """The prefix cache must not turn the doctor's prefill check into a cache hit on
+    the second run: its measured prompt starts with a tag new to each request."""
+    engine = engine_factory("--ttft-timeout-ms", "600000")  # a long prefill on a loaded machine
+    argv = ("--base-url", engine.base_url, "--model", MODEL, "--ttft-warn-ms", "600000")
+    runs = [check(doctor(*argv)[1], "ttft") for _ in range(2)]
+    for ttft in runs:
+        details = ttft["details"]
+        n_prompt = details["long_prompt_tokens"]
+        assert n_prompt > 300, ttft
+        # Only the chat template's fixed opening ("<|im_start|>system\n") and
+        # perhaps a token of an earlier tag can be shared with an earlier request.
+        assert details["long_cached_tokens"] < 0.03 * n_prompt, ttft
+        # The same request sent again is the cache hit, reported apart.
+        assert details["repeat_cached_tokens"] >= n_prompt - 1, ttft
+        assert details["long_ttft_ms"] > details["repeat_ttft_ms"], ttft

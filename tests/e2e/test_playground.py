@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
+from edge_llm.observability.units import mib
+
 from conftest import EngineFactory, EngineProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -195,6 +197,22 @@ def test_cancel_frees_the_streams_kv(page: Page, engine_server: EngineProcess) -
     expect(row).to_have_attribute("data-state", "cancelled")
     expect(row.locator("td").nth(4)).to_have_text("0")
     expect(row.locator("td").last).to_have_text("client")
+    # The user's own Cancel is logged as a cancel, not as an error.
+    expect(role(pane, "log")).to_contain_text("cancelled (client)")
+    expect(role(pane, "log")).not_to_contain_text("error")
+
+
+def test_the_kv_capacity_reads_as_in_top_and_the_banner(
+    page: Page, engine_server: EngineProcess
+) -> None:
+    open_playground(page, engine_server)
+    kv_text = page.locator("#kv-text")
+    expect(kv_text).not_to_have_attribute("data-kv-budget", "")
+    capacity = engine_server.debug_streams()["kv_budget_bytes"]
+    assert kv_text.get_attribute("data-kv-budget") == str(capacity)
+    expect(kv_text).to_have_text(re.compile(rf" / {re.escape(mib(capacity))} MiB$"))
+    banner = next(line for line in engine_server.output if " on http://" in line)
+    assert f"KV capacity {mib(capacity)} MiB" in banner
 
 
 def test_a_slow_renderer_pauses_the_stream_by_itself(

@@ -10,12 +10,8 @@ from typing import Any
 
 import pytest
 
-from edge_llm.client.config import (
-    ClientConfig,
-    load_client_config,
-    normalise_api_key,
-    normalise_base_url,
-)
+from edge_llm.client.address import normalise_api_key, normalise_base_url
+from edge_llm.client.config import ClientConfig, load_client_config
 from edge_llm.client.errors import ConfigError
 
 SEED = json.loads(resources.files("edge_llm").joinpath("configs/client.json").read_text())

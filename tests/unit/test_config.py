@@ -85,3 +85,54 @@ def test_the_cache_table_loads_from_toml_env_and_flags(tmp_path: Path) -> None:
     flags = flag_overrides(parser.parse_args(["--prefix-cache", "--host-offload-mb", "0"]))
     config = load_config(path, env={}, overrides=flags)
     assert (config.cache.prefix_cache, config.cache.host_offload_mb) == (True, 0)
+
+
+# -- errors name the key's full path and where the value came from ----------------------
+
+
+def test_a_bad_env_value_names_the_variable_and_the_full_key() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, env={"EDGE_LLM_MAX_KV_CACHE_MB": "abc"})
+    message = str(caught.value)
+    assert "engine.backpressure.max_kv_cache_mb" in message
+    assert "(from environment variable EDGE_LLM_MAX_KV_CACHE_MB)" in message
+    assert "(got 'abc')" in message
+
+
+def test_a_bad_bool_from_the_env_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"engine\.cache\.prefix_cache \(from environment "):
+        load_config(None, env={"EDGE_LLM_PREFIX_CACHE": "maybe"})
+
+
+def test_a_bad_file_value_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[server]\nport = 70000\n")
+    with pytest.raises(ConfigError, match=rf"server\.port \(from file {path}\)"):
+        load_config(path, env={})
+
+
+def test_a_bad_flag_value_names_the_flag() -> None:
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    flags = flag_overrides(parser.parse_args(["--model", "x.gguf", "--n-threads", "0"]))
+    with pytest.raises(ConfigError, match=r"engine\.n_threads \(from flag --n-threads\)"):
+        load_config(None, env={}, overrides=flags)
+
+
+def test_the_value_that_wins_is_the_one_named(tmp_path: Path) -> None:
+    path = write(tmp_path, "[engine.backpressure]\nmax_prompt_tokens = 0\n")
+    with pytest.raises(ConfigError, match="from environment variable EDGE_LLM_MAX_PROMPT"):
+        load_config(path, env={"EDGE_LLM_MAX_PROMPT_TOKENS": "-1"})
+
+
+def test_an_unknown_key_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[engine.cache]\nnope = 1\n")
+    with pytest.raises(ConfigError, match=rf"config file {path}: .*'engine\.cache\.nope'"):
+        load_config(path, env={})
+
+
+def test_a_bad_upstream_names_its_table_and_source(tmp_path: Path) -> None:
+    path = write(tmp_path, '[upstream.lan]\nurl = "ftp://x"\n')
+    with pytest.raises(ConfigError, match=rf"upstream\.lan\.url \(from file {path}\)"):
+        load_config(path, env={})
+    with pytest.raises(ConfigError, match=r"upstream\.b\.url \(from environment variable "):
+        load_config(None, env={"EDGE_LLM_UPSTREAM": "b=ftp://q"})

@@ -60,6 +60,8 @@ class Behaviour:
     long_prompt_delay_s: float = 0.0  # the server's prefill cost for long prompts
     max_prompt_chars: int | None = None  # longer prompts get 400 prompt_too_long
     prompts: list[int] = field(default_factory=list)  # prompt lengths seen
+    prompt_cache: bool = False  # a repeated request skips the delay and reports cached tokens
+    seen: set[str] = field(default_factory=set)  # requests' messages, for the prompt cache
 
 
 def sse_chunk(content: str | None, **extra: Any) -> bytes:
@@ -123,12 +125,23 @@ def fake_app(behaviour: Behaviour) -> web.Application:
             return web.json_response(
                 {"object": "chat.completion", "choices": [{"message": message}]}
             )
-        if len(prompt) > 200 and behaviour.long_prompt_delay_s:
-            await asyncio.sleep(behaviour.long_prompt_delay_s)
+        messages = json.dumps(body["messages"])
+        cached = behaviour.prompt_cache and messages in behaviour.seen
+        behaviour.seen.add(messages)
+        if len(prompt) > 200 and behaviour.long_prompt_delay_s and not cached:
+            await asyncio.sleep(behaviour.long_prompt_delay_s)  # the prefill it models
         content_type = "text/plain" if behaviour.mode == "text_plain" else "text/event-stream"
         response = web.StreamResponse(headers={"Content-Type": content_type})
         await response.prepare(request)
-        await response.write(STREAM_BODIES[behaviour.mode])
+        payload = STREAM_BODIES[behaviour.mode]
+        if body.get("stream_options", {}).get("include_usage"):
+            n_prompt = len(messages) // 4
+            details = {"cached_tokens": n_prompt - 1 if cached else 0}
+            usage = {"prompt_tokens": n_prompt, "prompt_tokens_details": details}
+            payload = payload.replace(
+                b"data: [DONE]", sse_chunk(None, usage=usage) + b"data: [DONE]"
+            )
+        await response.write(payload)
         await response.write_eof()
         return response
 
@@ -400,6 +413,21 @@ def test_long_prompt_shrinks_to_the_servers_limit(serve: Serve, capsys: Capsys) 
     assert ttft["status"] == "pass"
     assert ttft["details"]["words"] < 300
     assert behaviour.prompts[-1] <= 800
+
+
+def test_a_repeat_run_measures_a_real_prefill_and_reports_the_cache_apart(
+    serve: Serve, capsys: Capsys
+) -> None:
+    server = serve(fake_app(Behaviour(long_prompt_delay_s=0.2, prompt_cache=True)))
+    runs = [run_doctor(capsys, *against(server)).check("ttft") for _ in range(2)]
+    for ttft in runs:
+        details = ttft["details"]
+        assert details["long_ttft_ms"] >= 200  # the modelled prefill, not a cache hit
+        assert details["long_cached_tokens"] == 0
+        assert details["repeat_cached_tokens"] == details["long_prompt_tokens"] - 1
+        assert details["repeat_ttft_ms"] is not None
+    assert "0 from the prompt cache" in runs[1]["summary"]
+    assert "the same request again" in runs[1]["summary"]
 
 
 # -- network and proxies -----------------------------------------------------------

@@ -128,6 +128,32 @@ async def test_prompt_with_no_room_in_the_context_is_prompt_too_long(serve: Any)
     error = (await response.json())["error"]
     assert error["code"] == "prompt_too_long"
     assert (error["n_prompt_tokens"], error["max_prompt_tokens"]) == (2100, 2047)
+    assert error["limited_by"] == "context"
+    assert "more than the model's context leaves room for (2047)" in error["message"]
+    assert error["message"].endswith("or serve a model with a longer context")
+
+
+async def test_prompt_too_long_names_the_server_setting_that_raises_it(serve: Any) -> None:
+    served = await serve(max_prompt_tokens=10)
+    response = await served.client.post("/v1/chat/completions", json=CHAT)
+    assert response.status == 400
+    error = (await response.json())["error"]
+    assert (error["n_prompt_tokens"], error["max_prompt_tokens"]) == (N_CHAT_PROMPT, 10)
+    assert error["limited_by"] == "max_prompt_tokens"
+    message = error["message"]
+    assert f"prompt has {N_CHAT_PROMPT} tokens, more than max_prompt_tokens (10)" in message
+    assert "shorten the prompt (nothing is truncated)" in message
+    for knob in ("--max-prompt-tokens", "EDGE_LLM_MAX_PROMPT_TOKENS", "[engine.backpressure]"):
+        assert knob in message
+
+
+async def test_a_prompt_over_one_sequences_kv_share_names_the_kv_budget(serve: Any) -> None:
+    served = await serve(RecordingBackend(kv_capacity_tokens=300))
+    response = await served.client.post("/v1/completions", json={"prompt": "x" * 400})
+    error = (await response.json())["error"]
+    assert (error["limited_by"], error["max_prompt_tokens"]) == ("kv", 299)
+    assert "--max-kv-cache-mb" in error["message"]
+    assert "EDGE_LLM_MAX_KV_CACHE_MB" in error["message"]
 
 
 async def test_anthropic_prompt_too_long_names_both_counts(serve: Any) -> None:

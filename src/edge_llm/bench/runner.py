@@ -34,7 +34,7 @@ from edge_llm.bench.slow_consumer import (
     probe,
 )
 from edge_llm.bench.stats import Summary, summarize
-from edge_llm.bench.targets import Target
+from edge_llm.bench.targets import Target, TargetUnreachable
 
 ProgressCallback = Callable[[str], None]
 
@@ -132,16 +132,23 @@ def host_info() -> dict[str, Any]:
 
 
 async def discover_model(target: Target) -> Target:
-    """Fill ``target.model`` from ``GET /v1/models`` (first id) when not given."""
-    if target.model:
-        return target
+    """Fill ``target.model`` from ``GET /v1/models`` (first id) when not given.
+
+    Raises :class:`TargetUnreachable` when nothing answers at the target: a run
+    of connection errors measures nothing."""
     try:
         status, _, body = await fetch(target.base_url + "/models", headers=target.headers())
         models = json.loads(body)["data"] if status == 200 else []
         model = models[0]["id"] if models else None
-    except (HttpError, ValueError, KeyError, IndexError, TypeError):
+    except HttpError as exc:
+        if exc.kind == "connect_error":
+            raise TargetUnreachable(target.unreachable(exc)) from exc
         return target
-    return replace(target, model=model) if isinstance(model, str) else target
+    except (ValueError, KeyError, IndexError, TypeError):
+        return target
+    if target.model or not isinstance(model, str):
+        return target
+    return replace(target, model=model)
 
 
 async def run_bench(

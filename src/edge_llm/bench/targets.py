@@ -2,21 +2,38 @@
 
 The URL is any OpenAI-compatible base URL, with or without ``/v1``, with or without
 a trailing slash. ``key=env:VAR`` reads the key from the environment so it stays out
-of shell history and of the JSON export (which never contains keys).
+of shell history and of the JSON export (which never contains keys). Without any
+``--target``, ``bench`` and ``storm`` run against the one server every command
+finds (``--base-url`` / ``EDGE_LLM_BASE_URL``, ``--api-key`` / ``EDGE_LLM_API_KEY``).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+
+from edge_llm.client.address import (
+    ServerAddress,
+    add_address_flags,
+    normalise_base_url,
+    resolve_address,
+    setting_to_change,
+    unreachable_message,
+)
+from edge_llm.client.errors import ConfigError
 
 _OPTIONS = ("key", "model")
+DEFAULT_TARGET_NAME = "edge-llm"
 
 
 class TargetError(ValueError):
     """A ``--target`` specification is malformed; the message says how."""
+
+
+class TargetUnreachable(Exception):
+    """Nothing answers at a target's URL; the message is the one line to print."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +48,7 @@ class Target:
     root: str
     key: str | None = None
     model: str | None = None
+    setting: str = "--target NAME=URL"  # what the user changes to point it elsewhere
 
     @property
     def base_url(self) -> str:
@@ -43,6 +61,10 @@ class Target:
     def headers(self) -> dict[str, str]:
         """Request headers that authenticate against this target."""
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+    def unreachable(self, exc: BaseException) -> str:
+        """The one line to print when nothing answers at this target."""
+        return unreachable_message(self.base_url, self.setting, exc)
 
     def describe(self) -> dict[str, object]:
         """JSON-safe description: never the key itself, only whether one is set."""
@@ -59,13 +81,10 @@ def normalize_root(url: str) -> str:
 
     Raises :class:`TargetError` for a URL that is not http(s) with a host.
     """
-    text = url.strip().rstrip("/")
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise TargetError(f"target URL must be http(s)://host[:port][/path]: {url!r}")
-    if parts.query or parts.fragment:
-        raise TargetError(f"target URL must not have a query or fragment: {url!r}")
-    return text.removesuffix("/v1").rstrip("/")
+    try:
+        return normalise_base_url(url)[0].removesuffix("/v1")
+    except ConfigError as exc:
+        raise TargetError(f"target URL: {exc.message}") from exc
 
 
 def parse_target(spec: str, env: Mapping[str, str] | None = None) -> Target:
@@ -77,7 +96,48 @@ def parse_target(spec: str, env: Mapping[str, str] | None = None) -> Target:
     url, *options = rest.split(",")
     values = _parse_options(options, spec)
     key = _resolve_key(values.get("key"), os.environ if env is None else env)
-    return Target(name=name, root=normalize_root(url), key=key, model=values.get("model"))
+    root = normalize_root(url)
+    setting = f"--target {name}=URL"
+    return Target(name, root, key, values.get("model"), setting)
+
+
+def default_target(address: ServerAddress) -> Target:
+    """The target of a run given no ``--target``: the server every command finds."""
+    setting = setting_to_change(address.base_url_source)
+    root = address.root
+    return Target(DEFAULT_TARGET_NAME, root, address.api_key or None, None, setting)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--target`` (repeatable), or ``--base-url`` / ``--api-key`` for one server."""
+    parser.add_argument(
+        "--target",
+        action="append",
+        metavar="NAME=URL[,key=K,model=M]",
+        help="an OpenAI-compatible endpoint (repeatable); URL with or without /v1; "
+        "key=env:VAR reads the key from the environment; without model= the first of "
+        "GET /v1/models is used; without any --target, the --base-url server",
+    )
+    add_address_flags(parser)
+
+
+def targets_from_args(args: argparse.Namespace, env: Mapping[str, str]) -> list[Target]:
+    """The ``--target`` list, or the one server of ``--base-url`` and the environment.
+    Raises :class:`TargetError`."""
+    if not args.target:
+        try:
+            address = resolve_address(base_url=args.base_url, api_key=args.api_key, env=env)
+        except ConfigError as exc:
+            raise TargetError(str(exc)) from exc
+        return [default_target(address)]
+    if args.base_url is not None or args.api_key is not None:
+        raise TargetError(
+            "--base-url and --api-key name one server; with --target give each its "
+            "URL and key=: --target NAME=URL,key=K"
+        )
+    targets = [parse_target(spec, env) for spec in args.target]
+    check_unique(targets)
+    return targets
 
 
 def _parse_options(options: list[str], spec: str) -> dict[str, str]:

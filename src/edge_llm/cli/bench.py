@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from rich.console import Console
@@ -23,7 +24,12 @@ from edge_llm.bench.report import write_html
 from edge_llm.bench.runner import BenchConfig, BenchResult, run_bench, total_steps
 from edge_llm.bench.slow_consumer import SlowConsumerSettings
 from edge_llm.bench.table import tables
-from edge_llm.bench.targets import TargetError, check_unique, parse_target
+from edge_llm.bench.targets import (
+    TargetError,
+    TargetUnreachable,
+    add_target_arguments,
+    targets_from_args,
+)
 
 WIDE_OUTPUT = 200
 
@@ -35,7 +41,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Send the same prompts to every target, taking turns (A, B, A, B ...), "
         "and report TTFR, TTFT, ITL, TPOT, E2EL, decode rate, throughput and errors per "
         "target and concurrency level.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -59,14 +64,7 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--target",
-        action="append",
-        required=True,
-        metavar="NAME=URL[,key=K,model=M]",
-        help="an endpoint (repeatable); URL with or without /v1; key=env:VAR reads the key "
-        "from the environment; without model= the first of GET /v1/models is used",
-    )
+    add_target_arguments(parser)
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--prompts", metavar="FILE", help="JSONL prompts (prompt or messages)")
     source.add_argument(
@@ -79,7 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=8, help="requests per target and level")
     parser.add_argument("--concurrency", type=_levels, default=(1,), help="levels, e.g. 1,2,4")
     parser.add_argument("--max-tokens", type=_positive_int, default=64, help="per request")
-    parser.add_argument("--temperature", type=float, default=0.0, help="(default 0: greedy)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy"
+    )
     parser.add_argument("--warmup", type=int, default=1, help="warm-up requests per target")
     parser.add_argument("--timeout", type=float, default=300.0, help="per request (s)")
     parser.add_argument("--no-usage", action="store_true", help="do not ask for usage chunks")
@@ -112,8 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace) -> BenchConfig:
     """The run's configuration; raises TargetError, PromptError or ValueError."""
-    targets = [parse_target(spec) for spec in args.target]
-    check_unique(targets)
+    targets = targets_from_args(args, os.environ)
     if args.prompts:
         prompts, source = load_jsonl(args.prompts), args.prompts
     else:
@@ -159,7 +158,11 @@ def run(args: argparse.Namespace) -> int:
     except (TargetError, PromptError, ValueError) as exc:
         print(f"edge-llm bench: {exc}", file=sys.stderr)
         return 2
-    result = _run_with_progress(config, Console(stderr=True))
+    try:
+        result = _run_with_progress(config, Console(stderr=True))
+    except TargetUnreachable as exc:
+        print(f"edge-llm bench: {exc}", file=sys.stderr)
+        return 1
     for table in tables(result):
         console.print(table)
     for found in result.slow_consumer:

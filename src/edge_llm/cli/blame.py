@@ -63,14 +63,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=float,
         default=Thresholds.grace_s * 1000,
         help="time allowed from high watermark to PAUSE, and from PAUSE/CANCEL to the "
-        "engine acting on it (default %(default).0f)",
+        "engine acting on it (default: %(default).0f)",
     )
     parser.add_argument(
         "--lag-ms",
         type=float,
         default=Thresholds.lag_s * 1000,
         help="first-token delay from engine to client counted as a transport problem "
-        "(default %(default).0f)",
+        "(default: %(default).0f)",
     )
     parser.set_defaults(func=run)
 

@@ -33,11 +33,13 @@ from edge_llm.client import (
     ClientConfig,
     ClientError,
     ConfigError,
+    ConnectError,
     Heartbeat,
     StreamClient,
     StreamResult,
-    load_client_config,
 )
+from edge_llm.client.address import ServerAddress, add_address_flags
+from edge_llm.client.config import load_client
 from edge_llm.observability.events import EventLog
 
 PROG = "edge-llm chat"
@@ -54,9 +56,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("prompt", nargs="?", help="the question (omit for interactive mode)")
     parser.add_argument("--config", help='client JSON file ({"edge_llm_client": {...}})')
-    parser.add_argument("--base-url", help="server base URL [EDGE_LLM_BASE_URL]")
-    parser.add_argument("--api-key", help="bearer key [EDGE_LLM_API_KEY]")
-    parser.add_argument("--model", help="model id [EDGE_LLM_MODEL]")
+    add_address_flags(parser)
+    parser.add_argument("--model", help="model id (default: $EDGE_LLM_MODEL, else the config's)")
     parser.add_argument("--ws", action="store_true", help="use the engine's WebSocket protocol")
     parser.add_argument(
         "--render-delay-ms", type=int, default=0, help="slow renderer: N ms per chunk"
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     """Entry point of ``edge-llm chat``; returns the exit code."""
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(levelname)s: %(message)s")
     try:
-        config = load_client_config(args.config, overrides=_overrides(args))
+        config, address = load_client(args.config, overrides=_overrides(args))
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     event_log = EventLog(args.event_log, source="client") if args.event_log else None
     try:
-        return asyncio.run(_main(args, config, event_log))
+        return asyncio.run(_main(args, config, address, event_log))
     finally:
         if event_log is not None:
             event_log.close()
@@ -101,9 +102,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-async def _main(args: argparse.Namespace, config: ClientConfig, event_log: EventLog | None) -> int:
+async def _main(
+    args: argparse.Namespace,
+    config: ClientConfig,
+    address: ServerAddress,
+    event_log: EventLog | None,
+) -> int:
     chat = Chat(
         config=config,
+        address=address,
         transport="ws" if args.ws else "sse",
         render_delay_s=args.render_delay_ms / 1000,
         show_stats=args.stats,
@@ -208,6 +215,7 @@ class Chat:
     """Streams turns to ``out``; reports failures on ``err`` in one line."""
 
     config: ClientConfig
+    address: ServerAddress  # where the base URL came from, for the unreachable message
     transport: str
     render_delay_s: float
     show_stats: bool
@@ -221,7 +229,8 @@ class Chat:
         except ClientError as exc:
             self.out.write("\n")
             self.out.flush()
-            print(f"{PROG}: {exc.code}: {exc.message}", file=self.err, flush=True)
+            message = self.address.unreachable(exc) if isinstance(exc, ConnectError) else None
+            print(f"{PROG}: {message or f'{exc.code}: {exc.message}'}", file=self.err, flush=True)
             return False
         conversation.add("assistant", result.text)
         if self.show_stats:

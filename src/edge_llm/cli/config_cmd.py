@@ -20,17 +20,18 @@ Tools and what they get:
 - ``openai-env``: shell exports ``OPENAI_BASE_URL`` (with ``/v1``),
   ``OPENAI_API_KEY``, ``OPENAI_MODEL``. ``--write`` needs ``--path``.
 
-Values: ``--base-url`` (default ``http://127.0.0.1:8000``; a trailing ``/v1`` or
-slash is accepted and normalised), ``--api-key`` (default ``EDGE_LLM_API_KEY``,
-else ``sk-local``: any key works when the engine runs without ``--api-key``),
-``--model`` (default: the first id of ``GET /v1/models`` when the engine
-answers within 2 s, else ``SmolLM2-135M-Instruct``).
+Values: ``--base-url`` and ``--api-key`` as every command resolves them
+(:mod:`edge_llm.client.address`: the flag, ``EDGE_LLM_BASE_URL`` /
+``EDGE_LLM_API_KEY``, ``OPENAI_*``, else ``http://127.0.0.1:8000`` and
+``sk-local``, which any engine started without ``--api-key`` accepts), ``--model``
+(default: the first id of ``GET /v1/models``; an engine that does not answer
+within 2 s is an error that says so, unless ``--model`` is given).
 
 Without ``--write`` the snippet goes to stdout (notes to stderr). With
 ``--write`` the settings are merged into the file (other keys, tables and
 comments are kept), the diff is shown, and the previous file is kept as
-``FILE.bak``. Exit codes: 0 done, 1 the file cannot be merged or written,
-2 bad arguments.
+``FILE.bak``. Exit codes: 0 done, 1 the engine cannot tell the model id or the
+file cannot be merged or written, 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -44,17 +45,17 @@ import shlex
 import sys
 import tempfile
 import tomllib
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+
+from edge_llm.client.address import ServerAddress, add_address_flags, resolve_address
+from edge_llm.client.errors import ConfigError
 
 TOOLS = ("claude-code", "cline", "codex", "openai-env")
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
-DEFAULT_API_KEY = "sk-local"
-FALLBACK_MODEL = "SmolLM2-135M-Instruct"
 PROVIDER = "edge-llm"
 CODEX_KEY_ENV = "EDGE_LLM_API_KEY"
 MODEL_PROBE_TIMEOUT_S = 2.0
@@ -65,6 +66,10 @@ _HEADER = re.compile(r"^\s*\[\[?\s*(?P<name>[^\]]+?)\s*\]\]?\s*(#.*)?$")
 class MergeError(Exception):
     """The existing file cannot be merged into without risk (invalid, or an
     unexpected shape); nothing was written."""
+
+
+class NoModelId(Exception):
+    """The engine did not tell its model id; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +92,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tool's file after showing a diff, keeping FILE.bak.",
     )
     parser.add_argument("tool", choices=TOOLS)
-    parser.add_argument("--base-url", help=f"engine URL (default {DEFAULT_BASE_URL})")
-    parser.add_argument("--api-key", help="key (default $EDGE_LLM_API_KEY, else sk-local)")
+    add_address_flags(parser)
     parser.add_argument("--model", help="model id (default: asked from the engine)")
     parser.add_argument("--write", action="store_true", help="merge into the tool's file")
     parser.add_argument("--path", help="file to write instead of the tool's default")
@@ -97,11 +101,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     try:
-        root = root_url(args.base_url or DEFAULT_BASE_URL)
-    except ValueError as exc:
+        address = resolve_address(base_url=args.base_url, api_key=args.api_key, env=os.environ)
+    except ConfigError as exc:
         return _usage_error(str(exc))
-    api_key = args.api_key or os.environ.get("EDGE_LLM_API_KEY") or DEFAULT_API_KEY
-    target = Target(root, api_key, args.model or served_model(root, api_key))
+    try:
+        model = args.model or served_model(address)
+    except NoModelId as exc:
+        print(f"edge-llm config: {exc}", file=sys.stderr)
+        return 1
+    target = Target(address.root, address.api_key, model)
     tool = TOOLS_BY_NAME[args.tool]
     if not args.write:
         print(tool.render(target), end="")
@@ -119,31 +127,24 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def root_url(raw: str) -> str:
-    """``http://host:port`` (plus any prefix) without ``/v1`` or trailing slashes."""
-    parts = urlsplit(raw.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--base-url must be an http(s) URL, got {raw!r}")
-    path = parts.path.rstrip("/")
-    while path.endswith("/v1"):
-        path = path[: -len("/v1")].rstrip("/")
-    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
-def served_model(root: str, api_key: str) -> str:
-    """The engine's first model id, or the embedded default when it does not answer."""
-    request = urllib.request.Request(
-        root + "/v1/models", headers={"Authorization": f"Bearer {api_key}"}
-    )
+def served_model(address: ServerAddress) -> str:
+    """The engine's first model id. Raises :class:`NoModelId` (one line: the URL,
+    why, and what to change) when the engine does not answer with one."""
+    url = address.base_url + "/models"
+    request = urllib.request.Request(url, headers=address.headers())
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(request, timeout=MODEL_PROBE_TIMEOUT_S) as response:
             data = json.loads(response.read(MAX_MODELS_BODY))
         model = str(data["data"][0]["id"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        _note(f"# no model id from {root}/v1/models ({exc}); using {FALLBACK_MODEL}")
-        return FALLBACK_MODEL
-    _note(f"# model id {model!r} from {root}/v1/models")
+    except urllib.error.HTTPError as exc:
+        hint = " (wrong --api-key / EDGE_LLM_API_KEY?)" if exc.code in (401, 403) else ""
+        raise NoModelId(f"GET {url} answered HTTP {exc.code}{hint}; or pass --model") from exc
+    except OSError as exc:
+        raise NoModelId(f"{address.unreachable(exc)}; or pass --model") from exc
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise NoModelId(f"GET {url} listed no model id; pass --model") from exc
+    _note(f"# model id {model!r} from {url}")
     return model
 
 

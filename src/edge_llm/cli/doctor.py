@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from edge_llm.client.address import add_address_flags
 from edge_llm.client.errors import ConfigError
 from edge_llm.doctor import CheckResult, DoctorSettings, Status, exit_code, resolve, run_checks
 from edge_llm.doctor.settings import DEFAULT_TIMEOUT_S
@@ -31,16 +32,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "OPENAI_API_KEY / OPENAI_MODEL. Exit code 0 unless a check failed (warnings "
         "do not fail).",
     )
-    parser.add_argument("--base-url", help="e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key", help="the key sent as 'Authorization: Bearer KEY'")
+    add_address_flags(parser)
     parser.add_argument("--model", help="the model id to ask for")
     parser.add_argument("--config", help="client JSON with an edge_llm_client object")
-    parser.add_argument("--ttft-warn-ms", type=int, help="warn above this TTFT (default 3000)")
+    parser.add_argument("--ttft-warn-ms", type=int, help="warn above this TTFT (default: 3000)")
     parser.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
-        help="seconds a request may stay silent (default 20; three times that in total)",
+        help="seconds a request may stay silent (default: 20; three times that in total)",
     )
     parser.add_argument("--json", action="store_true", help="print machine-readable results")
     parser.set_defaults(func=run)

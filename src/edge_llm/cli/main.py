@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from edge_llm import __version__
+from edge_llm.cli.help import HelpParser
 
 # Each module exposes register(subparsers), which sets ``func`` to its run(args) -> int.
 SUBCOMMANDS = ("serve", "chat", "bench", "storm", "doctor", "blame", "top", "config")
@@ -15,12 +16,14 @@ SUBCOMMANDS = ("serve", "chat", "bench", "storm", "doctor", "blame", "top", "con
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """All subcommands, or just ``only``: ``serve`` need not import the bench or TUI code."""
-    parser = argparse.ArgumentParser(
+    parser = HelpParser(
         prog="edge-llm",
         description="On-device LLM streaming engine with a token backpressure contract.",
     )
     parser.add_argument("--version", action="version", version=f"edge-llm {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=HelpParser
+    )
     for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
         module_name = "config_cmd" if name == "config" else name
         module = importlib.import_module(f"edge_llm.cli.{module_name}")

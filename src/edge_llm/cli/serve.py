@@ -10,6 +10,7 @@ import sys
 
 from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
 from edge_llm.errors import BackendError
+from edge_llm.observability.units import mib
 from edge_llm.server.runtime import start_server
 
 
@@ -43,15 +44,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def kv_capacity(config: EngineConfig, capacity_tokens: int, capacity_bytes: int) -> str:
+    """The KV capacity as ``top`` and the playground show it (``kv_budget_bytes``):
+    ``max_kv_cache_mb`` rounded down to the whole blocks of cells llama.cpp allocates."""
+    configured = config.backpressure.max_kv_cache_mb
+    return (
+        f"KV capacity {mib(capacity_bytes)} MiB = {capacity_tokens} tokens, "
+        f"from max_kv_cache_mb {configured}"
+    )
+
+
 async def _serve(config: EngineConfig) -> None:
     server = await start_server(config)
     info = server.ctx.service.backend.info
-    print(
-        f"edge-llm: serving {info.model_id} on {server.url} "
-        f"(KV budget {config.backpressure.max_kv_cache_mb} MiB = "
-        f"{server.ctx.engine.kv.capacity_tokens} tokens)",
-        flush=True,
-    )
+    kv = server.ctx.engine.kv
+    capacity = kv_capacity(config, kv.capacity_tokens, kv.capacity_bytes)
+    print(f"edge-llm: serving {info.model_id} on {server.url} ({capacity})", flush=True)
     for upstream in server.ctx.router.registry.upstreams:
         state = "healthy" if upstream.healthy else f"unreachable ({upstream.last_error})"
         role = ", fallback" if upstream.config.fallback else ""

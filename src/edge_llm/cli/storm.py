@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Callable
 
@@ -29,10 +30,15 @@ from edge_llm.bench.storm import (
     storm_table,
     write_html,
 )
-from edge_llm.bench.targets import TargetError, check_unique, parse_target
+from edge_llm.bench.targets import (
+    TargetError,
+    TargetUnreachable,
+    add_target_arguments,
+    targets_from_args,
+)
+from edge_llm.observability.units import MIB, mib
 
 WIDE_OUTPUT = 220
-MIB = 1024 * 1024
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,7 +49,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "token does not come within its patience presses regenerate (same prompt, same "
         "X-Session-Id); some abandon streams mid-way, some read slowly through a small "
         "receive buffer. Targets take turns under the same seeded load.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -72,13 +77,7 @@ def _pid(text: str) -> tuple[str, int]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = StormSettings()
-    parser.add_argument(
-        "--target",
-        action="append",
-        required=True,
-        metavar="NAME=URL[,key=K,model=M]",
-        help="an OpenAI-compatible endpoint (repeatable)",
-    )
+    add_target_arguments(parser)
     parser.add_argument("--pid", action="append", type=_pid, default=[], metavar="NAME=PID",
                         help="server process of a target here: peak RSS")  # fmt: skip
     parser.add_argument("--users", type=int, default=d.users, help="simulated users")
@@ -116,8 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace) -> StormConfig:
     """Raises TargetError, StormSettingsError or ValueError with a clear message."""
-    targets = [parse_target(spec) for spec in args.target]
-    check_unique(targets)
+    targets = targets_from_args(args, os.environ)
     pids = dict(args.pid)
     unknown = set(pids) - {t.name for t in targets}
     if unknown:
@@ -152,7 +150,11 @@ def run(args: argparse.Namespace) -> int:
     except (TargetError, StormSettingsError, ValueError) as exc:
         print(f"edge-llm storm: {exc}", file=sys.stderr)
         return 2
-    result = run_with_live_view(config, Console(stderr=True))
+    try:
+        result = run_with_live_view(config, Console(stderr=True))
+    except TargetUnreachable as exc:
+        print(f"edge-llm storm: {exc}", file=sys.stderr)
+        return 1
     console.print(storm_table(result))
     try:
         if args.json:
@@ -188,7 +190,7 @@ def live_table(state: LiveState, config: StormConfig) -> Table:
         sample = state.last_sample.get(name)
         kv = rss = peaks = "-"
         if sample is not None:
-            kv = "-" if sample.kv_used_bytes is None else f"{sample.kv_used_bytes / MIB:.1f}"
+            kv = "-" if sample.kv_used_bytes is None else mib(sample.kv_used_bytes)
             rss = "-" if sample.rss_bytes is None else f"{sample.rss_bytes / MIB:.0f}"
             peaks = "/".join(
                 "-" if v is None else str(v)

@@ -21,6 +21,8 @@ from typing import Any
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from edge_llm.client.address import ServerAddress, add_address_flags, resolve_address
+from edge_llm.client.errors import ConfigError
 from edge_llm.observability.top_view import (
     Metrics,
     Rates,
@@ -32,7 +34,6 @@ from edge_llm.observability.top_view import (
     sample_of,
 )
 
-DEFAULT_URL = "http://127.0.0.1:8000"
 REQUEST_TIMEOUT_S = 5.0
 PLAIN_WIDTH = 160  # when stdout is not a terminal
 
@@ -43,12 +44,14 @@ class FetchError(Exception):
 
 @dataclass(frozen=True)
 class Endpoint:
-    url: str  # the server root, without /v1
-    api_key: str | None
+    address: ServerAddress
+
+    @property
+    def url(self) -> str:
+        return self.address.root  # top reads root paths
 
     def get(self, path: str) -> bytes:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        request = urllib.request.Request(self.url + path, headers=headers)
+        request = urllib.request.Request(self.url + path, headers=self.address.headers())
         try:
             with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
                 body: bytes = response.read()
@@ -57,7 +60,7 @@ class Endpoint:
             hint = " (wrong or missing --api-key?)" if exc.code == 401 else ""
             raise FetchError(f"GET {self.url + path}: HTTP {exc.code}{hint}") from exc
         except (urllib.error.URLError, OSError) as exc:
-            raise FetchError(f"GET {self.url + path}: {exc}") from exc
+            raise FetchError(self.address.unreachable(exc)) from exc
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,15 +70,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Live view of /debug/streams (state, tokens, ring and KV cursors, "
         "pauses) and /metrics (engine totals, tok/s between refreshes).",
     )
-    parser.add_argument("--url", default=DEFAULT_URL, help="engine URL (default %(default)s)")
-    parser.add_argument(
-        "--api-key",
-        default=os.environ.get("EDGE_LLM_API_KEY"),
-        help="API key, when the engine protects its debug endpoints (env EDGE_LLM_API_KEY)",
-    )
-    parser.add_argument(
-        "--interval", type=float, default=1.0, help="seconds between refreshes (default 1)"
-    )
+    add_address_flags(parser)
+    parser.add_argument("--url", dest="base_url", help=argparse.SUPPRESS)  # the old name
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
     parser.add_argument("--once", action="store_true", help="print one frame and exit")
     parser.set_defaults(func=run)
 
@@ -84,19 +81,18 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("edge-llm top: --interval must be positive", file=sys.stderr)
         return 2
-    endpoint = Endpoint(server_root(args.url), args.api_key or None)
+    try:
+        address = resolve_address(base_url=args.base_url, api_key=args.api_key, env=os.environ)
+    except ConfigError as exc:
+        print(f"edge-llm top: {exc}", file=sys.stderr)
+        return 2
+    endpoint = Endpoint(address)
     console = Console() if sys.stdout.isatty() else Console(width=PLAIN_WIDTH)
     if args.once:
         return _once(endpoint, console)
     with contextlib.suppress(KeyboardInterrupt):
-        _live(endpoint, console, args.interval)
+        return _live(endpoint, console, args.interval)
     return 0
-
-
-def server_root(url: str) -> str:
-    """``http://host:8000/v1/`` -> ``http://host:8000``: top reads root paths."""
-    root = url.strip().rstrip("/")
-    return root[: -len("/v1")] if root.endswith("/v1") else root
 
 
 def fetch(endpoint: Endpoint) -> tuple[dict[str, Any], Metrics]:
@@ -114,23 +110,36 @@ def fetch(endpoint: Endpoint) -> tuple[dict[str, Any], Metrics]:
     return streams, metrics
 
 
-def _once(endpoint: Endpoint, console: Console) -> int:
+def _first_look(endpoint: Endpoint) -> tuple[dict[str, Any], Metrics] | None:
+    """The first fetch; a server that does not answer it is reported in one line."""
     try:
-        streams, metrics = fetch(endpoint)
+        return fetch(endpoint)
     except FetchError as exc:
         print(f"edge-llm top: {exc}", file=sys.stderr)
+        return None
+
+
+def _once(endpoint: Endpoint, console: Console) -> int:
+    look = _first_look(endpoint)
+    if look is None:
         return 1
-    console.print(render_frame(streams, metrics, Rates(), title=_title(endpoint)))
+    console.print(render_frame(*look, Rates(), title=_title(endpoint)))
     return 0
 
 
-def _live(endpoint: Endpoint, console: Console, interval: float) -> None:
-    before: Sample | None = None
+def _live(endpoint: Endpoint, console: Console, interval: float) -> int:
+    """Refresh until Ctrl-C. No answer to the first look is an error (exit 1, as
+    with ``--once``); a server that goes away later is retried on screen."""
+    look = _first_look(endpoint)
+    if look is None:
+        return 1
+    before: Sample | None = sample_of(time.monotonic(), *look)
     with Live(console=console, auto_refresh=False, screen=False) as live:
+        live.update(render_frame(*look, Rates(), title=_title(endpoint)), refresh=True)
         while True:
+            time.sleep(interval)
             frame, before = next_frame(endpoint, before)
             live.update(frame, refresh=True)
-            time.sleep(interval)
 
 
 def next_frame(endpoint: Endpoint, before: Sample | None) -> tuple[RenderableType, Sample | None]:

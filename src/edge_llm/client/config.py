@@ -2,8 +2,10 @@
 
 Precedence, lowest first: field defaults (the seed's values), the JSON file,
 ``EDGE_LLM_BASE_URL`` / ``EDGE_LLM_API_KEY`` / ``EDGE_LLM_MODEL``, explicit
-overrides (CLI flags). ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` are a fallback:
-used only when neither the file nor an ``EDGE_LLM_*`` variable gives the value.
+overrides (CLI flags). ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` / ``OPENAI_MODEL``
+are a fallback: used only when neither the file nor an ``EDGE_LLM_*`` variable
+gives the value. These three keys are resolved by
+:func:`edge_llm.client.address.pick_setting`, as in every command.
 
 A config file must hold ``{"edge_llm_client": {...}}`` with at least ``base_url``
 and ``model_id``; other keys default to the seed's values; unknown keys and bad
@@ -16,7 +18,6 @@ prefix); each such repair is logged as a warning by :func:`load_client_config`.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -24,20 +25,22 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from edge_llm.client.address import (
+    DEFAULT_API_KEY,
+    DEFAULT_BASE_URL,
+    ServerAddress,
+    normalise_api_key,
+    normalise_base_url,
+    pick_setting,
+    resolve_address,
+)
 from edge_llm.client.errors import ConfigError
 
 TOP_LEVEL_KEY = "edge_llm_client"
 REQUIRED_FILE_KEYS = ("base_url", "model_id")
-ENV_OVERRIDES = {
-    "base_url": "EDGE_LLM_BASE_URL",
-    "api_key": "EDGE_LLM_API_KEY",
-    "model_id": "EDGE_LLM_MODEL",
-}
-ENV_FALLBACKS = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}
 RETRYABLE_CAUSES = frozenset(
     {
         "ttft_timeout",
@@ -56,46 +59,7 @@ RETRYABLE_CAUSES = frozenset(
     }
 )
 LOGGER_NAME = "edge_llm.client.config"
-
-
-def normalise_base_url(url: str) -> tuple[str, list[str]]:
-    """Return the canonical base URL (ending in ``/v1`` unless it has another path)
-    and one note per repair made. Raises :class:`ConfigError` if it is not http(s)."""
-    notes: list[str] = []
-    stripped = url.strip()
-    if stripped != url:
-        notes.append("base_url had surrounding whitespace; trimmed")
-    parts = urlsplit(stripped)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(
-            f"base_url must be an http:// or https:// URL, got {url!r}", field="base_url"
-        )
-    if parts.query or parts.fragment:
-        raise ConfigError(f"base_url must not have a query or fragment: {url!r}", field="base_url")
-    path = parts.path
-    if path.endswith("/") and path.strip("/"):
-        notes.append("base_url had a trailing slash; removed")
-    path = path.rstrip("/")
-    if path.endswith("/v1/v1"):
-        notes.append("base_url had a doubled /v1; collapsed to one")
-        while path.endswith("/v1/v1"):
-            path = path[: -len("/v1")]
-    if not path:
-        notes.append("base_url had no path; using /v1")
-        path = "/v1"
-    return urlunsplit((parts.scheme, parts.netloc, path, "", "")), notes
-
-
-def normalise_api_key(key: str) -> tuple[str, list[str]]:
-    """Return the key without stray whitespace or a ``Bearer `` prefix, and notes."""
-    notes: list[str] = []
-    trimmed = key.strip()
-    if trimmed != key:
-        notes.append("api_key had leading/trailing whitespace; trimmed")
-    if trimmed.lower().startswith("bearer "):
-        notes.append("api_key started with 'Bearer '; removed (the client adds it)")
-        trimmed = trimmed[len("bearer ") :].strip()
-    return trimmed, notes
+FLAGGED = ("base_url", "api_key", "model_id")  # resolved as in every command
 
 
 class _Strict(BaseModel):
@@ -129,8 +93,8 @@ class RetryConfig(_Strict):
 class ClientConfig(_Strict):
     """Everything the client needs; the seed's keys plus a few named additions."""
 
-    base_url: str = Field("http://127.0.0.1:8000/v1", description="OpenAI-compatible base URL")
-    api_key: str = Field("sk-local", description="Bearer key ('' sends no Authorization)")
+    base_url: str = Field(DEFAULT_BASE_URL, description="OpenAI-compatible base URL")
+    api_key: str = Field(DEFAULT_API_KEY, description="Bearer key ('' sends no Authorization)")
     model_id: str = Field("SmolLM2-135M-Instruct", min_length=1, description="Model to ask for")
     stream: bool = Field(True, description="false: `edge-llm chat` prints the answer at the end")
     ttft_warn_ms: int = Field(3000, ge=0, description="Log a WARN past this TTFT (0: never)")
@@ -236,35 +200,40 @@ def load_client_config(
     CLI produces them. Repairs to ``base_url`` / ``api_key`` are logged as
     warnings on the ``edge_llm.client.config`` logger. Raises :class:`ConfigError`.
     """
+    return load_client(path, env=env, overrides=overrides)[0]
+
+
+def load_client(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> tuple[ClientConfig, ServerAddress]:
+    """:func:`load_client_config`, and the address it points at with the source of
+    its base URL and key (for messages that say which setting to change)."""
     values = read_config_file(path) if path is not None else {}
-    _apply_env(values, os.environ if env is None else env)
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    _warn_repairs(values)
+    label = f"client config {path}"
+    environment = os.environ if env is None else env
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    flags = {name: None if given.get(name) is None else str(given.pop(name)) for name in FLAGGED}
+    address = resolve_address(
+        base_url=flags["base_url"],
+        api_key=flags["api_key"],
+        env=environment,
+        section=values,
+        file_label=label,
+    )
+    for note in address.notes:
+        logging.getLogger(LOGGER_NAME).warning("%s", note)
+    values.update(base_url=address.base_url, api_key=address.api_key)
+    model = pick_setting("model_id", flags["model_id"], environment, values, label)
+    if model is not None:
+        values["model_id"] = model.value
+    values.update(given)
     try:
-        return ClientConfig(**values)
+        return ClientConfig(**values), address
     except ValidationError as exc:
         raise _describe(exc, path) from exc
-
-
-def _apply_env(values: dict[str, Any], env: Mapping[str, str]) -> None:
-    for key, name in ENV_FALLBACKS.items():
-        if key not in values and ENV_OVERRIDES[key] not in env and env.get(name):
-            values[key] = env[name]
-    for key, name in ENV_OVERRIDES.items():
-        if env.get(name):
-            values[key] = env[name]
-
-
-def _warn_repairs(values: Mapping[str, Any]) -> None:
-    notes: list[str] = []
-    if isinstance(values.get("base_url"), str):
-        # A URL that cannot be normalised is reported by validation, with the rest.
-        with contextlib.suppress(ConfigError):
-            notes += normalise_base_url(values["base_url"])[1]
-    if isinstance(values.get("api_key"), str):
-        notes += normalise_api_key(values["api_key"])[1]
-    for note in notes:
-        logging.getLogger(LOGGER_NAME).warning("%s", note)
 
 
 def _describe(exc: ValidationError, path: str | Path | None) -> ConfigError:

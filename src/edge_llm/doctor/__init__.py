@@ -5,9 +5,10 @@ fail or skip, with a concrete fix); :func:`run_checks` runs them in order.
 Warnings do not fail the run: the exit code is 0 unless a check failed.
 """
 
+from edge_llm.client.address import Setting
 from edge_llm.doctor.result import CheckResult, Status, exit_code
 from edge_llm.doctor.runner import run_checks
-from edge_llm.doctor.settings import DoctorSettings, Setting, resolve
+from edge_llm.doctor.settings import DoctorSettings, resolve
 
 __all__ = [
     "CheckResult",

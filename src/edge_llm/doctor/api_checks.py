@@ -8,12 +8,13 @@ requests with a session that ignores proxy variables.
 from __future__ import annotations
 
 import difflib
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
-from edge_llm.doctor.probe import Reply, StreamProbe, get, probe_stream
+from edge_llm.doctor.probe import Reply, StreamProbe, StreamTally, get, probe_stream
 from edge_llm.doctor.result import CheckResult, failed, passed, skipped, warned
 from edge_llm.doctor.static_checks import clean_key, mask_key
 
@@ -160,13 +161,22 @@ def _unknown_model(wanted: str, ids: list[str]) -> CheckResult:
 # -- streaming -----------------------------------------------------------------------
 
 
-def stream_body(model: str | None, prompt: str, max_tokens: int) -> dict[str, Any]:
+def stream_body(
+    model: str | None, prompt: str, max_tokens: int, *, usage: bool = False
+) -> dict[str, Any]:
+    """A greedy streaming request that no prompt cache can answer: its first
+    message starts with a tag new to this request, so a repeated run of the doctor
+    measures the same thing as the first (only the chat template's fixed opening,
+    a few tokens, can be shared). ``usage`` asks for the final usage chunk."""
+    system = f"{secrets.token_hex(4)}: a doctor's probe. You are a helpful assistant."
     body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": prompt}],
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
         "stream": True,
         "max_tokens": max_tokens,
         "temperature": 0,
     }
+    if usage:
+        body["stream_options"] = {"include_usage": True}
     if model is not None:
         body["model"] = model
     return body
@@ -293,36 +303,43 @@ async def check_ttft(
     warn_ms: int,
     words: int,
 ) -> CheckResult:
-    """TTFT of a long prompt (the short one comes from the stream check)."""
-    probe, words = await _long_probe(session, base_url, key, model, words)
-    if isinstance(probe, CheckResult):
-        return probe
-    long_ms = probe.tally.ttft_ms
-    if probe.reply.status != 200 or long_ms is None:
+    """TTFT of a long prompt no cache holds (the short one comes from the stream
+    check), then of the same request again: what the server's prompt cache saves
+    is reported apart from the prefill it measured."""
+    url = base_url + "/chat/completions"
+    measured = await _long_probe(session, url, key, model, words)
+    if isinstance(measured, CheckResult):
+        return measured
+    probe, body, words = measured
+    if probe.reply.status != 200 or probe.tally.ttft_ms is None:
         summary = f"a {words}-word prompt got no first token (HTTP {probe.reply.status}: " + (
             f"{probe.reply.error_message()})"
         )
         return warned("ttft", summary, "long prompts fail here: shorten them", words=words)
-    return _judge_ttft(short_ttft_ms, long_ms, warn_ms, words)
+    try:
+        repeat: StreamProbe | None = await probe_stream(session, url, key, body)
+    except HTTP_ERRORS:
+        repeat = None  # the measurement stands; only the cache figure is missing
+    figures = PrefillFigures(words, short_ttft_ms, probe.tally, repeat.tally if repeat else None)
+    return judge_ttft(figures, warn_ms)
 
 
 async def _long_probe(
-    session: aiohttp.ClientSession, base_url: str, key: str, model: str | None, words: int
-) -> tuple[StreamProbe | CheckResult, int]:
-    """One long prompt; if the server says it is too long, once more at 80 % of its limit."""
-    url = base_url + "/chat/completions"
+    session: aiohttp.ClientSession, url: str, key: str, model: str | None, words: int
+) -> tuple[StreamProbe, dict[str, Any], int] | CheckResult:
+    """One long prompt; if the server says it is too long, once more at 80 % of its limit.
+    Returns the probe, the request body sent and its word count."""
     try:
-        probe = await probe_stream(
-            session, url, key, stream_body(model, long_prompt(words), 1), stop_at_first_content=True
-        )
+        body = stream_body(model, long_prompt(words), 1, usage=True)
+        probe = await probe_stream(session, url, key, body)
         smaller = _fitting_words(probe, words)
         if smaller is None:
-            return probe, words
-        body = stream_body(model, long_prompt(smaller), 1)
-        return await probe_stream(session, url, key, body, stop_at_first_content=True), smaller
+            return probe, body, words
+        body = stream_body(model, long_prompt(smaller), 1, usage=True)
+        return await probe_stream(session, url, key, body), body, smaller
     except HTTP_ERRORS as exc:
         summary = f"long-prompt request failed: {describe_error(exc)}"
-        return warned("ttft", summary, "see the server log"), words
+        return warned("ttft", summary, "see the server log")
 
 
 def _fitting_words(probe: StreamProbe, words: int) -> int | None:
@@ -336,14 +353,59 @@ def _fitting_words(probe: StreamProbe, words: int) -> int | None:
     return max(1, int(words * 0.8 * limit / n_prompt))
 
 
-def _judge_ttft(short_ms: float | None, long_ms: float, warn_ms: int, words: int) -> CheckResult:
-    short = "?" if short_ms is None else f"{short_ms:.0f}"
-    summary = f"TTFT {short} ms for a short prompt, {long_ms:.0f} ms for a {words}-word prompt"
-    details = {"short_ttft_ms": short_ms, "long_ttft_ms": round(long_ms, 1), "words": words}
+@dataclass(frozen=True)
+class PrefillFigures:
+    """What the TTFT check measured: a long prompt new to the server, then the same again."""
+
+    words: int
+    short_ttft_ms: float | None
+    long: StreamTally  # the prefill measured (its ttft_ms is set)
+    repeat: StreamTally | None  # the same request again: a prompt-cache hit if there is a cache
+
+
+def judge_ttft(figures: PrefillFigures, warn_ms: int) -> CheckResult:
+    long_ms = figures.long.ttft_ms or 0.0
+    short = "?" if figures.short_ttft_ms is None else f"{figures.short_ttft_ms:.0f}"
+    summary = (
+        f"TTFT {short} ms for a short prompt, {long_ms:.0f} ms for a {figures.words}-word "
+        f"prompt{_cache_note(figures.long)}"
+    )
+    details = {
+        "short_ttft_ms": figures.short_ttft_ms,
+        "long_ttft_ms": round(long_ms, 1),
+        "words": figures.words,
+        "long_prompt_tokens": figures.long.prompt_tokens,
+        "long_cached_tokens": figures.long.cached_tokens,
+        "repeat_ttft_ms": _rounded(figures.repeat.ttft_ms if figures.repeat else None),
+        "repeat_cached_tokens": figures.repeat.cached_tokens if figures.repeat else None,
+    }
     if warn_ms and long_ms > warn_ms:
         fix = (
             "prefill time grows with the prompt: shorten prompts (system prompt, history), "
             "lower max_prompt_tokens, or raise ttft_warn_ms if this device is expected to be slow"
         )
-        return warned("ttft", f"{summary}: above ttft_warn_ms ({warn_ms} ms)", fix, **details)
-    return passed("ttft", f"{summary} (ttft_warn_ms {warn_ms})", **details)
+        summary += f": above ttft_warn_ms ({warn_ms} ms){_repeat_note(figures.repeat)}"
+        return warned("ttft", summary, fix, **details)
+    summary += f" (ttft_warn_ms {warn_ms}){_repeat_note(figures.repeat)}"
+    return passed("ttft", summary, **details)
+
+
+def _cache_note(tally: StreamTally) -> str:
+    if tally.prompt_tokens is None:
+        return ""
+    if tally.cached_tokens is None:
+        return f" ({tally.prompt_tokens} prompt tokens)"
+    return f" ({tally.prompt_tokens} prompt tokens, {tally.cached_tokens} from the prompt cache)"
+
+
+def _repeat_note(repeat: StreamTally | None) -> str:
+    if repeat is None or repeat.ttft_ms is None:
+        return ""
+    cached = (
+        "" if repeat.cached_tokens is None else f" ({repeat.cached_tokens} tokens from the cache)"
+    )
+    return f"; the same request again: {repeat.ttft_ms:.0f} ms{cached}"
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)

@@ -75,18 +75,23 @@ async def connect(where: Endpoint, timeout_s: float) -> ConnectFailure | None:
 
 
 _REACH_FIXES = {
-    "dns": "check the host name in the base URL; for an engine on this machine use 127.0.0.1",
-    "refused": "start the engine (edge-llm serve) or correct the port in the base URL",
-    "timeout": "check the host and port, and that no firewall drops the connection",
-    "unreachable": "check the host in the base URL and this machine's network",
+    "dns": "check the host name in {setting}; for an engine on this machine use 127.0.0.1",
+    "refused": "start the engine (edge-llm serve) or correct the port in {setting}",
+    "timeout": "check the host and port in {setting}, and that no firewall drops the connection",
+    "unreachable": "check the host in {setting} and this machine's network",
 }
 
 
-async def check_reachable(base_url: str, timeout_s: float) -> CheckResult:
+async def check_reachable(base_url: str, timeout_s: float, setting: str) -> CheckResult:
+    """Can a TCP connection be opened? ``setting`` names what sets the base URL,
+    for the fix."""
     where = endpoint_of(base_url)
     if where is None:
-        return failed("reachable", f"no host/port in {base_url}", _REACH_FIXES["dns"])
+        fix = _REACH_FIXES["dns"].format(setting=setting)
+        return failed("reachable", f"no host/port in {base_url}", fix)
     failure = await connect(where, timeout_s)
     if failure is None:
         return passed("reachable", f"{where} accepts connections (direct, no proxy)")
-    return failed("reachable", failure.message, _REACH_FIXES[failure.kind], kind=failure.kind)
+    summary = f"{base_url}: {failure.message}"
+    fix = _REACH_FIXES[failure.kind].format(setting=setting)
+    return failed("reachable", summary, fix, kind=failure.kind)

@@ -69,6 +69,8 @@ class StreamTally:
     samples: list[str] = field(default_factory=list)  # non-JSON data, at most MAX_SAMPLES
     error: str | None = None
     first_content_at: float | None = None
+    prompt_tokens: int | None = None  # from a usage chunk, when the server sends one
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
 
     def add(self, event: SSEEvent, now: float) -> None:
         self.n_events += 1
@@ -87,11 +89,20 @@ class StreamTally:
             return
         if chunk is None:
             return
+        if chunk.usage is not None:
+            self._read_usage(chunk.usage)
         self._count_choices(chunk.raw)
         if chunk.content:
             self.n_content += 1
             if self.first_content_at is None:
                 self.first_content_at = now
+
+    def _read_usage(self, usage: dict[str, Any]) -> None:
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        prompt = usage.get("prompt_tokens")
+        self.prompt_tokens = prompt if isinstance(prompt, int) else self.prompt_tokens
+        self.cached_tokens = cached if isinstance(cached, int) else self.cached_tokens
 
     def _count_choices(self, raw: dict[str, Any]) -> None:
         if "choices" not in raw:
@@ -132,8 +143,6 @@ async def probe_stream(
     url: str,
     key: str,
     body: dict[str, Any],
-    *,
-    stop_at_first_content: bool = False,
 ) -> StreamProbe:
     """POST ``body`` and read the answer as SSE (whatever its Content-Type)."""
     tally = StreamTally(started=time.perf_counter())
@@ -142,13 +151,11 @@ async def probe_stream(
         if response.status != 200:
             head = await _read_bounded(response, MAX_BODY_BYTES)
             return StreamProbe(Reply(response.status, content_type, head), tally, False)
-        head, truncated = await _read_events(response, tally, stop_at_first_content)
+        head, truncated = await _read_events(response, tally)
         return StreamProbe(Reply(response.status, content_type, head), tally, truncated)
 
 
-async def _read_events(
-    response: aiohttp.ClientResponse, tally: StreamTally, stop_at_first_content: bool
-) -> tuple[bytes, bool]:
+async def _read_events(response: aiohttp.ClientResponse, tally: StreamTally) -> tuple[bytes, bool]:
     parser = SSEParser(max_line_bytes=MAX_BODY_BYTES, max_event_bytes=4 * MAX_BODY_BYTES)
     head = bytearray()
     total = 0
@@ -159,8 +166,6 @@ async def _read_events(
             _feed(tally, parser.feed(data))
             if total >= MAX_STREAM_BYTES or tally.done:
                 return bytes(head), not tally.done
-            if stop_at_first_content and tally.n_content:
-                return bytes(head), False
         _feed(tally, parser.close())
     except EventTooLarge as exc:
         tally.error = tally.error or str(exc)

@@ -1,7 +1,8 @@
 """Runs the checks in order; a check that cannot run after an earlier failure is skipped.
 
 Order: base URL, reachable (DNS/TCP, direct), proxy variables, API key
-characters, key accepted, model served, streaming, chunk format, TTFT. The
+characters, key accepted, model served, (for an edge-llm engine: its upstreams
+and KV cache), streaming, chunk format, TTFT. The
 direct checks use a session with ``trust_env=False`` so a dead proxy is
 diagnosed by the proxy check instead of breaking every other one.
 """
@@ -12,7 +13,8 @@ from collections.abc import Mapping
 
 import aiohttp
 
-from edge_llm.doctor import api_checks, net, proxy, static_checks, upstreams
+from edge_llm.client.address import setting_to_change
+from edge_llm.doctor import api_checks, kv, net, proxy, static_checks, upstreams
 from edge_llm.doctor.probe import StreamProbe
 from edge_llm.doctor.result import CheckResult, Status, failed, skipped
 from edge_llm.doctor.settings import DoctorSettings
@@ -29,7 +31,8 @@ async def run_checks(settings: DoctorSettings, env: Mapping[str, str]) -> list[C
         results.append(key_result)
         return results + [skipped(name, "no usable base URL") for name in NETWORK_CHECKS]
     base_url = verdict.url
-    reach = await net.check_reachable(base_url, settings.timeout_s)
+    setting = setting_to_change(settings.base_url.source)
+    reach = await net.check_reachable(base_url, settings.timeout_s, setting)
     results += [reach, await proxy.check_proxy(base_url, env, settings.timeout_s), key_result]
     if reach.status is Status.FAIL:
         return results + [skipped(name, "the server is not reachable") for name in API_CHECKS]
@@ -51,9 +54,10 @@ async def _api_checks(settings: DoctorSettings, base_url: str) -> list[CheckResu
             return [failure] + [skipped(n, "no answer to GET /models") for n in API_CHECKS[1:]]
         models = api_checks.diagnose_models(auth.models, settings.model.value, base_url)
         results = [auth.result, models.result]
-        upstream_health = await upstreams.check_upstreams(session, base_url, auth.key)
-        if upstream_health is not None:
-            results.append(upstream_health)
+        for engine_check in (upstreams.check_upstreams, kv.check_kv):
+            found = await engine_check(session, base_url, auth.key)
+            if found is not None:
+                results.append(found)
         if auth.result.status is Status.FAIL:
             return results + [skipped(n, "the key is not accepted") for n in API_CHECKS[2:]]
         return results + await _stream_checks(session, settings, base_url, auth.key, models.model)

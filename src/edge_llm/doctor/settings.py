@@ -1,10 +1,10 @@
 """What the doctor checks, and where each value came from.
 
 Values are taken **as the user wrote them** (the client normalises a trailing
-slash or a stray space silently; the doctor must see them to report them).
-Precedence, highest first, as in :mod:`edge_llm.client.config`: the flags,
-``EDGE_LLM_BASE_URL`` / ``EDGE_LLM_API_KEY`` / ``EDGE_LLM_MODEL``, the client
-JSON (``edge_llm_client``), then ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` /
+slash or a stray space silently; the doctor must see them to report them), by
+:func:`edge_llm.client.address.pick_setting`, as every command resolves them:
+the flags, ``EDGE_LLM_BASE_URL`` / ``EDGE_LLM_API_KEY`` / ``EDGE_LLM_MODEL``, the
+client JSON (``edge_llm_client``), then ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` /
 ``OPENAI_MODEL`` as a fallback, then the client's defaults.
 """
 
@@ -14,19 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from edge_llm.client.config import ENV_FALLBACKS, ENV_OVERRIDES, ClientConfig, read_config_file
+from edge_llm.client.address import Setting, pick_setting
+from edge_llm.client.config import FLAGGED, ClientConfig, read_config_file
 from edge_llm.client.errors import ConfigError
 
-FIELDS = ("base_url", "api_key", "model_id")
-FALLBACKS = {**ENV_FALLBACKS, "model_id": "OPENAI_MODEL"}
 DEFAULT_TTFT_WARN_MS = 3000
 DEFAULT_TIMEOUT_S = 20.0
-
-
-@dataclass(frozen=True)
-class Setting:
-    value: str
-    source: str  # "--base-url", "EDGE_LLM_API_KEY", the JSON file's path, "default"
 
 
 @dataclass(frozen=True)
@@ -50,7 +43,10 @@ def resolve(
     """Raises :class:`ConfigError` when the client JSON cannot be read."""
     section = read_config_file(config_path) if config_path else {}
     file_label = config_path or ""
-    values = {name: _pick(name, flags.get(name), section, file_label, env) for name in FIELDS}
+    values = {
+        name: pick_setting(name, flags.get(name), env, section, file_label) or _default(name)
+        for name in FLAGGED
+    }
     warn_ms = ttft_warn_ms if ttft_warn_ms is not None else _file_int(section, "ttft_warn_ms")
     return DoctorSettings(
         base_url=values["base_url"],
@@ -61,23 +57,8 @@ def resolve(
     )
 
 
-def _pick(
-    name: str, flag: str | None, section: Mapping[str, Any], file_label: str, env: Mapping[str, str]
-) -> Setting:
-    flag_name = "--model" if name == "model_id" else "--" + name.replace("_", "-")
-    if flag is not None:
-        return Setting(flag, flag_name)
-    if env.get(ENV_OVERRIDES[name]):
-        return Setting(env[ENV_OVERRIDES[name]], ENV_OVERRIDES[name])
-    if name in section:
-        value = section[name]
-        if not isinstance(value, str):
-            raise ConfigError(f"{file_label}: edge_llm_client.{name} must be a string", field=name)
-        return Setting(value, file_label)
-    if env.get(FALLBACKS[name]):
-        return Setting(env[FALLBACKS[name]], FALLBACKS[name])
-    default = ClientConfig.model_fields[name].default
-    return Setting(str(default), "default")
+def _default(name: str) -> Setting:
+    return Setting(str(ClientConfig.model_fields[name].default), "default")
 
 
 def _file_int(section: Mapping[str, Any], key: str) -> int | None:

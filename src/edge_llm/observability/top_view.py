@@ -1,8 +1,9 @@
 """The ``edge-llm top`` frame: pure functions from ``/debug/streams`` and ``/metrics``
 to a rich renderable (no I/O, no clock: the caller passes the sample times).
 
-One frame shows the engine line (alive, steps, running/waiting/paused, KV used
-against its budget, backpressure and its peak, tok/s between refreshes), one row per
+One frame shows the engine header (alive, steps, running/waiting/paused, tok/s
+between refreshes, backpressure and its peak, KV used against its capacity; a narrow
+terminal wraps it between fields, never inside one), one row per
 stream (state, pause cause, tokens, prefill, outbound ring fill as a bar with its
 write/read cursors, KV cursor, pauses, paused time, tok/s, age) and the engine's
 totals from its Prometheus counters and histograms.
@@ -11,19 +12,21 @@ totals from its Prometheus counters and histograms.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Group, JustifyMethod, RenderableType
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType
 from rich.table import Table
 from rich.text import Text
+
+from edge_llm.observability.units import mib
 
 PREFIX = "edge_llm_"
 BAR_WIDTH = 10
 ID_WIDTH = 17  # "chatcmpl-" + 8 hex: a prefix ``edge-llm blame --request`` accepts
-MIB = 1024 * 1024
+FIELD_GAP = "  "
 STATE_STYLES = {
     "queued": "dim",
     "prefill": "cyan",
@@ -139,33 +142,56 @@ def _rate(value: float | None) -> str:
 
 
 def _mib(value: object) -> str:
-    return f"{float(value) / MIB:.1f}" if isinstance(value, int | float) else "?"
+    return mib(value) if isinstance(value, int | float) else "?"
 
 
 # -- the frame ------------------------------------------------------------------------------
 
 
-def engine_line(streams: StreamsDoc, metrics: Metrics, rates: Rates) -> Text:
-    alive = streams.get("engine_alive")
-    used, budget = streams.get("kv_used_bytes") or 0, streams.get("kv_budget_bytes") or 0
-    line = Text("engine ") + (Text("alive", "green") if alive else Text("DEAD", "bold red"))
-    line.append(f"  steps {streams.get('steps', '?')}")
-    line.append(f"  running {streams.get('requests_running', '?')}")
-    line.append(f"  waiting {streams.get('requests_waiting', '?')}")
+@dataclass(frozen=True)
+class Fields:
+    """Fields on one line, wrapped between fields when the terminal is narrow:
+    a figure and its unit (``26.5 tok/s``) always stay together."""
+
+    fields: tuple[Text, ...]
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Text]:
+        line = Text()
+        for item in self.fields:
+            if line and line.cell_len + len(FIELD_GAP) + item.cell_len > options.max_width:
+                yield line
+                line = Text()
+            if line:
+                line.append(FIELD_GAP)
+            line.append_text(item)
+        yield line
+
+
+def engine_line(streams: StreamsDoc, metrics: Metrics, rates: Rates) -> Fields:
+    used, capacity = streams.get("kv_used_bytes") or 0, streams.get("kv_budget_bytes") or 0
     paused = metric_total(metrics, "streams_paused")
-    line.append(f"  paused {'?' if paused is None else f'{paused:.0f}'}")
-    line.append("   KV ").append_text(bar(used / budget if budget else 0.0))
-    line.append(
-        f" {_mib(used)}/{_mib(budget)} MiB (reserved {_mib(streams.get('kv_reserved_bytes'))}"
-        f", cached {_mib(streams.get('kv_cached_bytes', 0))}"
-        f", offloaded {_mib(streams.get('kv_offloaded_bytes', 0))})"
-    )
-    line.append(
-        f"   backpressure {streams.get('backpressure', '?')} "
-        f"(peak {streams.get('backpressure_peak', '?')})"
-    )
-    line.append(f"   {_rate(rates.total)} tok/s")
-    return line
+    alive = streams.get("engine_alive")
+    kv = Text("KV ").append_text(bar(used / capacity if capacity else 0.0))
+    kv.append(f" {_mib(used)}/{_mib(capacity)} MiB used/capacity")
+    fields = [
+        Text("engine ") + (Text("alive", "green") if alive else Text("DEAD", "bold red")),
+        Text(f"steps {streams.get('steps', '?')}"),
+        Text(f"running {streams.get('requests_running', '?')}"),
+        Text(f"waiting {streams.get('requests_waiting', '?')}"),
+        Text(f"paused {'?' if paused is None else f'{paused:.0f}'}"),
+        Text(f"{_rate(rates.total)} tok/s"),
+        Text(
+            f"backpressure {streams.get('backpressure', '?')} "
+            f"(peak {streams.get('backpressure_peak', '?')})"
+        ),
+        kv,
+        Text(
+            f"(reserved {_mib(streams.get('kv_reserved_bytes'))}"
+            f", cached {_mib(streams.get('kv_cached_bytes', 0))}"
+            f", offloaded {_mib(streams.get('kv_offloaded_bytes', 0))})"
+        ),
+    ]
+    return Fields(tuple(fields))
 
 
 def _state(stream: Mapping[str, Any]) -> Text:

@@ -35,6 +35,7 @@ from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import ToolSetup
+from edge_llm.server.access_log import answering
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.generation import (
@@ -76,7 +77,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         any_model_runs_locally=True,
     )
     answer = await ctx.dispatcher.start(job)
-    with answer:
+    with answer, answering(request, answer):
         headers = _ignored_header(req, dict(answer.headers))
         if answer.relayed or (setup is not None and setup.active):
             return await _respond_blocks(request, ctx, req, answer, tools=setup, headers=headers)

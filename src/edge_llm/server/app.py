@@ -19,6 +19,7 @@ from edge_llm.errors import (
     TooManyConnections,
 )
 from edge_llm.server import (
+    access_log,
     anthropic_routes,
     debug_routes,
     openai_routes,
@@ -39,10 +40,10 @@ _log = logging.getLogger("edge_llm.server")
 
 
 def create_app(ctx: ServerContext) -> web.Application:
-    app = web.Application(
-        client_max_size=ctx.config.server.max_body_bytes,
-        middlewares=[_errors, _limit_connections, _cors, _auth],
-    )
+    middlewares = [_errors, _limit_connections, _cors, _auth]
+    if ctx.config.server.access_log:
+        middlewares.insert(0, access_log.middleware)  # outermost: it sees every ending
+    app = web.Application(client_max_size=ctx.config.server.max_body_bytes, middlewares=middlewares)
     app[CONTEXT] = ctx
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)
     app.router.add_post("/v1/completions", openai_routes.completions)

@@ -80,6 +80,11 @@ class Answer(ABC):
     def backend(self) -> str:
         """``local`` or the upstream's name."""
 
+    @property
+    @abstractmethod
+    def outcome(self) -> Ending | None:
+        """How the stream ended; None while it runs (or while its cancel is under way)."""
+
     @abstractmethod
     def events(self) -> AsyncIterator[AnswerEvent]:
         """The events until (and including) :class:`Finished`."""
@@ -155,6 +160,10 @@ class LocalAnswer(Answer):
     def backend(self) -> str:
         return LOCAL
 
+    @property
+    def outcome(self) -> Ending | None:
+        return self.handle.outcome
+
     def events(self) -> AsyncIterator[AnswerEvent]:
         return pump(self.engine, self.handle, self.settings)
 
@@ -192,6 +201,10 @@ class RelayedAnswer(Answer):
     @property
     def backend(self) -> str:
         return self.stream.backend  # the next candidate's after a failover
+
+    @property
+    def outcome(self) -> Ending | None:
+        return self.stream.outcome
 
     def events(self) -> AsyncIterator[AnswerEvent]:
         return self.stream.events()

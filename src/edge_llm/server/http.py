@@ -19,6 +19,7 @@ from edge_llm.errors import (
 )
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.json_body import decode_json
+from edge_llm.server.access_log import mark_error
 
 _DECODE_IN_THREAD_BYTES = 64 * 1024
 ANTHROPIC_PATH = "/v1/messages"
@@ -41,7 +42,7 @@ def error_response(error: EdgeLLMError, path: str) -> web.Response:
     if isinstance(error, TooManyConnections):
         headers["Connection"] = "close"
     body = anthropic.error_body(error) if is_anthropic_path(path) else error.to_dict()
-    return web.json_response(body, status=error.status, headers=headers)
+    return mark_error(web.json_response(body, status=error.status, headers=headers), error)
 
 
 def is_anthropic_path(path: str) -> bool:

@@ -16,6 +16,7 @@ from edge_llm.protocol.sampling import SamplingParams, TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
 from edge_llm.protocol.tools import OutputEvent, TextOut, ToolOutputParser, ToolSetup
 from edge_llm.server import upstream_routes
+from edge_llm.server.access_log import answering
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.http import read_json, session_of
@@ -85,7 +86,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         relay=lambda: Relay(request.path, body),
     )
     answer = await ctx.dispatcher.start(job)
-    with answer:
+    with answer, answering(request, answer):
         if answer.relayed:
             return await upstream_routes.respond(request, ctx, answer, body)
         setup = req.tool_setup()
@@ -111,7 +112,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         relay=lambda: Relay(request.path, body),
     )
     answer = await ctx.dispatcher.start(job)
-    with answer:
+    with answer, answering(request, answer):
         if answer.relayed:
             return await upstream_routes.respond(request, ctx, answer, body)
         return await _respond(request, ctx, answer, req, _shape(ctx, req, chat=False))

@@ -33,6 +33,7 @@ from edge_llm.errors import NotFound
 from edge_llm.protocol import openai, responses, sse
 from edge_llm.protocol.sampling import SamplingParams
 from edge_llm.protocol.stream_events import Heartbeat
+from edge_llm.server.access_log import answering
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Job, Relay
 from edge_llm.server.generation import (
@@ -66,7 +67,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         relay=lambda: Relay(CHAT_PATH, responses_chat_body(req, _with_instructions(req, history))),
     )
     answer = await ctx.dispatcher.start(job)
-    with answer:
+    with answer, answering(request, answer):
         builder = responses.ResponseBuilder(
             responses.response_id(answer.id), answer.model, int(time.time()), req
         )

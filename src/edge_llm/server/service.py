@@ -17,6 +17,7 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
+from edge_llm.config import where_to_set
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import GenerationRequest
@@ -181,15 +182,18 @@ class GenerationService:
         return await asyncio.to_thread(self.backend.tokenize, text, add_special=True)
 
     def _check_prompt_fits(self, n_prompt: int) -> None:
-        """A prompt over the configured limit, or with no room left for one token."""
-        limit = min(self.limits.max_prompt_tokens, self._room(0) - 1)
+        """A prompt over the configured limit, or with no room left for one token.
+        The refusal names the limit and the server setting that raises it."""
+        limits = (
+            ("max_prompt_tokens", self.limits.max_prompt_tokens),
+            ("context", self.backend.info.n_ctx_train - 1),
+            ("kv", self.engine.kv.sequence_tokens - 1),
+        )
+        limited_by, limit = min(limits, key=lambda item: item[1])
         if n_prompt > limit:
             self.engine.metrics.rejections.labels("prompt_too_long").inc()
-            raise PromptTooLong(n_prompt, limit)
-
-    def _room(self, n_prompt: int) -> int:
-        """Tokens one sequence may still generate after its prompt (context and KV)."""
-        return min(self.backend.info.n_ctx_train, self.engine.kv.sequence_tokens) - n_prompt
+            fix = _server_fix(limited_by)
+            raise PromptTooLong(n_prompt, limit, limited_by=limited_by, server_fix=fix)
 
     def max_tokens(self, requested: int | None, n_prompt: int) -> MaxTokens:
         """``requested`` (else the default) lowered to the cap and to the room
@@ -204,6 +208,15 @@ class GenerationService:
         if wanted <= bound:
             return MaxTokens(wanted, wanted)
         return MaxTokens(max(1, bound), wanted, name)
+
+
+def _server_fix(limited_by: str) -> str:
+    """What the operator changes so the refused prompt fits (the model's context
+    cannot be raised; a model with a longer one can)."""
+    if limited_by == "context":
+        return "serve a model with a longer context"
+    key = "max_kv_cache_mb" if limited_by == "kv" else "max_prompt_tokens"
+    return f"raise {key} on the server ({where_to_set(key)})"
 
 
 def response_headers(handle: StreamHandle) -> dict[str, str]:

@@ -21,6 +21,7 @@ from edge_llm.protocol.ws import (
     StartStream,
     StreamProtocol,
 )
+from edge_llm.server import access_log
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.http import session_of, tune_connection
@@ -140,6 +141,7 @@ class _Connection:
             answer = await self.ctx.dispatcher.start(self._job(body))
         except EdgeLLMError as exc:
             self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
+            access_log.refused(self.request, exc)
             return
         self.answer = answer
         self.protocol.on_started(answer.id)
@@ -167,7 +169,7 @@ class _Connection:
 
     async def _pump(self, answer: Answer) -> None:
         n_relayed = 0
-        with answer:
+        with answer, access_log.answering(self.request, answer):
             async for event in answer.events():
                 if isinstance(event, UpstreamChunk):
                     if not event.text:

@@ -333,12 +333,15 @@ class Pane {
   }
 
   onError(run, frame) {
+    // A cancel (the user's own, a regenerate's supersede, a timeout) is how the
+    // stream ended, not a failure: it is logged as such.
+    const cancelled = frame.code === "cancelled";
     const reason = frame.reason ? " (" + frame.reason + ")" : "";
-    this.log(run, "error " + frame.code + reason + ": " + frame.message);
+    const failure = "error " + frame.code + reason + ": " + frame.message;
+    this.log(run, cancelled ? "cancelled" + reason : failure);
     if (PROTOCOL_ERRORS.has(frame.code)) return; // the stream goes on
     run.finished = true;
     run.ws.close();
-    const cancelled = frame.code === "cancelled";
     this.setState(cancelled ? "cancelled" : "error");
     this.el.stats.textContent = cancelled
       ? "cancelled (" + (frame.reason || "client") + "), KV freed"
@@ -480,6 +483,12 @@ function addPane() {
 
 const MIB = 1024 * 1024;
 
+// MiB with one decimal, a half rounded up: edge_llm.observability.units.mib,
+// so the serve banner, `edge-llm top` and this page print the same digits.
+function mib(bytes) {
+  return (Math.floor((bytes / MIB) * 10 + 0.5) / 10).toFixed(1);
+}
+
 function cell(text, className) {
   const td = document.createElement("td");
   td.textContent = text;
@@ -540,7 +549,7 @@ function showStreams(doc) {
   const used = doc.kv_used_bytes;
   const budget = doc.kv_budget_bytes;
   const kvText = document.getElementById("kv-text");
-  kvText.textContent = (used / MIB).toFixed(1) + " / " + (budget / MIB).toFixed(1) + " MiB";
+  kvText.textContent = mib(used) + " / " + mib(budget) + " MiB";
   kvText.dataset.kvUsed = String(used);
   kvText.dataset.kvBudget = String(budget);
   document.getElementById("kv-bar").style.width = (100 * used) / Math.max(1, budget) + "%";
