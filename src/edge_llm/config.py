@@ -15,12 +15,22 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
 
 ENV_PREFIX = "EDGE_LLM_"
+# llama.cpp's CPU flash-attention tile (engine/kv_slots.py MIN_TILE_ROWS): deterministic
+# prefill computes prompts in whole tiles.
+MIN_TILE_ROWS = 64
 # The SPEC's serve flag --model names the GGUF path.
 _FLAG_ALIASES = {"model_path": ("--model",)}
 
@@ -106,9 +116,26 @@ class SchedulerConfig(_Section):
     deadline_admission: bool = Field(
         False, description="Refuse at once (503 queue_full) a request predicted to miss ttft"
     )
+    deterministic: bool = Field(
+        False,
+        description="Greedy text independent of the other streams in a step and of "
+        "speculation too (each decode row computed beside another: a lone stream decodes "
+        "about a third slower); needs kv_unified = false",
+    )
     supersede_sessions: bool = Field(
         True, description="A new request of a session cancels its running one (superseded)"
     )
+
+    @model_validator(mode="after")
+    def _deterministic_needs_slots(self) -> SchedulerConfig:
+        if self.deterministic and self.kv_unified:
+            raise ValueError("deterministic = true needs kv_unified = false (per-slot KV)")
+        if self.deterministic and self.prefill_chunk_tokens < MIN_TILE_ROWS:
+            raise ValueError(
+                f"deterministic = true needs prefill_chunk_tokens >= {MIN_TILE_ROWS} "
+                "(prompts are computed in whole tiles)"
+            )
+        return self
 
 
 class CacheConfig(_Section):
@@ -371,6 +398,10 @@ def _describe(exc: ValidationError, where: str, sources: Mapping[str, str]) -> s
         upstream = where.startswith(f"{_UPSTREAM}.")
         path = f"{where}.{key}" if upstream or not key else toml_path(key)
         source = sources.get(where if upstream else key, "the defaults")
+        if not key and not upstream:  # a rule across keys: name those that were set
+            given = [k for k in error.get("input") or {} if k in sources]
+            path = ", ".join(toml_path(k) for k in given) or f"engine.{where}"
+            source = ", ".join(sources[k] for k in given) or source
         message = error["msg"].removeprefix("Value error, ")
         got = repr(error.get("input"))
         parts.append(

@@ -1,8 +1,9 @@
-"""Greedy text at temperature 0 is a function of the request alone, with the default
-configuration and the real model: the same story whether its prompt was cached (in its
-slot or in the host tier) or not, with speculation on or off, and beside other streams
-(``engine/kv_slots.py`` and ``Scheduler._pad`` say how). The story prompt has near-ties
-between next tokens, so any difference in how a cell was computed shows in the text."""
+"""Greedy text at temperature 0 is a function of the request alone, with the real
+model: with the default configuration the same story whether its prompt was cached (in
+its slot or in the host tier) or not, and the same next turn; with ``deterministic``
+also with speculation on or off and beside other streams (``engine/kv_slots.py`` and
+``Scheduler._pad`` say how). The story prompt has near-ties between next tokens, so
+any difference in how a cell was computed shows in the text."""
 
 from __future__ import annotations
 
@@ -70,14 +71,13 @@ async def test_a_story_is_the_same_cached_in_its_slot_in_the_host_tier_or_not(
     assert text(restored) == text(first)
 
 
-async def test_a_story_is_the_same_beside_other_streams_and_without_speculation(
+async def test_deterministic_a_story_is_the_same_beside_others_and_without_speculation(
     engine_factory: EngineFactory,
 ) -> None:
-    alone = await complete(engine_factory("--ttft-timeout-ms", "0"), STORY)
-    unspeculated = await complete(
-        engine_factory("--ttft-timeout-ms", "0", "--speculative", "off"), STORY
-    )
-    busy = engine_factory("--ttft-timeout-ms", "0")
+    flags = ("--ttft-timeout-ms", "0", "--deterministic")
+    alone = await complete(engine_factory(*flags), STORY)
+    unspeculated = await complete(engine_factory(*flags, "--speculative", "off"), STORY)
+    busy = engine_factory(*flags)
     results = await asyncio.gather(
         *(complete(busy, other) for other in OTHERS), complete(busy, STORY)
     )

@@ -1,7 +1,9 @@
-"""The engine keeps every row's computation a function of its own sequence (per-slot
-layout, the default): the fake backend records how llama.cpp would compute each cell
+"""How each row is computed is a function of the request (per-slot layout, the
+default): the fake backend records how llama.cpp would compute each cell
 (``FakeBackend.kernel``); cells computed the same way give the same numbers, so equal
-kernels here are what equal greedy texts are with the real model (tests/e2e)."""
+kernels here are what equal greedy texts are with the real model (tests/e2e). By
+default that holds for a cache hit or miss; with ``deterministic`` also beside other
+streams and with speculation on or off."""
 
 from __future__ import annotations
 
@@ -39,26 +41,31 @@ def kernels(engine: Engine, handle: StreamHandle) -> list[str]:
     return backend.kernels(handle.seq.require_slot())
 
 
-def expected(n_prompt: int, n_cells: int) -> list[str]:
+def expected(n_prompt: int, n_cells: int, lone_rows: str = "row") -> list[str]:
     """A prompt's rows but its last in tiles (when there are 64 or more), every other
-    cell row by row."""
+    cell row by row; past 256 cells a lone stream's decode rows as ``lone_rows``."""
     tiled = n_prompt - 1 if n_prompt - 1 >= 64 else 0
-    return ["tile"] * tiled + ["row"] * (n_cells - tiled)
+    rows = max(0, min(n_cells, 256) - tiled)
+    return ["tile"] * tiled + ["row"] * rows + [lone_rows] * (n_cells - tiled - rows)
 
 
-async def test_a_lone_stream_never_has_a_row_split_across_threads(engine_of) -> None:
+async def test_a_lone_stream_computes_its_rows_as_its_length_says(engine_of) -> None:
     engine = engine_of(per_slot_backend(), speculative=False)
+    deterministic = engine_of(per_slot_backend(), speculative=False, deterministic=True)
     for prompt in (LONG, SHORT):
-        handle = await run(engine, prompt)
-        cells = kernels(engine, handle)
-        assert cells == expected(len(prompt), len(cells))
+        cells = kernels(engine, await run(engine, prompt))
         assert len(cells) > 256  # long enough for llama.cpp's split decode to apply
+        assert cells[: len(prompt)] == expected(len(prompt), len(prompt))
+        assert "split" in cells[len(prompt) :]  # a lone row past 256 cells
+        padded = kernels(deterministic, await run(deterministic, prompt))
+        assert padded == expected(len(prompt), len(padded))  # never split
 
 
-async def test_beside_other_streams_every_cell_is_computed_as_alone(engine_of) -> None:
-    alone = engine_of(per_slot_backend(), speculative=True, max_draft_tokens=4)
+async def test_deterministic_every_cell_is_computed_as_alone_beside_others(engine_of) -> None:
+    settings = {"speculative": True, "max_draft_tokens": 4, "deterministic": True}
+    alone = engine_of(per_slot_backend(), **settings)
     reference = kernels(alone, await run(alone, LONG))
-    engine = engine_of(per_slot_backend(), speculative=True, max_draft_tokens=4)
+    engine = engine_of(per_slot_backend(), **settings)
     first = engine.submit(request(SHORT, 200))
     second = engine.submit(request([*SHORT, 7], 250))
     target = engine.submit(request(LONG))

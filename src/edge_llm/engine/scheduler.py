@@ -67,6 +67,8 @@ class SchedulerLimits:
     # A prompt still waiting for its first token this long after it arrived gets the
     # whole batch: past it, holding others' ITL steady would cost it its TTFT time-out.
     urgent_after_s: float | None = None
+    # Batch-invariant decode (``_pad``): a row is never alone in its ubatch.
+    deterministic: bool = False
 
     @property
     def max_batch_tokens(self) -> int:
@@ -319,7 +321,7 @@ class Scheduler:
             PROBE_EVERY * (len(decoding) if self.kv.per_slot else 1),
         )
         chunks = [self._decode_chunk(seq, draft_room, price) for seq in decoding]
-        _pad(chunks, self.kv.per_slot)
+        _pad(chunks, self.kv.per_slot, self.limits.deterministic)
         return chunks
 
     def _decode_chunk(
@@ -460,20 +462,22 @@ def _decode_when_prefilled(seq: Sequence) -> None:
         seq.last_token = seq.request.prompt_tokens[-1]
 
 
-def _pad(chunks: list[ScheduledChunk], per_slot: bool) -> None:
+def _pad(chunks: list[ScheduledChunk], per_slot: bool, deterministic: bool) -> None:
     """Pad decode chunks with rows that are computed, never sampled, and dropped.
 
-    llama.cpp's CPU attention splits a row across threads when its ubatch holds one
-    sequence with one row (and 512 cells or more), which rounds differently from the
-    row computed beside others: such a row gets a pad row. In the per-slot layout every
-    sequence also gets as many rows as the longest (its draft): llama.cpp splits a
-    batch into ubatches holding as many rows of each sequence, and one ubatch is both
-    the cheapest and the same computation for every row. Pad rows follow the rows
-    they pad, so causal attention keeps them out of every sampled row."""
+    In the per-slot layout every sequence gets as many rows as the longest (its
+    draft): llama.cpp splits a batch into ubatches holding as many rows of each
+    sequence, and one ubatch is the cheapest. ``deterministic``: llama.cpp's CPU
+    attention splits a row across threads when its ubatch holds one sequence with
+    one row (and 512 cells or more), which rounds differently from a row computed
+    beside others or beside its draft, so such a row gets a pad row: a stream's text
+    then depends neither on the other streams nor on speculation, at the cost of a
+    second row in each of its steps (measured: a third slower alone). Pad rows follow
+    the rows they pad, so causal attention keeps them out of every sampled row."""
     if not chunks:
         return
     length = max(len(c.tokens) for c in chunks)
-    if length == 1 and _has_lone_row(chunks, per_slot):
+    if deterministic and length == 1 and _has_lone_row(chunks, per_slot):
         length = 2
     for chunk in chunks if per_slot or len(chunks) == 1 else ():
         n_pad = length - len(chunk.tokens)

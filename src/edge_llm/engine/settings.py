@@ -32,6 +32,7 @@ class EngineSettings:
     supersede_sessions: bool = True
     deadline_admission: bool = False
     min_available_bytes: int = 0  # device memory floor (0: not watched)
+    deterministic: bool = False  # batch- and speculation-invariant decode (Scheduler._pad)
 
 
 def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerLimits:
@@ -46,4 +47,5 @@ def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerL
         settings.itl_target_s,
         settings.max_draft_tokens if settings.speculative else 0,
         urgent_after_s,
+        settings.deterministic,
     )

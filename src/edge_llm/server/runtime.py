@@ -51,6 +51,7 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
         supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,
+        deterministic=sched.deterministic,
         min_available_bytes=config.model.min_available_mb * 1024 * 1024,
     )
 
