@@ -16,12 +16,12 @@ from support import STORY, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
-# 6 MiB hold 256 cells: two requests of this size (a ~95-token prompt and 20 tokens,
-# the template's system prompt shared), never three. Long prompts and short answers
-# keep the test quick: prefill is batched, decode is one token per step.
+# Two slots of 256 cells (12 MiB): two paused streams hold both, so each waiting
+# request needs one of them offloaded. Long prompts and short answers keep the test
+# quick: prefill is batched, decode is one token per step.
 BUDGET = (
-    "--max-kv-cache-mb", "6", "--ttft-timeout-ms", "0", "--offload-paused-after-ms", "200",
-    "--max-pause-ms", "600000",
+    "--max-kv-cache-mb", "12", "--max-sequences", "2", "--ttft-timeout-ms", "0",
+    "--offload-paused-after-ms", "200", "--max-pause-ms", "600000",
 )  # fmt: skip
 PAUSED_MAX_TOKENS = 20
 WAITING_MAX_TOKENS = PAUSED_MAX_TOKENS  # equal sizes: each waiting one needs a paused one out
