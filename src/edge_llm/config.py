@@ -122,6 +122,12 @@ class SchedulerConfig(_Section):
         "speculation too (each decode row computed beside another: a lone stream decodes "
         "about a third slower); needs kv_unified = false",
     )
+    max_preemptions: int = Field(
+        3,
+        ge=0,
+        description="Times one stream may be paused and offloaded for a more urgent "
+        "request (0: never preempt)",
+    )
     supersede_sessions: bool = Field(
         True, description="A new request of a session cancels its running one (superseded)"
     )

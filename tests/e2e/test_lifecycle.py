@@ -96,8 +96,12 @@ async def test_ttft_timeout_is_504_before_any_byte_and_an_sse_error_after(engine
     assert counter(engine.metrics_text(), "cancellations", "ttft_timeout") == 2
 
 
-async def test_kv_budget_admission(engine_factory) -> None:
-    engine = engine_factory("--max-kv-cache-mb", "6", "--max-queue", "0", "--max-sequences", "4")
+async def test_kv_budget_admission_in_the_pool(engine_factory) -> None:
+    """In the unified pool one sequence may take most of the budget; admission then
+    refuses a second one (the per-slot default gives each slot its share instead)."""
+    engine = engine_factory(
+        "--kv-unified", "--max-kv-cache-mb", "6", "--max-queue", "0", "--max-sequences", "4"
+    )
     budget = engine.debug_streams()["kv_budget_bytes"]
     per_token = engine.debug_streams()["kv_bytes_per_token"]
     assert budget <= 6 * 1024 * 1024 + 256 * per_token

@@ -111,8 +111,8 @@ def test_scheduler_prefills_a_lone_prompt_in_one_step_and_a_second_beside_decodi
     second = make_seq(400, "second")
     scheduler.add(second, 0.0)
     (decode, prefill) = complete(scheduler)
-    assert decode == ("first", 2)  # a lone row gets a pad row (scheduler._pad)
-    assert prefill[0] == "second" and 65 <= prefill[1] <= 70  # (0.1 - 0.03) / 0.001
+    assert decode == ("first", 1)
+    assert prefill[0] == "second" and 75 <= prefill[1] <= 80  # (0.1 - 0.02) / 0.001
 
 
 def test_a_prompt_near_its_ttft_time_out_goes_first_with_whole_batches() -> None:
@@ -129,10 +129,10 @@ def test_a_prompt_near_its_ttft_time_out_goes_first_with_whole_batches() -> None
     scheduler.add(young, 4.0)
     # Before the old prompt's half time-out: the target's budget, shortest first.
     ((name, n),) = complete(scheduler, now=4.9)[1:]
-    assert name == "young" and 65 <= n <= 70
+    assert name == "young" and 75 <= n <= 80
     # Past it: the old prompt first, with the whole batch, the decoding stream beside it.
-    assert complete(scheduler, now=5.0) == [("decoding", 2), ("old", 512)]
-    assert complete(scheduler, now=5.5) == [("decoding", 2), ("old", 387), ("young", 125)]
+    assert complete(scheduler, now=5.0) == [("decoding", 1), ("old", 512)]
+    assert complete(scheduler, now=5.5) == [("decoding", 1), ("old", 387), ("young", 125)]
     # The old prompt decodes; the young one is back to the target's budget.
     *decode, (name, n) = complete(scheduler, now=6.0)
     assert decode == [("decoding", 1), ("old", 1)] and name == "young" and n < 80

@@ -130,10 +130,7 @@ def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
         scheduler.complete_run(chunk, 1, 1)
     a.add_pause(PauseCause.CLIENT, 0.0)
     plan = scheduler.schedule(0.0)
-    # Alone, b gets a pad row (never sampled): see Scheduler._pad.
-    assert [(c.seq.id, c.tokens, c.start_pos, c.n_pad) for c in plan.chunks] == [
-        ("b", [7, 7], 4, 1)
-    ]
+    assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [("b", [7], 4)]
 
 
 def test_finish_returns_the_reservation_and_frees_the_private_cells_once() -> None:

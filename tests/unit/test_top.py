@@ -102,7 +102,11 @@ def text_of(renderable: RenderableType) -> str:
 
 def test_parse_metrics_keeps_engine_samples_by_label() -> None:
     metrics = parse_metrics(metrics_text())
-    assert metrics["backpressure_pauses_total"] == {"client": 3.0, "socket_full": 1.0}
+    assert metrics["backpressure_pauses_total"] == {
+        "client": 3.0,
+        "socket_full": 1.0,
+        "preempted": 0.0,
+    }
     assert metrics["generated_tokens_total"] == {"": 53.0}
     assert metrics["streams_paused"] == {"": 1.0}
     assert metrics["time_to_first_token_seconds_count"] == {"": 4.0}

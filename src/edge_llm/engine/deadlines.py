@@ -35,8 +35,9 @@ class Deadlines:
             seq = handle.seq
             if ttft and seq.first_token_at is None:
                 yield seq.created_at + ttft, handle, Event.TTFT_TIMEOUT
-            if max_pause and seq.paused_since is not None:
-                yield seq.paused_since + max_pause, handle, Event.PAUSE_TIMEOUT
+            paused_since = seq.reader_paused_since  # a preempted stream waits on the engine
+            if max_pause and paused_since is not None:
+                yield paused_since + max_pause, handle, Event.PAUSE_TIMEOUT
 
     def _error(self, handle: StreamHandle, reason: Event) -> EdgeLLMError:
         seq = handle.seq

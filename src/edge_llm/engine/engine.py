@@ -27,14 +27,14 @@ from edge_llm.engine.kv_apply import KvApplier
 from edge_llm.engine.kv_cache import KvOp
 from edge_llm.engine.kv_slots import kv_book
 from edge_llm.engine.memory import MemoryGuard, MemoryPolicy, MemorySource, ProcMemory
-from edge_llm.engine.offload import HostStore, OffloadPolicy
+from edge_llm.engine.offload import HostStore, OffloadPolicy, PreemptionPolicy
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.output import Output
 from edge_llm.engine.runner import ChunkResult, ModelRunner
 from edge_llm.engine.scheduler import Scheduler, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
-from edge_llm.engine.snapshot import bind_gauges, snapshot, tier_bytes
+from edge_llm.engine.snapshot import bind_gauges, count_waiting, progress, snapshot, tier_bytes
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import Streams
 from edge_llm.errors import (
@@ -80,6 +80,7 @@ class Engine:
         self.offload = OffloadPolicy(
             self.host, settings.offload_paused_after_s, self.streams, backend.state_size
         )
+        self.preemption = PreemptionPolicy(self.offload, settings.max_preemptions)
         applier = KvApplier(
             backend, self.host, self.host_cache,
             metrics=self.metrics, events=events, used_bytes=lambda: self.kv_used_bytes,
@@ -261,9 +262,11 @@ class Engine:
         KV operations and sampler frees due before its decode."""
         self.deadlines.expire(now)
         self.memory.relieve()
+        self.preemption.run(now)
         self.offload.run(now)
         plan = self.scheduler.schedule(now, self._draft_room)
         plan.kv_ops, plan.ended_samplers = self._pending()
+        count_waiting(self)
         return plan
 
     def _pending(self) -> tuple[list[KvOp], list[str]]:
@@ -351,6 +354,11 @@ class Engine:
         """The /debug/streams document."""
         with self._lock:
             return snapshot(self, self.clock())
+
+    def progress(self, handle: StreamHandle) -> dict[str, Any]:
+        """A stream's state, queue position, prefill progress and predicted wait."""
+        with self._lock:
+            return progress(self, handle)
 
     def locked(self, read: Callable[[Engine], float]) -> Callable[[], float]:
         """``read(engine)`` under the engine lock: what a scraped gauge calls."""

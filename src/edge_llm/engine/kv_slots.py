@@ -183,6 +183,8 @@ class KvSlots:
         """Cells an admission now would start with (without kept logits)."""
         if not self.prefix_cache:
             return 0
+        if all(s.running for s in self._slots):  # it would wait: whatever is cached now
+            return self._best_source(tokens, None).usable
         target = self._target(tokens)
         own = self._own(target, tokens)
         return max(own.usable, self._best_source(tokens, target).usable)
@@ -287,7 +289,7 @@ class KvSlots:
         usable = usable_prefix(slot.cells, slot.n_prompt, tokens, whole, self.tiles)
         return _Source(usable, slot, whole=whole and usable == len(tokens))
 
-    def _best_source(self, tokens: Sequence[int], target: _Slot) -> _Source:
+    def _best_source(self, tokens: Sequence[int], target: _Slot | None) -> _Source:
         best = _Source(0)
         for slot in self._slots:
             if slot is not target and slot.n_cells:

@@ -1,5 +1,6 @@
-"""Host memory for the KV state of offloaded (paused) sequences, bounded in bytes, and
-the policy that decides which paused streams go there."""
+"""Host memory for the KV state of offloaded sequences, bounded in bytes, and the
+policies that send streams there: paused ones while others wait (``OffloadPolicy``)
+and those a more urgent request preempts (``PreemptionPolicy``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.sequence import Sequence, SequenceState
+from edge_llm.engine.priorities import preemption_victim
+from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.errors import PauseTimeout
 from edge_llm.observability.events import Event
 
@@ -38,8 +40,8 @@ class HostStore:
     def fits(self, num_bytes: int) -> bool:
         return self.num_bytes + num_bytes <= self.capacity_bytes
 
-    def oldest(self) -> str | None:
-        return next(iter(self._states), None)
+    def oldest(self, skip: set[str] | frozenset[str] = frozenset()) -> str | None:
+        return next((key for key in self._states if key not in skip), None)
 
     def reserve(self, key: str, num_bytes: int) -> None:
         """Hold room for a state about to be saved (the save runs a little later)."""
@@ -114,6 +116,10 @@ class OffloadPolicy:
             return
         while not self.host.fits(size):
             self._cancel_oldest_offloaded()
+        self.save(seq, size)
+
+    def save(self, seq: Sequence, size: int) -> None:
+        """Save ``seq``'s KV (``size`` bytes, room checked) and give back its slot."""
         self.host.reserve(seq.id, size)
         n_tokens, slot = seq.num_computed, seq.slot
         self.scheduler.offload(seq)
@@ -125,8 +131,10 @@ class OffloadPolicy:
             self.streams.touch(handle)
 
     def _cancel_oldest_offloaded(self) -> None:
-        """Host memory is full: the stream offloaded first ends (reason pause_timeout)."""
-        key = self.host.oldest()
+        """Host memory is full: the paused stream offloaded first ends (reason
+        pause_timeout); a preempted one is never the one (it waits on the engine)."""
+        preempted = {h.id for h in self.streams.live.values() if h.seq.preempted}
+        key = self.host.oldest(skip=preempted)
         handle = self.streams.live.get(key) if key else None
         if handle is None:
             self.host.pop(key or "")
@@ -136,3 +144,51 @@ class OffloadPolicy:
             Event.PAUSE_TIMEOUT, key, state="offloaded", host_offload_bytes=self.host.num_bytes
         )
         self.streams.finish(handle, error, SequenceState.CANCELLED)
+
+
+class PreemptionPolicy:
+    """When the next request in line cannot start (no slot, no KV) and a running
+    stream is of a less urgent class, that stream is paused (cause ``preempted``) and
+    its KV offloaded, token-exact, as a paused stream's is; it resumes once no waiting
+    request outranks it. A stream of the same or a more urgent class is never
+    preempted, nor one already preempted ``max_preemptions`` times, nor where its KV
+    does not fit in host memory as it is. Called with the engine lock held."""
+
+    def __init__(self, offload: OffloadPolicy, max_preemptions: int) -> None:
+        self.offload = offload
+        self.streams = offload.streams
+        self.scheduler = offload.scheduler
+        self.max_preemptions = max_preemptions
+
+    def run(self, now: float) -> None:
+        if not self.offload.host.enabled:
+            return
+        self._give_back()
+        head = self.scheduler.next_in_line(now)
+        while head is not None and self.scheduler.head_blocked and not self.scheduler.restoring:
+            victim = preemption_victim(head, self.scheduler.running, self.max_preemptions)
+            if victim is None or not self._preempt(victim):
+                return
+
+    def _preempt(self, seq: Sequence) -> bool:
+        handle = self.streams.live.get(seq.id)
+        size = self.offload.state_size(seq.require_slot())
+        if handle is None or not self.offload.host.fits(size):
+            return False
+        seq.preemptions += 1
+        self.streams.metrics.preemptions.labels(str(seq.priority)).inc()
+        self.streams.add_pause(handle, PauseCause.PREEMPTED)
+        self.offload.save(seq, size)
+        return True
+
+    def _give_back(self) -> None:
+        """Preempted streams no waiting request outranks resume (restored first)."""
+        waiting = [w.priority for w in self.scheduler.waiting]
+        for seq in list(self.scheduler.offloaded):
+            handle = self.streams.live.get(seq.id)
+            if handle is None or not seq.preempted or any(p < seq.priority for p in waiting):
+                continue
+            since = seq.pause_causes[PauseCause.PREEMPTED]
+            preempted_s = self.streams.clock() - since
+            self.streams.metrics.preempted_seconds.labels(str(seq.priority)).inc(preempted_s)
+            self.streams.remove_pause(handle, PauseCause.PREEMPTED)

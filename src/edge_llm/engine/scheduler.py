@@ -30,6 +30,7 @@ from edge_llm.engine.admission import QueueView, queue_view
 from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
 from edge_llm.engine.kv_slots import KvSlots, chunk_rows
 from edge_llm.engine.prefill_budget import PrefillBudget
+from edge_llm.engine.priorities import next_in_line, prefill_order, queue_key, queue_position
 from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.speculative import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
@@ -69,6 +70,7 @@ class SchedulerLimits:
     urgent_after_s: float | None = None
     # Batch-invariant decode (``_pad``): a row is never alone in its ubatch.
     deterministic: bool = False
+    max_preemptions: int = 3  # times one stream may be preempted (priorities.py)
 
     @property
     def max_batch_tokens(self) -> int:
@@ -119,6 +121,7 @@ class Scheduler:
         self._kv_ops: list[KvOp] = []
         self._started: list[Sequence] = []  # admitted since the last step
         self._awaiting: dict[str, _AwaitedPrefix] = {}  # by the waiting sequence's id
+        self._now = 0.0  # of the last schedule: the queue's order ages with it
 
     @property
     def num_waiting(self) -> int:
@@ -174,14 +177,25 @@ class Scheduler:
         )
 
     def queue_view(self, seq: Sequence) -> QueueView:
-        """What is ahead of ``seq`` if it were added now (``admission.py``)."""
-        admitted_now = not self.waiting and self._has_slot and self.fits(seq)
+        """What is ahead of ``seq``, waiting or about to be added (``admission.py``)."""
         running = [
             (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
-            for s in self.running
-        ]
+            for s in self.running if s is not seq
+        ]  # fmt: skip
+        if seq in self.running:
+            return queue_view(seq.prefill_remaining, True, running, [])
+        waiting = [w for w in self.waiting if w is not seq]
+        admitted_now = not waiting and self._has_slot and self.fits(seq)
+        key = queue_key(self.running, self._now)
+        ahead_prompts = [w.n_prompt for w in waiting if key(w) < key(seq)]
         to_prefill = seq.n_prompt - self.kv.cached_length(seq.request.prompt_tokens)
-        return queue_view(to_prefill, admitted_now, running, [s.n_prompt for s in self.waiting])
+        return queue_view(to_prefill, admitted_now, running, ahead_prompts)
+
+    def queue_position(self, seq: Sequence) -> int | None:
+        """Where a waiting sequence stands (1: next), None when not waiting."""
+        if seq not in self.waiting:
+            return None
+        return queue_position(seq, self.waiting, self.running, self._now)
 
     def _never_fits_limit(self) -> str:
         if self.kv.sequence_tokens < self.kv.capacity_tokens:
@@ -203,13 +217,17 @@ class Scheduler:
         self._await_prefix_in_flight(seq)
         self.running.append(seq)
 
+    def next_in_line(self, now: float) -> Sequence | None:
+        """The waiting sequence admitted next (``priorities.py``)."""
+        return next_in_line(self.waiting, self.running, now) if self.waiting else None
+
     def _admit_waiting(self, now: float) -> list[Sequence]:
         started = []
         while self.waiting and self._has_slot and not self._resumed_offloaded():
-            seq = self.waiting[0]
+            seq = next_in_line(self.waiting, self.running, now)
             if not self.fits(seq):
-                break  # FIFO: a large request is not starved by smaller ones behind it
-            self.waiting.popleft()
+                break  # in order: a large request is not starved by smaller ones behind it
+            self.waiting.remove(seq)
             self._admit(seq, now)
             started.append(seq)
         return started
@@ -255,7 +273,8 @@ class Scheduler:
         resumed = self._resumed_offloaded()
         if resumed:
             return not (self._has_slot and self.kv.can_restore(self.reservation(resumed[0])))
-        return bool(self.waiting) and not (self._has_slot and self.fits(self.waiting[0]))
+        head = self.next_in_line(self._now)
+        return head is not None and not (self._has_slot and self.fits(head))
 
     # -- offload ---------------------------------------------------------------------
 
@@ -269,6 +288,11 @@ class Scheduler:
 
     def _resumed_offloaded(self) -> list[Sequence]:
         return [s for s in self.offloaded if not s.paused]
+
+    @property
+    def restoring(self) -> bool:
+        """An offloaded stream was resumed: it comes back before anyone is admitted."""
+        return bool(self._resumed_offloaded())
 
     def _restore_resumed(self) -> None:
         """Offloaded sequences that were resumed come back first (they are older)."""
@@ -287,6 +311,7 @@ class Scheduler:
     def schedule(self, now: float, draft_room: Callable[[Sequence], int] | None = None) -> StepPlan:
         """The next step. ``draft_room(seq)``: most tokens the sequence may emit in
         one step (room in its outbound ring); drafts stay below it."""
+        self._now = now
         started, self._started = self._started, []
         self._restore_resumed()
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
@@ -371,8 +396,7 @@ class Scheduler:
                 chunks.append(ScheduledChunk(seq, [], seq.num_computed, True, logits=logits))
         urgent = [seq for seq in urgent if seq.prefill_rows]
         late = {seq.id for seq in urgent}
-        rest = [s for s in prefilling if s.id not in late and s.prefill_rows]
-        rest.sort(key=lambda s: s.prefill_rows)
+        rest = prefill_order([s for s in prefilling if s.id not in late and s.prefill_rows])
         for seq in [*urgent, *rest]:
             if budget <= 0:
                 break

@@ -25,6 +25,7 @@ class SequenceState(enum.Enum):
 class PauseCause(enum.Enum):
     CLIENT = "client"
     SOCKET_FULL = "socket_full"
+    PREEMPTED = "preempted"  # a request of a more urgent class needed its slot
 
 
 @dataclass
@@ -36,6 +37,7 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     session: str | None = None
     request_id: str = ""
+    priority: int = 0  # its class: lower runs first (``priorities.py``)
     # Set when max_tokens was lowered to fit ("max_tokens_cap", "context" or "kv").
     max_tokens_limited_by: str | None = None
 
@@ -75,6 +77,7 @@ class Sequence:
     backpressure: int = 0
     backpressure_peak: int = 0
     tokens_while_paused: int = 0
+    preemptions: int = 0
     lookup: PromptLookup | None = None  # its prompt-lookup drafts (speculation on)
 
     def __post_init__(self) -> None:
@@ -96,6 +99,10 @@ class Sequence:
     @property
     def session(self) -> str | None:
         return self.request.session
+
+    @property
+    def priority(self) -> int:
+        return self.request.priority
 
     @property
     def n_prompt(self) -> int:
@@ -131,6 +138,16 @@ class Sequence:
         return next(iter(self.pause_causes), None)
 
     @property
+    def reader_paused_since(self) -> float | None:
+        """Since when its reader has held it paused (a preemption does not count)."""
+        since = [t for c, t in self.pause_causes.items() if c is not PauseCause.PREEMPTED]
+        return min(since, default=None)
+
+    @property
+    def preempted(self) -> bool:
+        return PauseCause.PREEMPTED in self.pause_causes
+
+    @property
     def runnable(self) -> bool:
         live = self.state in (SequenceState.PREFILL, SequenceState.DECODING)
         return live and not self.paused and not self.offloaded
@@ -140,6 +157,8 @@ class Sequence:
         prefill/decoding."""
         if self.state.finished:
             return self.state.value
+        if self.preempted:
+            return "preempted"
         if self.offloaded:
             return "offloaded"
         return "paused" if self.paused else self.state.value

@@ -33,6 +33,7 @@ class EngineSettings:
     deadline_admission: bool = False
     min_available_bytes: int = 0  # device memory floor (0: not watched)
     deterministic: bool = False  # batch- and speculation-invariant decode (Scheduler._pad)
+    max_preemptions: int = 3  # times one stream may be preempted (0: never)
 
 
 def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerLimits:
@@ -48,4 +49,5 @@ def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerL
         settings.max_draft_tokens if settings.speculative else 0,
         urgent_after_s,
         settings.deterministic,
+        settings.max_preemptions,
     )

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from edge_llm.engine.admission import predict_ttft_s
 from edge_llm.engine.stream import StreamHandle
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ def describe(handle: StreamHandle, now: float) -> dict[str, Any]:
         "finish_reason": seq.finish_reason,
         "cancel_reason": seq.cancel_reason,
         "age_ms": round((now - seq.created_at) * 1000.0, 3),
+        "priority": seq.priority,
+        "preemptions": seq.preemptions,
     }
 
 
@@ -109,3 +113,29 @@ def bind_gauges(engine: Engine) -> None:
 def _memory_available(engine: Engine) -> float:
     last = engine.memory.guard.last
     return float(last.available_bytes) if last else float("nan")
+
+
+def progress(engine: Engine, handle: StreamHandle) -> dict[str, Any]:
+    """Engine lock held: what a client waiting for a first token can show: its state
+    (queued, prefill, preempted, decoding, ...), its place in the queue, the prompt
+    prefilled so far and the predicted wait for its first token."""
+    seq = handle.seq
+    scheduler = engine.scheduler
+    waiting = seq.first_token_at is None and not seq.state.finished
+    predicted = None
+    if waiting:
+        view = scheduler.queue_view(seq)
+        predicted = round(predict_ttft_s(view, scheduler.prefill_budget.costs) * 1000.0)
+    return {
+        "state": seq.public_state(),
+        "queue_position": scheduler.queue_position(seq),
+        "prefill_done": seq.n_prefilled,
+        "prefill_total": seq.n_prompt,
+        "predicted_wait_ms": predicted,
+    }
+
+
+def count_waiting(engine: Engine) -> None:
+    """Engine lock held: the waiting requests by priority, for the labelled gauge."""
+    counts = Counter(str(seq.priority) for seq in engine.scheduler.waiting)
+    engine.metrics.set_waiting_by_priority(counts)

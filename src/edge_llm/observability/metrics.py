@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -94,6 +94,24 @@ class EngineMetrics:
             ["action"],
             registry=r,
         )
+        self.preemptions = Counter(
+            PREFIX + "preemptions",
+            "Streams paused and offloaded for a more urgent request, by their priority",
+            ["priority"],
+            registry=r,
+        )
+        self.preempted_seconds = Counter(
+            PREFIX + "preempted_seconds",
+            "Seconds streams spent preempted, by their priority",
+            ["priority"],
+            registry=r,
+        )
+        self.requests_waiting_by_priority = Gauge(
+            PREFIX + "requests_waiting_by_priority",
+            "Requests waiting for a slot, by priority",
+            ["priority"],
+            registry=r,
+        )
         self.kv_cache_evictions = Counter(
             PREFIX + "kv_cache_evictions", "Cached KV runs evicted to make room", registry=r
         )
@@ -115,14 +133,21 @@ class EngineMetrics:
             ["reason"],
             registry=r,
         )
+        self._priorities_seen: set[str] = set()
         self._init_labels()
+
+    def set_waiting_by_priority(self, counts: Mapping[str, int]) -> None:
+        """Requests waiting per priority; a priority seen before goes back to zero."""
+        self._priorities_seen.update(counts)
+        for priority in self._priorities_seen:
+            self.requests_waiting_by_priority.labels(priority).set(counts.get(priority, 0))
 
     def count_event_log_drop(self, reason: str, lines: int) -> None:
         self.event_log_dropped.labels(reason).inc(lines)
 
     def _init_labels(self) -> None:
         """Expose every documented label value at zero from the start."""
-        for cause in ("client", "socket_full"):
+        for cause in ("client", "socket_full", "preempted"):
             self.pauses.labels(cause)
             self.paused_seconds.labels(cause)
         reasons = (

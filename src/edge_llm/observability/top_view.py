@@ -285,7 +285,7 @@ def totals_line(metrics: Metrics) -> Text:
     prompt = metric_total(metrics, "prompt_tokens_total") or 0.0
     ttft = "time_to_first_token_seconds"
     return Text(
-        f"pauses {_labelled(metrics, 'backpressure_pauses_total', zeros=True)}"
+        f"pauses {_labelled(metrics, 'backpressure_pauses_total', zeros=False)}"
         f"  |  cancels {_labelled(metrics, 'cancellations_total', zeros=False)}"
         f"  |  rejected {_labelled(metrics, 'admission_rejections_total', zeros=False)}"
         f"  |  tokens {generated:.0f} generated, {prompt:.0f} prompt"

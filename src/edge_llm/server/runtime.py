@@ -52,6 +52,7 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,
         deterministic=sched.deterministic,
+        max_preemptions=sched.max_preemptions,
         min_available_bytes=config.model.min_available_mb * 1024 * 1024,
     )
 
