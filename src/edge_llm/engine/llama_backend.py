@@ -412,6 +412,33 @@ class LlamaBackend:
         if not llama.llama_state_seq_set_data(self._ctx, buffer, len(state), slot):
             raise BackendError(f"restoring a saved state into slot {slot} failed")
 
+    def log_likelihood(self, tokens: Sequence[int], slot: int = 0) -> list[float]:
+        """Teacher forcing: the log-probability of each token after the first given
+        those before it, as the model scores a reference text (its perplexity is the
+        exponent of minus their mean). Uses ``slot``'s cells and frees them."""
+        scores: list[float] = []
+        self.truncate(slot, 0)
+        raw = self._batch.raw
+        step = self._batch.capacity
+        try:
+            for start in range(0, len(tokens) - 1, step):
+                chunk = tokens[start : start + step]
+                for i, token in enumerate(chunk):
+                    raw.token[i], raw.pos[i], raw.n_seq_id[i] = token, start + i, 1
+                    raw.seq_id[i][0], raw.logits[i] = slot, 1
+                raw.n_tokens = len(chunk)
+                if llama.llama_decode(self._ctx, raw) != 0:
+                    raise BackendError("llama_decode failed while scoring")
+                for i in range(len(chunk)):
+                    if start + i + 1 < len(tokens):
+                        row = np.ctypeslib.as_array(
+                            llama.llama_get_logits_ith(self._ctx, i), shape=(self.info.n_vocab,)
+                        )
+                        scores.append(_log_softmax_at(row, tokens[start + i + 1]))
+        finally:
+            self.truncate(slot, 0)
+        return scores
+
     def kv_tokens(self, slot: int) -> int:
         """Cells the slot occupies (its highest position + 1); engine thread only."""
         return int(llama.llama_memory_seq_pos_max(self._memory, slot)) + 1
@@ -583,3 +610,8 @@ def _apply_builtin_template(template: str, messages: Sequence[dict[str, Any]]) -
             return buf.raw[:n].decode("utf-8", "replace")
         size = n
     return None
+
+
+def _log_softmax_at(logits: Logits, token: int) -> float:
+    top = float(logits.max())
+    return float(logits[token] - top - np.log(np.exp(logits - top).sum()))
