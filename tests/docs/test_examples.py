@@ -1,0 +1,135 @@
+"""The docs' runnable examples run as written, and print what the docs show beside them.
+
+Each page's examples run in order in a working directory of their own, which holds
+a link to the repository's ``src`` (examples read the shipped configs from there)
+and, when the page uses an engine, its event log as ``engine.jsonl``. Examples
+marked ``run: server`` get a real ``edge-llm serve --port 0`` on 127.0.0.1 (shared by
+the page's blocks with the same flags, stopped before the next page); the
+``127.0.0.1:8000`` they name is rewritten to that engine's address, and back in
+their output. Markers: see ``doc_examples``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import EngineProcess, start_engine
+from doc_examples import ROOT, Example, examples, matches, pages
+
+pytestmark = pytest.mark.e2e
+
+DOCS_ADDRESS = "127.0.0.1:8000"
+EXAMPLE_TIMEOUT_S = 300.0
+VENV_BIN = Path(sys.executable).parent
+# Variables of the caller's environment that would point an example elsewhere.
+_FOREIGN_ENV = ("EDGE_LLM_", "OPENAI_", "ANTHROPIC_")
+
+
+@dataclass
+class PageRun:
+    """The working directory and engines of the page whose examples are running."""
+
+    page: str
+    workdir: Path
+    engines: dict[tuple[str, ...], EngineProcess] = field(default_factory=dict)
+
+    def engine(self, flags: tuple[str, ...]) -> EngineProcess:
+        if flags not in self.engines:
+            engine = start_engine(self.workdir / "engines", *flags)
+            log = self.workdir / "engine.jsonl"
+            if not log.exists():
+                log.symlink_to(engine.event_log)
+            self.engines[flags] = engine
+        return self.engines[flags]
+
+    def stop(self) -> None:
+        for engine in self.engines.values():
+            engine.stop()
+
+
+class Pages:
+    """One PageRun at a time: moving to another page stops the previous page's engines."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.current: PageRun | None = None
+
+    def run_for(self, page: str) -> PageRun:
+        if self.current is None or self.current.page != page:
+            self.close()
+            workdir = self.base / page.replace("/", "_")
+            (workdir / "engines").mkdir(parents=True)
+            (workdir / "home").mkdir()
+            (workdir / "src").symlink_to(ROOT / "src")
+            self.current = PageRun(page, workdir)
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+
+
+@pytest.fixture(scope="module")
+def page_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pages]:
+    runs = Pages(tmp_path_factory.mktemp("docs-examples"))
+    yield runs
+    runs.close()
+
+
+def environment(workdir: Path, engine: EngineProcess | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+    env.update(
+        PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        HOME=str(workdir / "home"),
+        PYTHONUNBUFFERED="1",
+    )
+    if engine is not None:
+        env["EDGE_LLM_BASE_URL"] = engine.base_url
+    return env
+
+
+def command(example: Example, workdir: Path) -> list[str]:
+    if example.language == "python":
+        script = workdir / f"example_{example.line}.py"
+        script.write_text(example.code, encoding="utf-8")
+        return [sys.executable, str(script)]
+    return ["bash", "-e", "-o", "pipefail", "-c", example.code]
+
+
+def run_example(example: Example, run: PageRun) -> str:
+    engine = None if example.server_flags is None else run.engine(example.server_flags)
+    address = engine.url.removeprefix("http://") if engine else DOCS_ADDRESS
+    code = example.code.replace(DOCS_ADDRESS, address).replace("localhost:8000", address)
+    runnable = Example(**{**example.__dict__, "code": code})
+    result = subprocess.run(
+        command(runnable, run.workdir),
+        cwd=run.workdir,
+        env=environment(run.workdir, engine),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=EXAMPLE_TIMEOUT_S,
+        check=False,
+    )
+    output = result.stdout.replace(address, DOCS_ADDRESS)
+    assert result.returncode == 0, f"{example.id} exited {result.returncode}:\n{output}"
+    return output
+
+
+ALL = [example for page in pages() for example in examples(page)]
+
+
+@pytest.mark.parametrize("example", ALL, ids=[example.id for example in ALL])
+def test_example(example: Example, page_runs: Pages) -> None:
+    output = run_example(example, page_runs.run_for(example.page))
+    if example.expected is not None:
+        assert matches(example.expected, output), (
+            f"{example.id} printed:\n{output}\nthe docs show:\n{example.expected}"
+        )
