@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
-from pathlib import Path
+from datetime import UTC, datetime
+from typing import Any
 
 from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
     ServerProcess,
@@ -43,10 +43,10 @@ from peer_servers import (
     wait_idle,
 )
 from rich.console import Console
-from rich.table import Table
 from scenarios import Context, Figures, Settings, aggregate_decode_rate, story
 
 from edge_llm.bench.prompts import Prompt, long_text
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.bench.targets import Target
 
 PARALLEL = 4
@@ -112,7 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--edge-layout", choices=sorted(EDGE_LAYOUTS), default="slots",
         help="edge-llm's KV layout: 'slots' as llama-server's, 'pool' edge-llm's default",
     )  # fmt: skip
-    parser.add_argument("--json", help="write every figure here")
+    add_output_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -172,14 +172,12 @@ def ratio(value: float | None, other: float | None) -> str:
     return f"{value / other:.2f}x" if value and other else "-"
 
 
-def table(results: dict[str, dict[str, list[Figures]]], names: list[str], repeats: int) -> Table:
-    out = Table(title=f"decode tok/s, median (min-max) of {repeats}", title_justify="left")
-    out.add_column("scenario")
-    for name in names:
-        out.add_column(name)
-    out.add_column("lookup / llama plain")
-    out.add_column("lookup / best llama n-gram")
-    out.add_column("lookup / edge off")
+def table(
+    results: dict[str, dict[str, list[Figures]]], names: list[str], repeats: int
+) -> dict[str, Any]:
+    columns = ["scenario", *names, "lookup / llama plain", "lookup / best llama n-gram",
+               "lookup / edge off"]  # fmt: skip
+    rows = []
     for key, (title, _) in SCENARIOS.items():
         by_server = results[key]
         lookup = median(by_server["edge-llm lookup"])
@@ -189,12 +187,14 @@ def table(results: dict[str, dict[str, list[Figures]]], names: list[str], repeat
             default=None,
         )
         off = median(by_server["edge-llm off"])
-        out.add_row(
-            title,
-            *(cell(by_server[name]) for name in names),
-            *(ratio(lookup, other) for other in (plain, best, off)),
+        rows.append(
+            [
+                title,
+                *(cell(by_server[name]) for name in names),
+                *(ratio(lookup, other) for other in (plain, best, off)),
+            ]
         )
-    return out
+    return table_data(f"decode tok/s, median (min-max) of {repeats}", columns, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, ServerProcess] = {}
     try:
         servers = start_servers(args, binary, model)
+        started = datetime.now(UTC)
         start = snapshot()
         results = asyncio.run(run_all(servers, args.repeats, console))
         machine = noise(start, snapshot(), own_pids())
@@ -220,21 +221,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    console.print(table(results, list(servers), args.repeats))
-    console.print(f"model {model}, {args.threads} threads each; {' '.join(edge_flags(args))}; "
-                  f"lookup: --speculative prompt_lookup {args.lookup_flags}; "
-                  f"llama-server -np {PARALLEL} -c {CTX_TOKENS}")  # fmt: skip
+    summary = table(results, list(servers), args.repeats)
+    setup = (
+        f"model {model}, {args.threads} threads each; {' '.join(edge_flags(args))}; "
+        f"lookup: --speculative prompt_lookup {args.lookup_flags}; "
+        f"llama-server -np {PARALLEL} -c {CTX_TOKENS}"
+    )
+    console.print(rich_table(summary))
+    console.print(setup)
     for line in machine.lines():
         console.print(line)
-    if args.json:
-        document = {
-            "results": {
-                key: {n: [{"value": f.value, **f.details} for f in fs] for n, fs in by.items()}
-                for key, by in results.items()
-            },
-            "machine": {**asdict(machine), "others_share": machine.others_share},
+    raw = {
+        "results": {
+            key: {n: [{"value": f.value, **f.details} for f in fs] for n, fs in by.items()}
+            for key, by in results.items()
         }
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    }
+    run = header("speculative", "Prompt-lookup speculation", started, machine, [setup])
+    write_outputs(args, run, [summary], raw)
     return 0
 
 
