@@ -13,7 +13,7 @@ alternating which goes first in each repeat, so machine noise hits both alike. T
 table gives each server's median (min-max over repeats) and the ratio
 edge-llm / llama-server per repeat as min / median / max.
 
-Scenarios (SPEC section 9 goals in brackets):
+Scenarios (docs/design.md §9 goals in brackets):
 
 - single-stream decode tok/s [>= 1.0x];
 - 4 concurrent streams, aggregate decode tok/s while all four decode [>= 1.2x] (the

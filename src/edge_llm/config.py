@@ -31,7 +31,7 @@ ENV_PREFIX = "EDGE_LLM_"
 # llama.cpp's CPU flash-attention tile (engine/kv_slots.py MIN_TILE_ROWS): deterministic
 # prefill computes prompts in whole tiles.
 MIN_TILE_ROWS = 64
-# The SPEC's serve flag --model names the GGUF path.
+# The contract's serve flag --model names the GGUF path (docs/design.md §3).
 _FLAG_ALIASES = {"model_path": ("--model",)}
 # A field's default as the reference states it, where the value itself depends on the
 # machine or is None (read by edge_llm.config_reference).
