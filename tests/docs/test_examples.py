@@ -6,12 +6,16 @@ and, when the page uses an engine, its event log as ``engine.jsonl``. Examples
 marked ``run: server`` get a real ``edge-llm serve --port 0`` on 127.0.0.1 (shared by
 the page's blocks with the same flags, stopped before the next page); the
 ``127.0.0.1:8000`` they name is rewritten to that engine's address, and back in
-their output. Markers: see ``doc_examples``.
+their output. Ports 8100-8199 that a block's own servers listen on get free ports
+the same way. A shell block's background jobs are stopped when it ends. Markers:
+see ``doc_examples``.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +32,9 @@ pytestmark = pytest.mark.e2e
 DOCS_ADDRESS = "127.0.0.1:8000"
 EXAMPLE_TIMEOUT_S = 300.0
 VENV_BIN = Path(sys.executable).parent
+# Ports an example's own servers use: 127.0.0.1:81NN, localhost:81NN, --port 81NN.
+_PRIVATE_PORT = re.compile(r"(?:(?<=127\.0\.0\.1:)|(?<=localhost:)|(?<=--port ))81\d\d\b")
+_STOP_JOBS = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n"
 # Variables of the caller's environment that would point an example elsewhere.
 _FOREIGN_ENV = ("EDGE_LLM_", "OPENAI_", "ANTHROPIC_")
 
@@ -95,21 +102,42 @@ def environment(workdir: Path, engine: EngineProcess | None) -> dict[str, str]:
     return env
 
 
-def command(example: Example, workdir: Path) -> list[str]:
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def addresses(example: Example, engine: EngineProcess | None) -> dict[str, str]:
+    """host:port the docs name -> where it really is for this run."""
+    found = {f"127.0.0.1:{port}" for port in _PRIVATE_PORT.findall(example.code)}
+    real = {docs: f"127.0.0.1:{free_port()}" for docs in sorted(found)}
+    if engine is not None:
+        real[DOCS_ADDRESS] = engine.url.removeprefix("http://")
+    return real
+
+
+def localised(code: str, real: dict[str, str]) -> str:
+    for docs, address in real.items():
+        port, real_port = docs.rsplit(":", 1)[1], address.rsplit(":", 1)[1]
+        code = code.replace(docs, address).replace(f"localhost:{port}", address)
+        code = code.replace(f"--port {port}", f"--port {real_port}")
+    return code
+
+
+def command(example: Example, code: str, workdir: Path) -> list[str]:
     if example.language == "python":
         script = workdir / f"example_{example.line}.py"
-        script.write_text(example.code, encoding="utf-8")
+        script.write_text(code, encoding="utf-8")
         return [sys.executable, str(script)]
-    return ["bash", "-e", "-o", "pipefail", "-c", example.code]
+    return ["bash", "-e", "-o", "pipefail", "-c", _STOP_JOBS + code]
 
 
 def run_example(example: Example, run: PageRun) -> str:
     engine = None if example.server_flags is None else run.engine(example.server_flags)
-    address = engine.url.removeprefix("http://") if engine else DOCS_ADDRESS
-    code = example.code.replace(DOCS_ADDRESS, address).replace("localhost:8000", address)
-    runnable = Example(**{**example.__dict__, "code": code})
+    real = addresses(example, engine)
     result = subprocess.run(
-        command(runnable, run.workdir),
+        command(example, localised(example.code, real), run.workdir),
         cwd=run.workdir,
         env=environment(run.workdir, engine),
         stdout=subprocess.PIPE,
@@ -118,7 +146,9 @@ def run_example(example: Example, run: PageRun) -> str:
         timeout=EXAMPLE_TIMEOUT_S,
         check=False,
     )
-    output = result.stdout.replace(address, DOCS_ADDRESS)
+    output = result.stdout
+    for docs, address in real.items():
+        output = output.replace(address, docs)
     assert result.returncode == 0, f"{example.id} exited {result.returncode}:\n{output}"
     return output
 
