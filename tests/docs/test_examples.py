@@ -34,7 +34,8 @@ EXAMPLE_TIMEOUT_S = 300.0
 VENV_BIN = Path(sys.executable).parent
 # Ports an example's own servers use: 127.0.0.1:81NN, localhost:81NN, --port 81NN.
 _PRIVATE_PORT = re.compile(r"(?:(?<=127\.0\.0\.1:)|(?<=localhost:)|(?<=--port ))81\d\d\b")
-_STOP_JOBS = "trap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n"
+# Ends a shell block's background jobs; keeps the block's own exit status.
+_STOP_JOBS = "trap 'kill $(jobs -p) 2>/dev/null || true; wait || true' EXIT\n"
 # Variables of the caller's environment that would point an example elsewhere.
 _FOREIGN_ENV = ("EDGE_LLM_", "OPENAI_", "ANTHROPIC_")
 
