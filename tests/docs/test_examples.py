@@ -7,8 +7,10 @@ marked ``run: server`` get a real ``edge-llm serve --port 0`` on 127.0.0.1 (shar
 the page's blocks with the same flags, stopped before the next page); the
 ``127.0.0.1:8000`` they name is rewritten to that engine's address, and back in
 their output. Ports 8100-8199 that a block's own servers listen on get free ports
-the same way. A shell block's background jobs are stopped when it ends. Markers:
-see ``doc_examples``.
+the same way. A shell block's background jobs are stopped when it ends. Every engine
+an example starts, or is given, waits 60 s for a first token instead of 10 s: on a
+loaded test machine a fresh engine's first answer can take longer than the seed's
+time-out, which is not what the examples show. Markers: see ``doc_examples``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ VENV_BIN = Path(sys.executable).parent
 _PRIVATE_PORT = re.compile(r"(?:(?<=127\.0\.0\.1:)|(?<=localhost:)|(?<=--port ))81\d\d\b")
 # Ends a shell block's background jobs; keeps the block's own exit status.
 _STOP_JOBS = "trap 'kill $(jobs -p) 2>/dev/null || true; wait || true' EXIT\n"
+PATIENT_ENGINE = {"EDGE_LLM_TTFT_TIMEOUT_MS": "60000"}
 # Variables of the caller's environment that would point an example elsewhere.
 _FOREIGN_ENV = ("EDGE_LLM_", "OPENAI_", "ANTHROPIC_")
 
@@ -50,7 +53,7 @@ class PageRun:
 
     def engine(self, flags: tuple[str, ...]) -> EngineProcess:
         if flags not in self.engines:
-            engine = start_engine(self.workdir / "engines", *flags)
+            engine = start_engine(self.workdir / "engines", *flags, env=PATIENT_ENGINE)
             log = self.workdir / "engine.jsonl"
             if not log.exists():
                 log.symlink_to(engine.event_log)
@@ -97,6 +100,7 @@ def environment(workdir: Path, engine: EngineProcess | None) -> dict[str, str]:
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         HOME=str(workdir / "home"),
         PYTHONUNBUFFERED="1",
+        **PATIENT_ENGINE,
     )
     if engine is not None:
         env["EDGE_LLM_BASE_URL"] = engine.base_url
