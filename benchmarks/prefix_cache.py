@@ -5,7 +5,8 @@ Usage::
     make bench-deps
     .venv/bin/python benchmarks/prefix_cache.py [--repeats 3] [--json out.json]
 
-edge-llm runs with its defaults (``make run``: one unified KV pool, prefix cache on);
+edge-llm runs with its defaults (``make run``: 4 slots with a share of the KV budget
+each, prefix cache and host tier on);
 llama-server with ``-np 4`` and its default prompt cache. Same GGUF, same threads.
 Scenarios, with the issue's goals in brackets:
 

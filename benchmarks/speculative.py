@@ -16,8 +16,8 @@ tokens from ``usage``, since a speculating server may send several tokens per ch
 
 Every server runs for the whole comparison, KV laid out alike (4 slots with a share of
 the same budget each: llama-server ``-np 4``, edge-llm ``--max-sequences 4
---no-kv-unified``; ``--edge-layout pool`` runs edge-llm in its default layout, one
-pool); scenarios run one server at a time, the order rotating per repeat.
+--no-kv-unified``, edge-llm's default; ``--edge-layout pool`` runs edge-llm with one
+unified pool); scenarios run one server at a time, the order rotating per repeat.
 Each repeat uses passages no earlier request used. Under the table: what else used the
 CPU meanwhile.
 """
@@ -55,7 +55,10 @@ COPY_SENTENCES = 24  # about 400 tokens
 COPY_MAX_TOKENS = 450
 FRESH_MAX_TOKENS = 256
 COPY_INSTRUCTION = "Repeat the following text exactly, word for word, and nothing else:\n\n"
-EDGE_LAYOUTS = {"slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"], "pool": []}
+EDGE_LAYOUTS = {
+    "slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"],
+    "pool": ["--kv-unified", "--max-sequences", "32"],
+}
 EDGE = ["--max-prompt-tokens", "2048"]
 LLAMA_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 WIDE_OUTPUT = 180
@@ -110,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--edge-layout", choices=sorted(EDGE_LAYOUTS), default="slots",
-        help="edge-llm's KV layout: 'slots' as llama-server's, 'pool' edge-llm's default",
+        help="edge-llm's KV layout: 'slots' as llama-server's (the default), 'pool' one pool",
     )  # fmt: skip
     add_output_flags(parser)
     return parser.parse_args(argv)

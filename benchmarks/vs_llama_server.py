@@ -7,7 +7,7 @@ Usage::
 
 Both servers get the same KV layout by default: 4 slots with a share of the budget
 each (llama-server ``-np 4``, edge-llm ``--max-sequences 4 --no-kv-unified``);
-``--edge-layout pool`` runs edge-llm with its own defaults instead. Both servers
+``--edge-layout pool`` runs edge-llm with one unified pool instead. Both servers
 run for the whole comparison; scenarios run one server at a time,
 alternating which goes first in each repeat, so machine noise hits both alike. The
 table gives each server's median (min-max over repeats) and the ratio
@@ -76,11 +76,11 @@ from edge_llm.bench.targets import Target
 PARALLEL = 4
 SLOT_CTX = 2048
 # How edge-llm lays out its KV cache. "slots" mirrors llama-server -np PARALLEL: as
-# many slots, each with its own equal share of the same budget; "pool" is edge-llm's
-# default (32 slots sharing one pool, where one sequence may use all of it).
+# many slots, each with its own equal share of the same budget (edge-llm's default
+# layout); "pool": 32 sequences sharing one pool, where one sequence may use all of it.
 EDGE_LAYOUTS = {
     "slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"],
-    "pool": [],
+    "pool": ["--kv-unified", "--max-sequences", "32"],
 }
 MAX_PROMPT_TOKENS = 2048
 WIDE_OUTPUT = 160
@@ -173,8 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--edge-layout",
         choices=sorted(EDGE_LAYOUTS),
         default="slots",
-        help="edge-llm's KV layout: 'slots' as llama-server's (-np 4, a share each), "
-        "'pool' edge-llm's default (one shared pool)",
+        help="edge-llm's KV layout: 'slots' as llama-server's (-np 4, a share each; "
+        "edge-llm's default), 'pool' one unified pool of 32 sequences",
     )
     return parser.parse_args(argv)
 
