@@ -620,8 +620,17 @@ def _with_default(field: FieldInfo) -> str:
     text = field.description or ""
     if "(default" in text:
         return text
-    value = field.get_default(call_default_factory=True)
-    return f"{text} (default: {show_default(value)})".replace("%", "%%")
+    shown = documented_default(field)
+    if shown is None:
+        shown = show_default(field.get_default(call_default_factory=True))
+    return f"{text} (default: {shown})".replace("%", "%%")
+
+
+def documented_default(field: FieldInfo) -> str | None:
+    """The default as help and docs state it where the value would mislead (None for
+    "the embedded model", this machine's CPU count); None when the value says it."""
+    extra = field.json_schema_extra
+    return str(extra[DOC_DEFAULT]) if isinstance(extra, dict) and DOC_DEFAULT in extra else None
 
 
 def show_default(value: object, metavar: object = None) -> str:

@@ -19,9 +19,9 @@ from typing import Literal, Union, get_args, get_origin
 from pydantic.fields import FieldInfo
 
 from edge_llm.config import (
-    DOC_DEFAULT,
     ENV_PREFIX,
     add_config_flags,
+    documented_default,
     sections,
     toml_table,
 )
@@ -54,9 +54,9 @@ def type_name(annotation: object) -> str:
 
 
 def default_text(field: FieldInfo) -> str:
-    extra = field.json_schema_extra
-    if isinstance(extra, dict) and DOC_DEFAULT in extra:
-        return str(extra[DOC_DEFAULT])
+    documented = documented_default(field)
+    if documented is not None:
+        return documented
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)
