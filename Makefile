@@ -7,18 +7,22 @@ SMOLLM2_VERSION := 0.1.2
 ARGS ?=
 LINT_PATHS := src tests $(wildcard benchmarks scripts/*.py)
 
-.PHONY: run test lint install agent-clis browser bench-deps bench clean
+.PHONY: run test lint docs install agent-clis browser bench-deps bench clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
 
-test: install agent-clis browser lint
+test: install agent-clis browser lint docs
 	$(PY) -m pytest $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# The documentation site (mkdocs.yml, docs/) into site/: a broken link or anchor fails it.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --quiet
 
 install: $(STAMP)
 
@@ -53,4 +57,4 @@ bench: bench-deps
 	$(PY) benchmarks/vs_llama_server.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site

@@ -18,13 +18,15 @@ most 5 % when one of the four uses a grammar.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
+from datetime import UTC, datetime
 
 from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
+from rich.console import Console
 
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.engine.backend import BatchItem
 from edge_llm.engine.llama_backend import LlamaBackend
 from edge_llm.protocol.sampling import SamplingParams
@@ -44,7 +46,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=128, help="decode steps per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each scenario")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    add_output_flags(parser)
     return parser.parse_args()
 
 
@@ -88,7 +90,7 @@ def main() -> int:
         "json_object": [plain] * 3 + [SamplingParams(grammar=backend.json_schema_grammar(None))],
     }
     rates: dict[str, list[float]] = {name: [] for name in scenarios}
-    start = snapshot()
+    started, start = datetime.now(UTC), snapshot()
     try:
         run(backend, scenarios["plain"], 8)  # warm-up
         for _ in range(args.rounds):
@@ -98,16 +100,25 @@ def main() -> int:
         backend.close()
     machine = noise(start, snapshot(), own_pids())
     medians = {name: statistics.median(values) for name, values in rates.items()}
-    print(f"plain-stream decode rate, tok/s per stream ({args.rounds} rounds x {args.steps} steps)")
-    for name, median in medians.items():
-        drop = 1.0 - median / medians["plain"]
-        runs = ", ".join(f"{r:.1f}" for r in rates[name])
-        print(f"  {name:12} median {median:6.1f}  drop {drop:+.1%}   runs: {runs}")
+    rows = [
+        [
+            name,
+            f"{median:.1f}",
+            f"{median / medians['plain'] - 1.0:+.1%}",
+            ", ".join(f"{r:.1f}" for r in rates[name]),
+        ]
+        for name, median in medians.items()
+    ]
+    title = (
+        f"plain-stream decode rate, tok/s per stream ({args.rounds} rounds x {args.steps} steps)"
+    )
+    table = table_data(title, ("scenario", "median", "change vs plain", "runs"), rows)
+    Console(width=140).print(rich_table(table))
     for line in machine.lines():
         print(line)
-    if args.json:
-        figures = {"rates": rates, "medians": medians, "others_share": machine.others_share}
-        args.json.write_text(json.dumps(figures, indent=2))
+    notes = ["Goal: at most 5 % lower with one grammar stream among the four."]
+    info = header("grammar_overhead", "Grammar overhead", started, machine, notes)
+    write_outputs(args, info, [table], {"rates": rates, "medians": medians})
     return 0
 
 

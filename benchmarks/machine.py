@@ -2,13 +2,16 @@
 
 Two snapshots (start and end) of the system's busy CPU time and of every process's
 CPU time. Others' share = (system busy time - this harness and its children) over
-(wall time x cores). Processes that lived only between the snapshots are in the total
-but not in the per-process list.
+(wall time x cores). This harness's children are those alive at the end plus those it
+has already waited for (servers a benchmark started and stopped between the
+snapshots). Processes that lived only between the snapshots are in the total but not
+in the per-process list.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass, field
 
@@ -24,6 +27,7 @@ class Snapshot:
     busy_s: float
     loadavg: tuple[float, float, float]
     per_process: dict[int, tuple[float, str]] = field(default_factory=dict)
+    waited_children_s: float = 0.0  # CPU of children this process has reaped
 
 
 def _busy_seconds() -> float:
@@ -37,8 +41,15 @@ def _describe(process: psutil.Process) -> str:
     return f"pid {process.pid}: {cmdline[:90]}"
 
 
+def _waited_children_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def snapshot() -> Snapshot:
-    shot = Snapshot(time.monotonic(), _busy_seconds(), os.getloadavg())
+    shot = Snapshot(
+        time.monotonic(), _busy_seconds(), os.getloadavg(), {}, _waited_children_seconds()
+    )
     for process in psutil.process_iter():
         try:
             cpu = process.cpu_times()
@@ -80,6 +91,7 @@ class Noise:
 def noise(start: Snapshot, end: Snapshot, own: set[int]) -> Noise:
     own_cpu = sum(end.per_process.get(pid, (0.0, ""))[0] - start.per_process.get(pid, (0.0, ""))[0]
                   for pid in own)  # fmt: skip
+    own_cpu += end.waited_children_s - start.waited_children_s
     others = []
     for pid, (cpu, description) in end.per_process.items():
         if pid in own:

@@ -5,7 +5,8 @@ Usage::
     make bench-deps
     .venv/bin/python benchmarks/prefix_cache.py [--repeats 3] [--json out.json]
 
-edge-llm runs with its defaults (``make run``: one unified KV pool, prefix cache on);
+edge-llm runs with its defaults (``make run``: 4 slots with a share of the KV budget
+each, prefix cache and host tier on);
 llama-server with ``-np 4`` and its default prompt cache. Same GGUF, same threads.
 Scenarios, with the issue's goals in brackets:
 
@@ -30,10 +31,12 @@ import sys
 import time
 import urllib.request
 import uuid
-from pathlib import Path
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
     ServerProcess,
@@ -42,7 +45,9 @@ from peer_servers import (
     start_llama_server,
     wait_idle,
 )
+from rich.console import Console
 
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.engine.llama_backend import default_model_path
 
 PARALLEL = 4
@@ -236,7 +241,7 @@ async def compare(servers: list[ServerProcess], repeats: int) -> dict[str, Any]:
     return results
 
 
-def summary(results: dict[str, Any], offloaded: dict[str, Any]) -> list[str]:
+def summary(results: dict[str, Any], offloaded: dict[str, Any]) -> dict[str, Any]:
     def med(server: str, scenario: str, key: str) -> float:
         return statistics.median(r[key] for r in results[server][scenario])
 
@@ -246,19 +251,22 @@ def summary(results: dict[str, Any], offloaded: dict[str, Any]) -> list[str]:
         med(edge, "shared_system", "tokens_per_s"),
         med(peer, "shared_system", "tokens_per_s"),
     )
-    storm_ratio = med(edge, "storm", "computed_over_one_prompt")
-    peer_storm = med(peer, "storm", "computed_over_one_prompt")
-    return [
-        f"regenerate TTFT (2nd-4th send, median): edge-llm {regen[0]:.3f} s, llama-server "
-        f"{regen[1]:.3f} s, ratio {regen[0] / regen[1]:.2f} (goal <= 0.5)",
-        f"20-click storm, prompt tokens computed / one prompt: edge-llm {storm_ratio:.2f} "
-        f"(goal <= 1.1), llama-server {peer_storm:.2f}",
-        f"4 streams, shared 300-token system prompt, tok/s from start: edge-llm {shared[0]:.1f}, "
-        f"llama-server {shared[1]:.1f}, ratio {shared[0] / shared[1]:.2f} (goal >= 1.15)",
-        f"fast streams beside two offloaded paused streams / alone: {offloaded['ratio']:.2f} "
-        f"({offloaded['beside_offloaded_tps']:.1f} vs {offloaded['alone_tps']:.1f} tok/s, "
-        f"{offloaded['offloads']:.0f} offloads; goal >= 0.95)",
-    ]
+    storms = (med(edge, "storm", "computed_over_one_prompt"),
+              med(peer, "storm", "computed_over_one_prompt"))  # fmt: skip
+    rows = [
+        ["regenerate TTFT, 2nd-4th send, s", f"{regen[0]:.3f}", f"{regen[1]:.3f}",
+         f"{regen[0] / regen[1]:.2f}", "<= 0.5"],
+        ["20-click storm: prompt tokens computed / one prompt", f"{storms[0]:.2f}",
+         f"{storms[1]:.2f}", "-", "edge <= 1.1"],
+        ["4 streams, shared 300-token system prompt, tok/s from start", f"{shared[0]:.1f}",
+         f"{shared[1]:.1f}", f"{shared[0] / shared[1]:.2f}", ">= 1.15"],
+        [f"fast streams beside two offloaded paused ones / alone "
+         f"({offloaded['offloads']:.0f} offloads)",
+         f"{offloaded['ratio']:.2f} ({offloaded['beside_offloaded_tps']:.1f} vs "
+         f"{offloaded['alone_tps']:.1f} tok/s)", "-", "-", ">= 0.95"],
+    ]  # fmt: skip
+    columns = ("scenario", "edge-llm", "llama-server", "ratio", "goal")
+    return table_data("KV reuse, medians", columns, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default=None)
     parser.add_argument("--llama-server", default=None)
-    parser.add_argument("--json", default=None)
+    add_output_flags(parser)
     args = parser.parse_args(argv)
     model = args.model or str(default_model_path())
     try:
@@ -279,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         servers.append(start_engine(model, args.threads, ["--max-prompt-tokens", "2048"]))
         servers.append(start_llama_server(binary, model, args.threads, LLAMA_CTX, PARALLEL))
+        started, start = datetime.now(UTC), snapshot()
         results = asyncio.run(compare(servers, args.repeats))
+        # The servers' CPU is ours only while they run: measure before stopping them.
+        machine = noise(start, snapshot(), own_pids())
         for server in servers:
             server.stop()
         offloaded = asyncio.run(offload(model, args.threads))
@@ -289,11 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers:
             server.stop()
-    for line in summary(results, offloaded):
+    table = summary(results, offloaded)
+    setup = (
+        f"model {model}, {args.threads} threads each; edge-llm defaults (--max-prompt-tokens "
+        f"2048), llama-server -np {PARALLEL} -c {LLAMA_CTX}; the machine's load is that of the "
+        "side-by-side part (the offload scenario runs after it)"
+    )
+    Console(width=160).print(rich_table(table))
+    print(setup)
+    for line in machine.lines():
         print(line)
-    if args.json:
-        document = {"results": results, "offload": offloaded, "model": model}
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    run = header("prefix_cache", "Prefix cache and offload vs llama-server", started, machine,
+                 [setup])  # fmt: skip
+    write_outputs(args, run, [table], {"results": results, "offload": offloaded, "model": model})
     return 0
 
 

@@ -19,10 +19,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import psutil
+from machine import noise, own_pids
+from machine import snapshot as machine_snapshot
+from output import add_output_flags, header, write_outputs
+from rich.console import Console
+
+from edge_llm.bench.publish import rich_table, table_data
 
 STORY = "Write a very long story about a dragon and a knight."
 
@@ -103,12 +111,22 @@ async def wait_idle(url: str, timeout: float = 30.0) -> dict[str, Any]:
         await asyncio.sleep(0.1)
 
 
-async def soak(url: str, process: psutil.Process, args: argparse.Namespace) -> bool:
+@dataclass
+class Soak:
+    """Checkpoints (cycles, elapsed s, RSS MB, KV bytes in use, outcomes so far) and verdict."""
+
+    checkpoints: list[list[str]] = field(default_factory=list)
+    kv_idle: bool = False
+    growth_mb: float = 0.0
+
+
+async def soak(url: str, process: psutil.Process, args: argparse.Namespace) -> Soak:
     counts: dict[str, int] = {}
     per_round = args.report_every // args.workers
     baseline_rss = None
     started = time.monotonic()
     done = 0
+    result = Soak()
     print("cycles  elapsed_s  rss_mb  kv_used_bytes  outcomes")
     while done < args.cycles:
         await asyncio.gather(
@@ -123,11 +141,13 @@ async def soak(url: str, process: psutil.Process, args: argparse.Namespace) -> b
         print(
             f"{done:6d}  {elapsed:9.1f}  {rss / 1e6:6.1f}  {state['kv_used_bytes']:13d}  {counts}"
         )
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        row = [str(done), f"{elapsed:.1f}", f"{rss / 1e6:.1f}", str(state["kv_used_bytes"])]
+        result.checkpoints.append([*row, outcomes])
     final = await wait_idle(url)
-    growth_mb = (process.memory_info().rss - (baseline_rss or 0)) / 1e6
-    kv_idle = final["kv_used_bytes"] == 0
-    print(f"kv idle at the end: {kv_idle}; RSS growth after warm-up: {growth_mb:.1f} MB")
-    return kv_idle and growth_mb <= args.max_growth_mb
+    result.growth_mb = (process.memory_info().rss - (baseline_rss or 0)) / 1e6
+    result.kv_idle = final["kv_used_bytes"] == 0
+    return result
 
 
 def main() -> int:
@@ -137,13 +157,29 @@ def main() -> int:
     parser.add_argument("--report-every", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--max-growth-mb", type=float, default=16.0)
+    add_output_flags(parser)
     args = parser.parse_args()
+    started, start = datetime.now(UTC), machine_snapshot()
     proc, url = start_engine([])
     try:
-        ok = asyncio.run(soak(url, psutil.Process(proc.pid), args))
+        result = asyncio.run(soak(url, psutil.Process(proc.pid), args))
+        machine = noise(start, machine_snapshot(), own_pids())  # while the engine runs
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    ok = result.kv_idle and result.growth_mb <= args.max_growth_mb
+    columns = ("cycles", "elapsed s", "engine RSS MB", "KV bytes in use", "outcomes so far")
+    table = table_data(f"{args.cycles} cycles, {args.workers} workers", columns, result.checkpoints)
+    Console(width=160).print(rich_table(table))
+    verdict = (
+        f"KV idle at the end: {result.kv_idle}; RSS growth after the first {args.warmup} cycles: "
+        f"{result.growth_mb:.1f} MB (limit {args.max_growth_mb:g}): {'pass' if ok else 'FAIL'}"
+    )
+    print(verdict)
+    info = header("soak", "Soak: start/pause/resume/cancel/disconnect cycles", started, machine,
+                  [verdict])  # fmt: skip
+    raw = {"kv_idle": result.kv_idle, "rss_growth_mb": result.growth_mb}
+    write_outputs(args, info, [table], raw)
     return 0 if ok else 1
 
 

@@ -16,8 +16,8 @@ tokens from ``usage``, since a speculating server may send several tokens per ch
 
 Every server runs for the whole comparison, KV laid out alike (4 slots with a share of
 the same budget each: llama-server ``-np 4``, edge-llm ``--max-sequences 4
---no-kv-unified``; ``--edge-layout pool`` runs edge-llm in its default layout, one
-pool); scenarios run one server at a time, the order rotating per repeat.
+--no-kv-unified``, edge-llm's default; ``--edge-layout pool`` runs edge-llm with one
+unified pool); scenarios run one server at a time, the order rotating per repeat.
 Each repeat uses passages no earlier request used. Under the table: what else used the
 CPU meanwhile.
 """
@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
-from pathlib import Path
+from datetime import UTC, datetime
+from typing import Any
 
 from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
     ServerProcess,
@@ -43,10 +43,10 @@ from peer_servers import (
     wait_idle,
 )
 from rich.console import Console
-from rich.table import Table
 from scenarios import Context, Figures, Settings, aggregate_decode_rate, story
 
 from edge_llm.bench.prompts import Prompt, long_text
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.bench.targets import Target
 
 PARALLEL = 4
@@ -55,7 +55,10 @@ COPY_SENTENCES = 24  # about 400 tokens
 COPY_MAX_TOKENS = 450
 FRESH_MAX_TOKENS = 256
 COPY_INSTRUCTION = "Repeat the following text exactly, word for word, and nothing else:\n\n"
-EDGE_LAYOUTS = {"slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"], "pool": []}
+EDGE_LAYOUTS = {
+    "slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"],
+    "pool": ["--kv-unified", "--max-sequences", "32"],
+}
 EDGE = ["--max-prompt-tokens", "2048"]
 LLAMA_MODES = ("ngram-simple", "ngram-map-k", "ngram-mod")
 WIDE_OUTPUT = 180
@@ -110,9 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--edge-layout", choices=sorted(EDGE_LAYOUTS), default="slots",
-        help="edge-llm's KV layout: 'slots' as llama-server's, 'pool' edge-llm's default",
+        help="edge-llm's KV layout: 'slots' as llama-server's (the default), 'pool' one pool",
     )  # fmt: skip
-    parser.add_argument("--json", help="write every figure here")
+    add_output_flags(parser)
     return parser.parse_args(argv)
 
 
@@ -172,14 +175,12 @@ def ratio(value: float | None, other: float | None) -> str:
     return f"{value / other:.2f}x" if value and other else "-"
 
 
-def table(results: dict[str, dict[str, list[Figures]]], names: list[str], repeats: int) -> Table:
-    out = Table(title=f"decode tok/s, median (min-max) of {repeats}", title_justify="left")
-    out.add_column("scenario")
-    for name in names:
-        out.add_column(name)
-    out.add_column("lookup / llama plain")
-    out.add_column("lookup / best llama n-gram")
-    out.add_column("lookup / edge off")
+def table(
+    results: dict[str, dict[str, list[Figures]]], names: list[str], repeats: int
+) -> dict[str, Any]:
+    columns = ["scenario", *names, "lookup / llama plain", "lookup / best llama n-gram",
+               "lookup / edge off"]  # fmt: skip
+    rows = []
     for key, (title, _) in SCENARIOS.items():
         by_server = results[key]
         lookup = median(by_server["edge-llm lookup"])
@@ -189,12 +190,14 @@ def table(results: dict[str, dict[str, list[Figures]]], names: list[str], repeat
             default=None,
         )
         off = median(by_server["edge-llm off"])
-        out.add_row(
-            title,
-            *(cell(by_server[name]) for name in names),
-            *(ratio(lookup, other) for other in (plain, best, off)),
+        rows.append(
+            [
+                title,
+                *(cell(by_server[name]) for name in names),
+                *(ratio(lookup, other) for other in (plain, best, off)),
+            ]
         )
-    return out
+    return table_data(f"decode tok/s, median (min-max) of {repeats}", columns, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, ServerProcess] = {}
     try:
         servers = start_servers(args, binary, model)
+        started = datetime.now(UTC)
         start = snapshot()
         results = asyncio.run(run_all(servers, args.repeats, console))
         machine = noise(start, snapshot(), own_pids())
@@ -220,21 +224,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    console.print(table(results, list(servers), args.repeats))
-    console.print(f"model {model}, {args.threads} threads each; {' '.join(edge_flags(args))}; "
-                  f"lookup: --speculative prompt_lookup {args.lookup_flags}; "
-                  f"llama-server -np {PARALLEL} -c {CTX_TOKENS}")  # fmt: skip
+    summary = table(results, list(servers), args.repeats)
+    setup = (
+        f"model {model}, {args.threads} threads each; {' '.join(edge_flags(args))}; "
+        f"lookup: --speculative prompt_lookup {args.lookup_flags}; "
+        f"llama-server -np {PARALLEL} -c {CTX_TOKENS}"
+    )
+    console.print(rich_table(summary))
+    console.print(setup)
     for line in machine.lines():
         console.print(line)
-    if args.json:
-        document = {
-            "results": {
-                key: {n: [{"value": f.value, **f.details} for f in fs] for n, fs in by.items()}
-                for key, by in results.items()
-            },
-            "machine": {**asdict(machine), "others_share": machine.others_share},
+    raw = {
+        "results": {
+            key: {n: [{"value": f.value, **f.details} for f in fs] for n, fs in by.items()}
+            for key, by in results.items()
         }
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    }
+    run = header("speculative", "Prompt-lookup speculation", started, machine, [setup])
+    write_outputs(args, run, [summary], raw)
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import shlex
 import signal
@@ -45,10 +44,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from machine import Noise, noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
 from peer_servers import PeerError, find_llama_server, free_port
 from rich.console import Console
-from rich.table import Table
 
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.bench.storm import (
     StormConfig,
     StormResult,
@@ -68,7 +69,7 @@ CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 CGROUP_V2 = Path("/sys/fs/cgroup")
 KV_BUDGET_MIB = 256
 WORKING_MIB = 256
-KV_BYTES_PER_TOKEN = 23_072  # SmolLM2-135M (NOTES.md); llama-server gets the same KV size
+KV_BYTES_PER_TOKEN = 23_072  # SmolLM2-135M (docs/design.md); llama-server gets the same KV size
 START_TIMEOUT_S = 180.0
 POLL_S = 0.2
 MIB = 1024 * 1024
@@ -274,7 +275,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="leave out edge-admission")  # fmt: skip
     parser.add_argument("--skip-llama", action="store_true", help="edge-llm configurations only")
     parser.add_argument("--llama-server", help="path of the llama-server binary")
-    parser.add_argument("--json", help="write the storm result plus deaths and ceilings")
+    add_output_flags(parser)
     parser.add_argument("--report", help="write the storm's HTML report")
     parser.add_argument("--logs", default="/tmp", help="directory for the servers' logs")
     return parser.parse_args(argv)
@@ -306,65 +307,73 @@ def main(argv: list[str] | None = None) -> int:
         targets = tuple(Target(s.name, s.root) for s in servers)
         pids = {s.name: s.proc.pid for s in servers if s.proc is not None}
         config = StormConfig(targets, settings, args.rounds, pids)
+        started, start = datetime.now(UTC), snapshot()
         result = asyncio.run(run_storm(config))
+        machine = noise(start, snapshot(), own_pids())  # while the servers still run
     finally:
         for server in servers:
             server.stop()
-    print_table(console, args, result, servers, load_before)
-    write_outputs(args, result, servers)
+    setup = describe(args, servers, load_before)
+    table = storm_table(result, servers)
+    console.print(setup)
+    console.print(rich_table(table))
+    write_storm_outputs(args, result, servers, setup, (started, machine, table))
     return 0
 
 
-def print_table(
-    console: Console,
-    args: argparse.Namespace,
-    result: StormResult,
-    servers: list[Supervised],
-    load_before: tuple[float, float, float],
-) -> None:
-    by_name = {s.name: s for s in servers}
+def describe(
+    args: argparse.Namespace, servers: list[Supervised], load_before: tuple[float, float, float]
+) -> str:
     ceiling = servers[0].ceiling.kind if servers else "-"
-    console.print(
-        f"storm benchmark {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {os.cpu_count()} cores, "
-        f"load average before {load_before[0]:.1f}, after {os.getloadavg()[0]:.1f}\n"
-        f"command: {shlex.join([sys.executable, *sys.argv])}\n"
-        f"{args.users} users x {args.duration:g} s x {args.rounds} round(s), seed {args.seed}, "
-        f"prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} tokens, patience "
-        f"{args.patience[0]:g}-{args.patience[1]:g} s; "
-        f"memory ceiling {args.memory_mb} MiB per server ({ceiling}); goodput = completed "
-        f"with TTFT <= {args.ttft_slo_ms:.0f} ms"
+    return (
+        f"{os.cpu_count()} cores, load average before {load_before[0]:.1f}, after "
+        f"{os.getloadavg()[0]:.1f}; {args.users} users x {args.duration:g} s x {args.rounds} "
+        f"round(s), seed {args.seed}, prompts {args.prompt_tokens[0]}-{args.prompt_tokens[1]} "
+        f"tokens, patience {args.patience[0]:g}-{args.patience[1]:g} s; memory ceiling "
+        f"{args.memory_mb} MiB per server ({ceiling}); goodput = completed with TTFT <= "
+        f"{args.ttft_slo_ms:.0f} ms"
     )
-    table = Table()
-    headers = ("server", "requests", "completed", "abandoned", "superseded", "failed",
-               "TTFT p50/p90/p99 ms", "goodput", "goodput/min", "tokens unread",
-               "wasted prefill", "peak KV MiB", "peak run/wait/paused", "peak RSS MiB",
-               "OOM kills / deaths", "errors")  # fmt: skip
-    for header in headers:
-        left = header in ("server", "errors")
-        table.add_column(header, justify="left" if left else "right", no_wrap=header == "server")
+
+
+HEADERS = ("server", "requests", "completed", "abandoned", "superseded", "failed",
+           "TTFT p50/p90/p99 ms", "goodput", "goodput/min", "tokens unread",
+           "wasted prefill", "peak KV MiB", "peak run/wait/paused", "peak RSS MiB",
+           "OOM kills / deaths", "errors")  # fmt: skip
+
+
+def storm_table(result: StormResult, servers: list[Supervised]) -> dict[str, Any]:
+    by_name = {s.name: s for s in servers}
+    rows = []
     for summary in result.summaries:
         row = list(summary_row(summary))
         server = by_name[summary.target]
         row[13] = f"{server.peak_rss / MIB:.0f}"  # sampled every 0.2 s, restarts included
         kills = server.final_oom_kills
         deaths = f"{kills if kills is not None else '?'} / {len(server.deaths)}"
-        table.add_row(*row[:14], deaths, row[14])
-    console.print(table)
+        rows.append([*row[:14], deaths, row[14]])
+    return table_data("storm: one row per server", HEADERS, rows)
 
 
-def write_outputs(args: argparse.Namespace, result: StormResult, servers: list[Supervised]) -> None:
-    if args.json:
-        data: dict[str, Any] = result.to_json()
-        data["servers"] = [
-            {
-                "name": s.name, "command": s.cmd, "ceiling": s.ceiling.kind,
-                "ceiling_bytes": s.ceiling.limit_bytes, "peak_rss_bytes": s.peak_rss,
-                "oom_kills": s.final_oom_kills,
-                "deaths": [vars(d) for d in s.deaths],
-            }
-            for s in servers
-        ]  # fmt: skip
-        Path(args.json).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+def write_storm_outputs(
+    args: argparse.Namespace,
+    result: StormResult,
+    servers: list[Supervised],
+    setup: str,
+    run: tuple[datetime, Noise, dict[str, Any]],
+) -> None:
+    started, machine, table = run
+    data: dict[str, Any] = result.to_json()
+    data["servers"] = [
+        {
+            "name": s.name, "command": s.cmd, "ceiling": s.ceiling.kind,
+            "ceiling_bytes": s.ceiling.limit_bytes, "peak_rss_bytes": s.peak_rss,
+            "oom_kills": s.final_oom_kills,
+            "deaths": [vars(d) for d in s.deaths],
+        }
+        for s in servers
+    ]  # fmt: skip
+    info = header("storm", "Regenerate storm", started, machine, [setup])
+    write_outputs(args, info, [table], data)
     if args.report:
         write_html(result, args.report)
 

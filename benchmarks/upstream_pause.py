@@ -22,9 +22,12 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
     ServerProcess,
@@ -32,7 +35,9 @@ from peer_servers import (
     start_engine,
     start_llama_server,
 )
+from rich.console import Console
 
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.engine.llama_backend import default_model_path
 
 PROMPT = "Write a very long story about a dragon and a knight."
@@ -167,33 +172,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hold", type=float, default=10.0, help="seconds paused")
     parser.add_argument("--threads", type=int, default=1, help="threads of each server")
+    add_output_flags(parser)
     args = parser.parse_args()
+    started, start = datetime.now(UTC), snapshot()
     rows = asyncio.run(run(args.hold, args.threads))
-    print(f"PAUSE held {args.hold:.0f} s; upstream tokens generated (max_tokens {MAX_TOKENS})")
-    header = (
-        "upstream",
-        "at PAUSE",
-        "+1 s",
-        f"+{args.hold:.0f} s",
-        "state then",
-        "front read after PAUSE",
-        "CANCEL seen",
-    )
-    print(" | ".join(header))
-    for r in rows:
-        print(
-            " | ".join(
-                [
-                    r.upstream,
-                    str(r.at_pause),
-                    str(r.after_1s),
-                    str(r.after_hold),
-                    r.state_after_hold,
-                    f"{r.front_chunks_after_pause} chunks",
-                    f"{r.cancel_seen_ms:.0f} ms",
-                ]
-            )
-        )
+    machine = noise(start, snapshot(), own_pids())  # stopped servers count as ours too
+    columns = ("upstream", "tokens generated at PAUSE", "+1 s", f"+{args.hold:.0f} s",
+               "upstream state then", "chunks the front read after PAUSE",
+               "CANCEL seen by the upstream")  # fmt: skip
+    cells = [
+        [r.upstream, str(r.at_pause), str(r.after_1s), str(r.after_hold), r.state_after_hold,
+         str(r.front_chunks_after_pause), f"{r.cancel_seen_ms:.0f} ms"]
+        for r in rows
+    ]  # fmt: skip
+    title = f"PAUSE held {args.hold:.0f} s, max_tokens {MAX_TOKENS}, {args.threads} thread(s) each"
+    table = table_data(title, columns, cells)
+    Console(width=160).print(rich_table(table))
+    for line in machine.lines():
+        print(line)
+    info = header("upstream_pause", "An upstream while its client is paused", started, machine)
+    write_outputs(args, info, [table], {"rows": [vars(r) for r in rows]})
 
 
 if __name__ == "__main__":

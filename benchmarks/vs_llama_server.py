@@ -7,13 +7,13 @@ Usage::
 
 Both servers get the same KV layout by default: 4 slots with a share of the budget
 each (llama-server ``-np 4``, edge-llm ``--max-sequences 4 --no-kv-unified``);
-``--edge-layout pool`` runs edge-llm with its own defaults instead. Both servers
+``--edge-layout pool`` runs edge-llm with one unified pool instead. Both servers
 run for the whole comparison; scenarios run one server at a time,
 alternating which goes first in each repeat, so machine noise hits both alike. The
 table gives each server's median (min-max over repeats) and the ratio
 edge-llm / llama-server per repeat as min / median / max.
 
-Scenarios (SPEC section 9 goals in brackets):
+Scenarios (docs/design.md §9 goals in brackets):
 
 - single-stream decode tok/s [>= 1.0x];
 - 4 concurrent streams, aggregate decode tok/s while all four decode [>= 1.2x] (the
@@ -35,13 +35,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from machine import Noise, noise, own_pids, snapshot
+from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
     ServerProcess,
@@ -52,7 +54,6 @@ from peer_servers import (
     wait_idle,
 )
 from rich.console import Console
-from rich.table import Table
 from scenarios import (
     COLD_SENTENCES,
     Context,
@@ -69,16 +70,17 @@ from scenarios import (
     ttft_under_prefill,
 )
 
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.bench.targets import Target
 
 PARALLEL = 4
 SLOT_CTX = 2048
 # How edge-llm lays out its KV cache. "slots" mirrors llama-server -np PARALLEL: as
-# many slots, each with its own equal share of the same budget; "pool" is edge-llm's
-# default (32 slots sharing one pool, where one sequence may use all of it).
+# many slots, each with its own equal share of the same budget (edge-llm's default
+# layout); "pool": 32 sequences sharing one pool, where one sequence may use all of it.
 EDGE_LAYOUTS = {
     "slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"],
-    "pool": [],
+    "pool": ["--kv-unified", "--max-sequences", "32"],
 }
 MAX_PROMPT_TOKENS = 2048
 WIDE_OUTPUT = 160
@@ -163,7 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--flood", type=int, default=200, help="connections in the flood")
     parser.add_argument("--flood-seconds", type=float, default=3.0)
-    parser.add_argument("--json", help="write every figure here")
+    add_output_flags(parser)
     parser.add_argument(
         "--edge-flags", default="", help="extra edge-llm serve flags, space-separated"
     )
@@ -171,8 +173,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--edge-layout",
         choices=sorted(EDGE_LAYOUTS),
         default="slots",
-        help="edge-llm's KV layout: 'slots' as llama-server's (-np 4, a share each), "
-        "'pool' edge-llm's default (one shared pool)",
+        help="edge-llm's KV layout: 'slots' as llama-server's (-np 4, a share each; "
+        "edge-llm's default), 'pool' one unified pool of 32 sequences",
     )
     return parser.parse_args(argv)
 
@@ -234,22 +236,25 @@ def ratio_cell(edge: list[float | None], llama: list[float | None]) -> str:
     return f"{min(ratios):.2f} / {statistics.median(ratios):.2f} / {max(ratios):.2f}"
 
 
-def table(results: Results, specs: list[ScenarioSpec], repeats: int) -> Table:
-    out = Table(title=f"edge-llm vs llama-server, {repeats} repeat(s)", title_justify="left")
-    for header in ("scenario", "unit", "edge-llm median (min-max)", "llama-server median (min-max)",
-                   "ratio edge/llama min / median / max", "goal"):  # fmt: skip
-        out.add_column(header)
+COLUMNS = ("scenario", "unit", "edge-llm median (min-max)", "llama-server median (min-max)",
+           "ratio edge/llama min / median / max", "goal")  # fmt: skip
+
+
+def table(results: Results, specs: list[ScenarioSpec], repeats: int) -> dict[str, Any]:
+    rows = []
     for spec in specs:
         edge, llama = results.values(spec.key, "edge-llm"), results.values(spec.key, "llama-server")
-        out.add_row(
-            spec.title,
-            spec.unit,
-            spread([v for v in edge if v is not None]) + _failed(edge),
-            spread([v for v in llama if v is not None]) + _failed(llama),
-            ratio_cell(edge, llama),
-            spec.goal,
+        rows.append(
+            [
+                spec.title,
+                spec.unit,
+                spread([v for v in edge if v is not None]) + _failed(edge),
+                spread([v for v in llama if v is not None]) + _failed(llama),
+                ratio_cell(edge, llama),
+                spec.goal,
+            ]
         )
-    return out
+    return table_data(f"edge-llm vs llama-server, {repeats} repeat(s)", COLUMNS, rows)
 
 
 def _failed(values: list[float | None]) -> str:
@@ -322,32 +327,31 @@ class Comparison:
 
     def run(self) -> None:
         contexts = self.start()
+        started = datetime.now(UTC)
         start = snapshot()
         results = asyncio.run(run_repeats(contexts, self.specs, self.args.repeats, self.console))
         machine = noise(start, snapshot(), own_pids())
-        self.console.print(table(results, self.specs, self.args.repeats))
-        self.console.print(
+        summary = table(results, self.specs, self.args.repeats)
+        setup = (
             f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
             f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}; edge-llm KV budget "
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
             f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'defaults'}"
             f"{' ' + self.args.edge_flags if self.args.edge_flags else ''})"
         )
+        self.console.print(rich_table(summary))
+        self.console.print(setup)
         for line in machine.lines():
             self.console.print(line)
-        if self.args.json:
-            self.write_json(results, machine)
-
-    def write_json(self, results: Results, machine: Noise) -> None:
-        document = {
+        raw = {
             "results": results.to_json(),
-            "machine": {**asdict(machine), "others_share": machine.others_share},
             "model": self.model,
             "threads": self.args.threads,
             "llama_server_ctx": self.ctx_tokens,
             "edge_layout": self.args.edge_layout,
         }
-        Path(self.args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+        run = header("vs_llama_server", "edge-llm vs llama-server", started, machine, [setup])
+        write_outputs(self.args, run, [summary], raw)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,11 @@ ENV_PREFIX = "EDGE_LLM_"
 # llama.cpp's CPU flash-attention tile (engine/kv_slots.py MIN_TILE_ROWS): deterministic
 # prefill computes prompts in whole tiles.
 MIN_TILE_ROWS = 64
-# The SPEC's serve flag --model names the GGUF path.
+# The contract's serve flag --model names the GGUF path (docs/design.md §3).
 _FLAG_ALIASES = {"model_path": ("--model",)}
+# A field's default as the reference states it, where the value itself depends on the
+# machine or is None (read by edge_llm.config_reference).
+DOC_DEFAULT = "doc_default"
 
 
 class ConfigError(ValueError):
@@ -44,33 +47,55 @@ class _Section(BaseModel):
 
 
 class BackpressureConfig(_Section):
-    max_kv_cache_mb: int = Field(256, ge=1, description="KV-cache budget for all sequences (MiB)")
-    max_prompt_tokens: int = Field(512, ge=1, description="Longer prompts get 400 prompt_too_long")
+    max_kv_cache_mb: int = Field(
+        256, ge=1, description="KV cache for all sequences together (MiB), allocated once at start"
+    )
+    max_prompt_tokens: int = Field(
+        512,
+        ge=1,
+        description="Longer prompts get 400 prompt_too_long with both counts; nothing is "
+        "truncated. Raise it (and max_kv_cache_mb) for long prompts, up to the model's context",
+    )
     pause_on_socket_full: bool = Field(
-        True, description="Pause a sequence whose outbound buffer is full"
+        True,
+        description="Pause a sequence whose outbound ring is full (false: it keeps generating "
+        "and its ring holds up to max_tokens tokens)",
     )
     resume_threshold: float = Field(
-        0.3, gt=0.0, lt=1.0, description="Resume when the outbound buffer drains to this fraction"
+        0.3,
+        gt=0.0,
+        lt=1.0,
+        description="Resume a paused sequence when its ring drains to this fraction",
     )
     cancel_release_kv: bool = Field(
-        True, description="Free KV cells at once on cancel, disconnect or timeout"
+        True,
+        description="Free a cancelled stream's own KV cells at once (disconnect, timeout); its "
+        "prompt prefix stays as evictable cache (false: all its cells stay as cache)",
     )
     ttft_timeout_ms: int = Field(
-        10000, ge=0, description="No first token by then: cancel (0 disables)"
+        10000,
+        ge=0,
+        description="No first token by then: cancel, free KV, ttft_timeout (0 disables)",
     )
     max_pause_ms: int = Field(
-        60000, ge=0, description="A stream paused longer is cancelled, its KV freed (0: never)"
+        60000,
+        ge=0,
+        description="A stream paused longer (either cause) is cancelled, its KV freed (0: never)",
     )
     outbound_buffer_tokens: int = Field(
-        32, ge=2, le=65536, description="Per-stream outbound ring capacity (tokens)"
+        32, ge=2, le=65536, description="Capacity of each stream's outbound ring (tokens)"
     )
 
 
 class StreamConfig(_Section):
     chunk_size_tokens: int = Field(1, ge=1, le=1024, description="Tokens per emitted chunk")
-    flush_interval_ms: int = Field(20, ge=0, description="Max time a partial chunk is held (ms)")
+    flush_interval_ms: int = Field(
+        20, ge=0, description="Longest time a partial chunk is held (ms)"
+    )
     heartbeat_interval_ms: int = Field(
-        1000, ge=10, description="Heartbeat period while no token flows (ms)"
+        1000,
+        ge=10,
+        description="Heartbeat period while no token flows: queued, prefill, paused (ms)",
     )
 
 
@@ -83,12 +108,18 @@ class SchedulerConfig(_Section):
         "with kv_unified = false each gets max_kv_cache_mb / max_sequences",
     )
     prefill_chunk_tokens: int = Field(
-        512, ge=8, le=4096, description="Most prompt tokens prefilled in one engine step"
+        512,
+        ge=8,
+        le=4096,
+        description="Most prompt tokens prefilled in one step: a lone prompt prefills in "
+        "batches this large",
     )
     itl_target_ms: int = Field(
         100,
         ge=0,
-        description="While streams decode, prefill only what keeps a step near this "
+        description="While streams decode or other prompts wait, a step prefills only as many "
+        "prompt tokens as keep it near this long (at least 32; a step may take twice a "
+        "decode step); a prompt waiting half its ttft_timeout_ms gets whole batches "
         "(0: always prefill_chunk_tokens)",
     )
     kv_unified: bool = Field(
@@ -98,9 +129,9 @@ class SchedulerConfig(_Section):
         "cells, and greedy text does not depend on the cache or the batch",
     )
     max_queue: int = Field(
-        16, ge=0, description="Requests allowed to wait for a slot; beyond: 503 queue_full"
+        16, ge=0, description="Requests waiting for a slot or KV; beyond: 503 queue_full"
     )
-    default_max_tokens: int = Field(512, ge=1, description="max_tokens when the request gives none")
+    default_max_tokens: int = Field(512, ge=1, description="max_tokens when a request gives none")
     max_tokens_cap: int = Field(
         4096, ge=1, description="Largest max_tokens granted (larger requests are clamped)"
     )
@@ -108,13 +139,19 @@ class SchedulerConfig(_Section):
         0.2,
         ge=0.0,
         le=2.0,
-        description="temperature when a request gives none and the model recommends none",
+        description="temperature when a request gives none and the model's GGUF recommends "
+        "none (general.sampling.temp); SmolLM2's recommended value",
     )
     default_top_p: float = Field(
-        0.9, gt=0.0, le=1.0, description="top_p when a request gives none and the model has none"
+        0.9,
+        gt=0.0,
+        le=1.0,
+        description="top_p when a request gives none and the GGUF recommends none",
     )
     deadline_admission: bool = Field(
-        False, description="Refuse at once (503 queue_full) a request predicted to miss ttft"
+        False,
+        description="Predict a new request's TTFT from the prompts ahead of it and answer 503 "
+        "queue_full with Retry-After at once when it would miss ttft_timeout_ms",
     )
     deterministic: bool = Field(
         False,
@@ -129,7 +166,9 @@ class SchedulerConfig(_Section):
         "request (0: never preempt)",
     )
     supersede_sessions: bool = Field(
-        True, description="A new request of a session cancels its running one (superseded)"
+        True,
+        description="A new request with a session's X-Session-Id or user cancels its running "
+        "one (superseded); false: they run side by side",
     )
 
     @model_validator(mode="after")
@@ -150,7 +189,11 @@ class CacheConfig(_Section):
         description="How KV cells are stored: f16, or quantized (q8_0 about half the bytes, "
         "q4_0 about a quarter: more tokens in the same max_kv_cache_mb)",
     )
-    prefix_cache: bool = Field(True, description="Reuse KV of prompt prefixes already computed")
+    prefix_cache: bool = Field(
+        True,
+        description="Reuse KV of prompt prefixes already computed: a regenerate, a shared "
+        "system prompt, earlier turns",
+    )
     host_cache_mb: int = Field(
         256,
         ge=0,
@@ -158,32 +201,53 @@ class CacheConfig(_Section):
         "(per-slot layout; MiB; 0: none)",
     )
     host_offload_mb: int = Field(
-        512, ge=0, description="Host memory for KV of offloaded paused streams (MiB; 0: off)"
+        512,
+        ge=0,
+        description="Host memory for the KV of offloaded paused streams (MiB); when full the "
+        "oldest offloaded stream is cancelled (pause_timeout); 0: no offload",
     )
     offload_paused_after_ms: int = Field(
-        1000, ge=0, description="Offload a stream paused this long while others wait for KV"
+        1000,
+        ge=0,
+        description="A stream paused this long while others wait for KV is saved to host "
+        "memory and its cells freed",
     )
 
 
 class SpeculativeConfig(_Section):
     speculative: Literal["prompt_lookup", "off"] = Field(
         "prompt_lookup",
-        description="Speculative decoding: prompt_lookup (n-gram drafts) or off",
+        description="prompt_lookup: draft tokens from n-gram matches in the sequence's own "
+        "prompt and output, verified in the same decode step; off: none",
     )
     max_draft_tokens: int = Field(
-        8, ge=1, le=32, description="Most draft tokens verified per sequence and step"
+        8,
+        ge=1,
+        le=32,
+        description="Most draft tokens verified per sequence and step (the draft length adapts "
+        "below it; 32 pays on copy-heavy work)",
     )
 
 
 class ModelConfig(_Section):
     model_path: str | None = Field(
-        None, description="GGUF path (default: the embedded SmolLM2-135M-Instruct)"
+        None,
+        description="GGUF file; any llama.cpp model (a model without a chat template gets a "
+        "plain role: text transcript)",
+        json_schema_extra={DOC_DEFAULT: "the embedded SmolLM2-135M-Instruct"},
     )
-    model_id: str | None = Field(None, description="Model id served (default: file stem)")
+    model_id: str | None = Field(
+        None,
+        description="Model id served by /v1/models; a request may name it or leave model out",
+        json_schema_extra={DOC_DEFAULT: "the file name up to its first dot"},
+    )
     n_threads: int = Field(
-        default_factory=lambda: os.cpu_count() or 1, ge=1, description="Decode threads"
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        description="llama.cpp threads for decode and prefill",
+        json_schema_extra={DOC_DEFAULT: "the CPU count"},
     )
-    verbose: bool = Field(False, description="Let llama.cpp log to stderr")
+    verbose: bool = Field(False, description="Let llama.cpp log to stderr (silenced otherwise)")
     min_available_mb: int = Field(
         0,
         ge=0,
@@ -194,8 +258,11 @@ class ModelConfig(_Section):
 
 
 class ServerConfig(_Section):
-    host: str = Field("127.0.0.1", description="Bind address")
-    port: int = Field(8000, ge=0, le=65535, description="Bind port (0: any free port)")
+    host: str = Field(
+        "127.0.0.1",
+        description="Bind address; a non-loopback address without an API key logs a warning",
+    )
+    port: int = Field(8000, ge=0, le=65535, description="Bind port (0: any free port, printed)")
     api_key: list[str] = Field(
         default_factory=list, description="Require one of these keys (repeatable)"
     )
@@ -205,18 +272,30 @@ class ServerConfig(_Section):
         4096, ge=0, description="SO_SNDBUF of accepted sockets (0: kernel default)"
     )
     write_buffer_bytes: int = Field(
-        4096, ge=0, description="Userspace write buffer per connection before a stream stalls"
+        4096, ge=0, description="Userspace bytes queued per connection before its stream stalls"
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="Larger bodies get 413")
-    max_messages: int = Field(256, ge=1, description="Most messages in one request")
-    max_ws_frame_bytes: int = Field(1 << 20, ge=1024, description="Largest WebSocket frame")
-    max_connections: int = Field(512, ge=1, description="Concurrent connections accepted")
-    body_timeout_ms: int = Field(10000, ge=100, description="Time allowed to send a body")
+    max_messages: int = Field(256, ge=1, description="Most messages in one request (more: 400)")
+    max_ws_frame_bytes: int = Field(
+        1 << 20, ge=1024, description="Larger WebSocket frames close the socket (1009)"
+    )
+    max_connections: int = Field(
+        512, ge=1, description="Concurrent connections; beyond: 503 too_many_connections"
+    )
+    body_timeout_ms: int = Field(
+        10000,
+        ge=100,
+        description="Time allowed for a request head or body, and idle time between requests; "
+        "a WebSocket silent this long between streams is pinged and closed (1008) if "
+        "nothing comes back within as long",
+    )
     drain_grace_ms: int = Field(
-        5000, ge=0, description="On SIGTERM, time running streams get to finish"
+        5000,
+        ge=0,
+        description="On SIGTERM, time running streams get before cancelled/shutdown",
     )
     cors_allow_origin: list[str] = Field(
-        default_factory=list, description="Origins allowed by CORS (default: none)"
+        default_factory=list, description="Browser origins allowed by CORS (default: none)"
     )
     protect_debug: bool = Field(
         True, description="With an API key set, /metrics and /debug/streams need it too"
@@ -228,10 +307,15 @@ class ServerConfig(_Section):
         True, description="One line per request on the edge_llm.access logger, when it ends"
     )
     upstream_health_interval_ms: int = Field(
-        5000, ge=100, description="Period of each upstream's health check (GET /v1/models)"
+        5000,
+        ge=100,
+        description="Period of each upstream's health check (GET /v1/models, which also "
+        "learns its model ids)",
     )
     upstream_connect_timeout_ms: int = Field(
-        3000, ge=10, description="Time allowed to open a TCP connection to an upstream"
+        3000,
+        ge=10,
+        description="Time allowed to open a TCP connection to an upstream (then the next is tried)",
     )
     upstream_receive_buffer_bytes: int = Field(
         16384,
@@ -269,6 +353,18 @@ _SECTIONS: dict[str, type[_Section]] = {
     "speculative": SpeculativeConfig,
     "server": ServerConfig,
 }
+
+
+def sections() -> dict[str, type[BaseModel]]:
+    """Each section's model by name (``backpressure``, ``server``, ...), in file order."""
+    return dict(_SECTIONS)
+
+
+def toml_table(section: str) -> str:
+    """The TOML table that holds a section's keys: model keys sit directly in ``[engine]``."""
+    if section == "model":
+        return "engine"
+    return section if section == "server" else f"engine.{section}"
 
 
 def _keys() -> Iterator[tuple[str, str]]:
@@ -524,8 +620,17 @@ def _with_default(field: FieldInfo) -> str:
     text = field.description or ""
     if "(default" in text:
         return text
-    value = field.get_default(call_default_factory=True)
-    return f"{text} (default: {show_default(value)})".replace("%", "%%")
+    shown = documented_default(field)
+    if shown is None:
+        shown = show_default(field.get_default(call_default_factory=True))
+    return f"{text} (default: {shown})".replace("%", "%%")
+
+
+def documented_default(field: FieldInfo) -> str | None:
+    """The default as help and docs state it where the value would mislead (None for
+    "the embedded model", this machine's CPU count); None when the value says it."""
+    extra = field.json_schema_extra
+    return str(extra[DOC_DEFAULT]) if isinstance(extra, dict) and DOC_DEFAULT in extra else None
 
 
 def show_default(value: object, metavar: object = None) -> str:

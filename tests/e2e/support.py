@@ -47,7 +47,7 @@ def chat_body(
 
 class RawSseClient:
     """An SSE request over a plain socket with a small receive buffer, so that
-    not reading really fills the TCP buffers (see NOTES.md)."""
+    not reading really fills the TCP buffers (see docs/design.md)."""
 
     def __init__(
         self,

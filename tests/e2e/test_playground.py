@@ -3,7 +3,7 @@
 Playwright drives Debian's Chromium (installed by `make browser`, part of `make
 test`). Every wait is on a page condition with a generous deadline, never a fixed
 sleep. Each test leaves a screenshot in test-artifacts/playground/;
-EDGE_LLM_DOCS_SCREENSHOT=1 also refreshes the README's docs/playground.png.
+EDGE_LLM_DOCS_SCREENSHOT=1 also refreshes docs/playground.png (the README's picture).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from support import RawSseClient, chat_body, wait_until
 pytestmark = pytest.mark.e2e
 
 STORY = "Write a very long story about a dragon and a knight."
-MARGIN_BYTES = 150 * 1024 * 1024  # SPEC section 9: model + KV budget + 150 MB
+MARGIN_BYTES = 150 * 1024 * 1024  # docs/design.md §9: model + KV budget + 150 MB
 
 
 async def read_sse(session: aiohttp.ClientSession, url: str, body: dict) -> str:

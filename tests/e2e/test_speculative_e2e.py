@@ -4,8 +4,8 @@ with stop strings, a max_tokens cut, a JSON-schema grammar), drafts are really
 accepted, and PAUSE inside a run lets through at most that step's tokens.
 
 Prompts are copy and extraction tasks: the model is confident there, so the text
-does not hinge on the last bits llama.cpp's batched kernels may change (README,
-"Batching and what stays deterministic")."""
+does not hinge on the last bits llama.cpp's batched kernels may change
+(docs/architecture.md, "Batching and what stays deterministic")."""
 
 from __future__ import annotations
 

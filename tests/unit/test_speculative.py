@@ -196,7 +196,7 @@ async def test_pause_in_a_run_lets_through_at_most_that_step(engine_of) -> None:
     steps_since = [c for c in backend.decode_calls[calls_at_pause:] if slot in dict(c)]
     assert len(steps_since) == 1  # only the step in flight
     assert backend.drafts[drafts_at_pause] == 8  # its draft, all of which the model agrees with
-    # ... yet the paused stream gets one token of it (SPEC §6), not the run of 9.
+    # ... yet the paused stream gets one token of it (docs/design.md §6), not the run of 9.
     assert handle.seq.tokens_while_paused == handle.seq.n_generated - at_pause == 1
     engine.resume(handle)
     assert await drain(engine, handle) == uninterrupted

@@ -1,4 +1,4 @@
-"""The byte-level SSE parser (protocol/sse.py): every edge case from NOTES.md, and
+"""The byte-level SSE parser (protocol/sse.py): every edge case in docs/design.md, and
 split-invariance by property test."""
 
 from __future__ import annotations

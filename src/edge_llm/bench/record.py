@@ -1,6 +1,6 @@
 """One benchmark request's measurements, and the metrics derived from them.
 
-Definitions (NOTES.md, after vLLM's ``bench serve``), all relative to the request's
+Definitions (docs/design.md, after vLLM's ``bench serve``), all relative to the request's
 start (just before connecting):
 
 - TTFR: first ``data:`` event (any chunk, e.g. the role-only one);

@@ -175,7 +175,7 @@ CLAUDE_CODE_NOTE = """\
 
 CODEX_NOTE = """\
 # Codex's default prompt (~10,000 tokens) does not fit a small model's context; for
-# SmolLM2-135M shrink it (README: "Using edge-llm with Claude Code / Codex / Cline"):
+# SmolLM2-135M shrink it (docs/agents.md):
 #   codex exec --skip-git-repo-check -c model_instructions_file=short.md \\
 #     -c features.shell_tool=false \\
 #     -c web_search=disabled -c skills.include_instructions=false \\

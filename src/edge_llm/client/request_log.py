@@ -1,4 +1,4 @@
-"""Per-request view of the client event log (SPEC section 7).
+"""Per-request view of the client event log (docs/design.md §7).
 
 Every line carries ``client_request_id`` (made up by the client) and
 ``request_id``: the server's id once known (``X-Request-Id``, the chunk ``id``,

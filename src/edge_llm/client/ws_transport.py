@@ -1,4 +1,4 @@
-"""Streaming over the engine's WebSocket protocol: ``GET {base}/stream`` (SPEC §6).
+"""Streaming over the engine's WebSocket protocol: ``GET {base}/stream`` (docs/design.md §6).
 
 The client sends ``start`` with the chat completion body, then ``pause`` /
 ``resume`` as its render queue crosses the watermarks, and ``cancel`` on a TTFT

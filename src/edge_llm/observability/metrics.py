@@ -1,4 +1,4 @@
-"""Prometheus metrics (SPEC section 7), in a registry owned by one engine."""
+"""Prometheus metrics (docs/design.md §7), in a registry owned by one engine."""
 
 from __future__ import annotations
 

@@ -276,7 +276,7 @@ class ChatCompletionRequest(_Sampling):
     tools: Annotated[list[ToolParam], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    # Accepted, no effect on this engine (see the README's compatibility table).
+    # Accepted, no effect on this engine (see the compatibility tables in docs/http-api.md).
     store: bool | None = None
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
     service_tier: str | None = None
@@ -301,7 +301,7 @@ class ChatCompletionRequest(_Sampling):
     @field_validator("n", mode="before")
     @classmethod
     def _one_choice(cls, value: object) -> object:
-        """See the README: n requests give the same, each with its own backpressure."""
+        """See docs/http-api.md: n requests give the same, each with its own backpressure."""
         if isinstance(value, int) and not isinstance(value, bool) and value > 1:
             raise ValueError(
                 "n > 1 is not supported: send n requests (they stream and pause independently)"

@@ -1,4 +1,4 @@
-"""The WebSocket stream protocol (SPEC section 6) as a sans-I/O state machine.
+"""The WebSocket stream protocol (docs/design.md §6) as a sans-I/O state machine.
 
 Text frames in, commands and frames out; no socket, loop or clock. The adapter
 feeds each received text frame to :meth:`StreamProtocol.receive`, carries out the

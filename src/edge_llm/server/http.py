@@ -65,7 +65,7 @@ async def read_json(request: web.Request, settings: ConnectionSettings) -> Any:
 
 def tune_connection(request: web.Request, settings: ConnectionSettings) -> None:
     """Keep what a stalled client can make us buffer small, so a full socket is
-    seen within a few dozen tokens (see the README's backpressure section)."""
+    seen within a few dozen tokens (see docs/backpressure.md)."""
     transport = request.transport
     if transport is None:
         return

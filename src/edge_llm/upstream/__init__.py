@@ -1,4 +1,4 @@
-"""Upstream engines behind this one's streaming contract (SPEC section 14).
+"""Upstream engines behind this one's streaming contract (docs/design.md §14).
 
 ``config`` (``[upstream.NAME]``, ``--upstream NAME=URL``), ``registry`` (health),
 ``router`` (local or upstream, fallback, supersede), ``stream`` (one relayed
