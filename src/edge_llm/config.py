@@ -157,7 +157,7 @@ class SchedulerConfig(_Section):
         False,
         description="Greedy text independent of the other streams in a step and of "
         "speculation too (each decode row computed beside another: a lone stream decodes "
-        "about a third slower); needs kv_unified = false",
+        "about 35-40 % slower, benchmarks/decode_rows.py); needs kv_unified = false",
     )
     max_preemptions: int = Field(
         3,

@@ -89,3 +89,21 @@ async def test_a_regenerate_and_the_next_turn_compute_as_a_miss_would(engine_of)
     miss = await run(fresh, turn, max_tokens=20)
     assert miss.seq.num_cached == 0
     assert kernels(engine, hit) == kernels(fresh, miss)
+
+
+async def test_speculation_drafts_only_where_a_lone_row_is_computed_as_a_run(engine_of) -> None:
+    """Past 256 cells a lone row is split across threads and a drafted run is not:
+    without ``deterministic`` drafts stop there, so where they fell cannot change the
+    text; with it every row is computed as a run and drafts go on."""
+    copying = tuple(range(10, 40)) * 12  # the script repeats itself: drafts are accepted
+    for deterministic in (False, True):
+        backend = FakeBackend(copying, kv_capacity_tokens=4000, max_sequences=4, per_slot=True)
+        engine = engine_of(backend, speculative=True, deterministic=deterministic)
+        handle = await run(engine, LONG, max_tokens=300)
+        cells = kernels(engine, handle)
+        assert backend.drafts, "the copying script was drafted"
+        past = cells[256:]
+        if deterministic:
+            assert "split" not in cells and "row" in past
+        else:
+            assert past and set(past) == {"split"}

@@ -5,7 +5,7 @@ fixed at start-up and a running stream cannot run the device out of memory. By
 default it is one pool shared by all sequences (``kv_unified``): one sequence may
 use all of it. With ``kv_unified = False`` each slot gets an equal fixed share, and
 attention scans only its own cells instead of every sequence's (measurably faster
-with several streams; see README "Benchmarks"). Each live sequence owns a slot
+with several streams; see docs/benchmarks/). Each live sequence owns a slot
 (llama ``seq_id``); samplers belong to sequences, not slots. In the unified pool
 there are twice as many seq ids as sequences: the spare ones keep cached prompt
 prefixes alive (see ``kv_cache.py``). One ``llama_decode`` serves every slot.

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Before anything is measured: SmolLM2-135M on 2 cores (NOTES.md), a step of one
+# Before anything is measured: SmolLM2-135M on 2 cores (docs/design.md), a step of one
 # token 10 ms and of nine 37 ms; measured steps outweigh these within a few dozen.
 _PRIOR_POINTS = ((1.0, 0.010), (9.0, 0.037))
 _PRIOR_WEIGHT = 0.5

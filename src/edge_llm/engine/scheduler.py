@@ -35,6 +35,9 @@ from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.speculative import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
+# llama.cpp's CPU attention computes a ubatch of one sequence's one row split across
+# threads once its KV view spans 512 cells (a sequence past 256: views are 256-padded).
+SPLIT_CELLS = 256
 # An admitted sequence waits for a prompt start another sequence is prefilling right
 # now when it would otherwise compute at least this many of those tokens again itself.
 HOLD_FOR_PREFIX_TOKENS = 32
@@ -367,13 +370,19 @@ class Scheduler:
 
     def _draft(self, seq: Sequence, room: int, price: _DraftPrice) -> list[int]:
         """Prompt-lookup draft: at most one token fewer than may still be emitted
-        (max_tokens, ring room), so an accepted run never overruns either."""
+        (max_tokens, ring room), so an accepted run never overruns either; and, unless
+        ``deterministic``, none past ``SPLIT_CELLS`` in the per-slot layout (below)."""
         max_draft = self.limits.max_draft_tokens
         if max_draft <= 0:
             return []
         if seq.lookup is None:
             seq.lookup = PromptLookup(max_draft)
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
+        if self.kv.per_slot and not self.limits.deterministic:
+            # Past SPLIT_CELLS cells llama.cpp splits a lone row's attention across
+            # threads, but never a drafted run's: the text would depend on where drafts
+            # fell (reader speed, measured costs). Below it both are computed alike.
+            limit = min(limit, SPLIT_CELLS - seq.num_computed - 1)
         return seq.lookup.propose(seq.token_ids, limit, price.threshold, price.probe_every)
 
     def _urgent(self, prefilling: list[Sequence], now: float) -> list[Sequence]:
@@ -496,8 +505,9 @@ def _pad(chunks: list[ScheduledChunk], per_slot: bool, deterministic: bool) -> N
     one row (and 512 cells or more), which rounds differently from a row computed
     beside others or beside its draft, so such a row gets a pad row: a stream's text
     then depends neither on the other streams nor on speculation, at the cost of a
-    second row in each of its steps (measured: a third slower alone). Pad rows follow
-    the rows they pad, so causal attention keeps them out of every sampled row."""
+    second row in each of its steps (a lone stream 35-40 % slower, measured by
+    benchmarks/decode_rows.py). Pad rows follow the rows they pad, so causal
+    attention keeps them out of every sampled row."""
     if not chunks:
         return
     length = max(len(c.tokens) for c in chunks)

@@ -61,7 +61,7 @@ class Sequence:
     n_generated: int = 0
     last_token: int | None = None
     offloaded: bool = False  # its KV is in host memory, its slot given back
-    # Kept logits of its prompt's last token (first_logits.py): with the whole prompt
+    # Kept logits of its prompt's last token (kv books keep them): with the whole prompt
     # in the cache, its first token needs no decode.
     first_logits: Any = None
     pause_causes: dict[PauseCause, float] = field(default_factory=dict)
