@@ -274,6 +274,47 @@ async def _sample_rss(server: ServerProcess, seconds: float) -> int:
     return peak
 
 
+REGENERATE_SENTENCES = 25  # about 480 prompt tokens
+TRAFFIC_SENTENCES = 20  # about 400 prompt tokens
+TRAFFIC_PROMPTS = 24
+TRAFFIC_REGENERATES = 8
+TRAFFIC_CONCURRENCY = 2
+TRAFFIC_TOKENS = 48
+
+
+async def regenerate_ttft(ctx: Context) -> Figures:
+    """TTFT of a ~480-token prompt sent a second time right after the first (the
+    user's "regenerate"): a prompt cache answers it without prefilling."""
+    text = long_text(700 + ctx.variant, REGENERATE_SENTENCES)
+    prompt = Prompt.user(f"regen-{ctx.variant}", text)
+    first = await ctx.request(prompt, 8, 0)
+    again = await ctx.request(prompt, 8, 1)
+    details: dict[str, object] = {"first_ttft_s": first.ttft, "prompt_tokens": again.prompt_tokens}
+    return Figures(again.ttft if again.ok else None, details | _failures([first, again]))
+
+
+async def serve_traffic(ctx: Context) -> Figures:
+    """What a server has done after a minute of use: TRAFFIC_PROMPTS distinct ~400-token
+    prompts, TRAFFIC_CONCURRENCY at a time, then TRAFFIC_REGENERATES of them again. The
+    same prompts for every server (the figures: what the traffic itself took)."""
+    prompts = [
+        Prompt.user(f"traffic-{i}", long_text(900 + i, TRAFFIC_SENTENCES))
+        for i in range(TRAFFIC_PROMPTS)
+    ]
+    order = [*prompts, *prompts[:TRAFFIC_REGENERATES]]
+    records: list[RequestRecord] = []
+    began = time.perf_counter()
+    for start in range(0, len(order), TRAFFIC_CONCURRENCY):
+        batch = order[start : start + TRAFFIC_CONCURRENCY]
+        records.extend(
+            await asyncio.gather(
+                *(ctx.request(p, TRAFFIC_TOKENS, start + i) for i, p in enumerate(batch))
+            )
+        )
+    details: dict[str, object] = {"requests": len(records), "seconds": time.perf_counter() - began}
+    return Figures(float(sum(r.ok for r in records)), details | _failures(records))
+
+
 def cold_ttft(size: int) -> Scenario:
     """TTFT of a lone request with a unique prompt of about ``size`` tokens."""
 

@@ -5,13 +5,20 @@ Usage::
     make bench-deps                      # builds llama-server with this host's CPU flags
     .venv/bin/python benchmarks/vs_llama_server.py [--repeats 3] [--json out.json]
 
-Both servers get the same KV layout by default: 4 slots with a share of the budget
-each (llama-server ``-np 4``, edge-llm ``--max-sequences 4 --no-kv-unified``);
-``--edge-layout pool`` runs edge-llm with one unified pool instead. Both servers
-run for the whole comparison; scenarios run one server at a time,
-alternating which goes first in each repeat, so machine noise hits both alike. The
-table gives each server's median (min-max over repeats) and the ratio
-edge-llm / llama-server per repeat as min / median / max.
+edge-llm runs the configuration ``make run`` serves (the per-slot layout, 4 slots,
+prefix cache and speculation on; only ``--max-prompt-tokens`` raised for the 950-token
+prompts), llama-server ``-np 4`` with the same KV budget; ``--edge-layout pool`` runs
+edge-llm with one unified pool instead. Both servers run for the whole comparison;
+scenarios run one server at a time, alternating which goes first in each repeat, so
+machine noise hits both alike.
+
+Two states (``--states``): *fresh*, just started; *steady*, after each server has
+served the same traffic (``scenarios.serve_traffic``: 24 distinct ~400-token prompts
+and 8 regenerates), the state of a server that has run for a minute. The steady
+state measures decode, 4 streams, cold TTFT and regenerate TTFT again. The table
+gives each server's median (min-max over repeats) and the ratio edge-llm /
+llama-server per repeat as min / median / max; a second table edge-llm's steady /
+fresh ratio.
 
 Scenarios (docs/design.md §9 goals in brackets):
 
@@ -23,6 +30,7 @@ Scenarios (docs/design.md §9 goals in brackets):
 - TTFT of a short request while a ~1,000-token prompt is being prefilled [lower is better];
 - prefill tok/s of a ~500-token prompt;
 - cold TTFT of a lone request with a unique prompt of ~150, 270, 500 and 950 tokens [<= 1.0x];
+- TTFT of a ~480-token prompt sent again at once (regenerate) [<= 0.5x];
 - ITL p99 of 3 decoding streams while a ~1,000-token prompt prefills (the JSON has
   their median ITL then and before, and the long prompt's TTFT);
 - peak RSS under a 200-connection flood over model size + KV budget + 150 MB [<= 1.0].
@@ -65,6 +73,8 @@ from scenarios import (
     flood_rss,
     itl_during_prefill,
     prefill_rate,
+    regenerate_ttft,
+    serve_traffic,
     single_decode,
     stalled_reader,
     ttft_under_prefill,
@@ -75,13 +85,15 @@ from edge_llm.bench.targets import Target
 
 PARALLEL = 4
 SLOT_CTX = 2048
-# How edge-llm lays out its KV cache. "slots" mirrors llama-server -np PARALLEL: as
-# many slots, each with its own equal share of the same budget (edge-llm's default
-# layout); "pool": 32 sequences sharing one pool, where one sequence may use all of it.
+# How edge-llm lays out its KV cache. "default": what make run serves (4 slots, each its
+# own share of the budget, as llama-server -np PARALLEL); "pool": 32 sequences sharing
+# one pool, where one sequence may use all of it.
 EDGE_LAYOUTS = {
-    "slots": ["--max-sequences", str(PARALLEL), "--no-kv-unified"],
+    "default": [],
     "pool": ["--kv-unified", "--max-sequences", "32"],
 }
+# Scenarios measured again after the traffic (docs: steady state).
+STEADY_KEYS = ("decode1", "decode4", "cold150", "cold500", "cold950", "regen")
 MAX_PROMPT_TOKENS = 2048
 WIDE_OUTPUT = 160
 SCENARIO_TIMEOUT_S = 600.0
@@ -123,6 +135,7 @@ SCENARIOS = (
         "lower",
         itl_during_prefill,
     ),
+    ScenarioSpec("regen", "regenerate TTFT, ~480-token prompt", "s", "<= 0.5x", regenerate_ttft),
     ScenarioSpec(
         "flood_rss", "peak RSS, 200 connections / (model+KV+150MB)", "ratio", "<= 1.0", flood_rss
     ),
@@ -162,6 +175,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=",".join(s.key for s in SCENARIOS),
         help="comma-separated subset of: " + ", ".join(s.key for s in SCENARIOS),
     )
+    parser.add_argument(
+        "--states",
+        default="fresh,steady",
+        help="fresh (just started) and/or steady (after serve_traffic), comma-separated",
+    )
     parser.add_argument("--decode-tokens", type=int, default=128)
     parser.add_argument("--flood", type=int, default=200, help="connections in the flood")
     parser.add_argument("--flood-seconds", type=float, default=3.0)
@@ -172,9 +190,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--edge-layout",
         choices=sorted(EDGE_LAYOUTS),
-        default="slots",
-        help="edge-llm's KV layout: 'slots' as llama-server's (-np 4, a share each; "
-        "edge-llm's default), 'pool' one unified pool of 32 sequences",
+        default="default",
+        help="edge-llm's KV layout: 'default' what make run serves (4 slots, a share "
+        "each, as llama-server -np 4), 'pool' one unified pool of 32 sequences",
     )
     return parser.parse_args(argv)
 
@@ -204,7 +222,11 @@ async def run_one(spec: ScenarioSpec, ctx: Context) -> Figures:
 
 
 async def run_repeats(
-    contexts: dict[str, Context], specs: list[ScenarioSpec], repeats: int, console: Console
+    contexts: dict[str, Context],
+    specs: list[ScenarioSpec],
+    repeats: int,
+    console: Console,
+    first_variant: int = 0,
 ) -> Results:
     results = Results()
     names = list(contexts)
@@ -213,7 +235,7 @@ async def run_repeats(
         for spec in specs:
             for name in order:
                 ctx = contexts[name]
-                ctx.variant = repeat * 1000 + specs.index(spec) * 10
+                ctx.variant = first_variant + repeat * 1000 + specs.index(spec) * 10
                 figures = await run_one(spec, ctx)
                 if not await asyncio.to_thread(wait_idle, ctx.server):
                     figures.details["warning"] = "server still busy 60 s after the scenario"
@@ -240,21 +262,46 @@ COLUMNS = ("scenario", "unit", "edge-llm median (min-max)", "llama-server median
            "ratio edge/llama min / median / max", "goal")  # fmt: skip
 
 
-def table(results: Results, specs: list[ScenarioSpec], repeats: int) -> dict[str, Any]:
+def table(
+    phases: dict[str, Results], specs: dict[str, list[ScenarioSpec]], repeats: int
+) -> dict[str, Any]:
+    rows = []
+    for state, results in phases.items():
+        for spec in specs[state]:
+            edge = results.values(spec.key, "edge-llm")
+            llama = results.values(spec.key, "llama-server")
+            rows.append(
+                [
+                    f"{spec.title}{'' if state == 'fresh' else f' ({state})'}",
+                    spec.unit,
+                    spread([v for v in edge if v is not None]) + _failed(edge),
+                    spread([v for v in llama if v is not None]) + _failed(llama),
+                    ratio_cell(edge, llama),
+                    spec.goal,
+                ]
+            )
+    return table_data(f"edge-llm vs llama-server, {repeats} repeat(s)", COLUMNS, rows)
+
+
+STEADY_GOALS = {"tok/s": ">= 0.95", "s": "<= 1.05"}
+
+
+def steady_table(phases: dict[str, Results], specs: list[ScenarioSpec]) -> dict[str, Any]:
+    """Each server's steady-state median over its fresh median."""
     rows = []
     for spec in specs:
-        edge, llama = results.values(spec.key, "edge-llm"), results.values(spec.key, "llama-server")
-        rows.append(
-            [
-                spec.title,
-                spec.unit,
-                spread([v for v in edge if v is not None]) + _failed(edge),
-                spread([v for v in llama if v is not None]) + _failed(llama),
-                ratio_cell(edge, llama),
-                spec.goal,
-            ]
-        )
-    return table_data(f"edge-llm vs llama-server, {repeats} repeat(s)", COLUMNS, rows)
+        row = [spec.title, spec.unit]
+        for server in ("edge-llm", "llama-server"):
+            fresh = [v for v in phases["fresh"].values(spec.key, server) if v is not None]
+            steady = [v for v in phases["steady"].values(spec.key, server) if v is not None]
+            ratio = (
+                statistics.median(steady) / statistics.median(fresh) if fresh and steady else None
+            )
+            row.append("-" if ratio is None else f"{ratio:.2f}")
+        rows.append([*row, STEADY_GOALS.get(spec.unit, "-")])
+    columns = ("scenario", "unit", "edge-llm steady / fresh", "llama-server steady / fresh",
+               "goal (edge-llm)")  # fmt: skip
+    return table_data("after the traffic: steady state over fresh", columns, rows)
 
 
 def _failed(values: list[float | None]) -> str:
@@ -329,29 +376,59 @@ class Comparison:
         contexts = self.start()
         started = datetime.now(UTC)
         start = snapshot()
-        results = asyncio.run(run_repeats(contexts, self.specs, self.args.repeats, self.console))
+        phases, traffic = asyncio.run(self._phases(contexts))
         machine = noise(start, snapshot(), own_pids())
-        summary = table(results, self.specs, self.args.repeats)
+        specs = {state: self._specs_of(state) for state in phases}
+        tables = [table(phases, specs, self.args.repeats)]
+        if "fresh" in phases and "steady" in phases:
+            tables.append(steady_table(phases, specs["steady"]))
         setup = (
             f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
             f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}; edge-llm KV budget "
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
-            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'defaults'}"
+            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}"
             f"{' ' + self.args.edge_flags if self.args.edge_flags else ''})"
         )
-        self.console.print(rich_table(summary))
+        for summary in tables:
+            self.console.print(rich_table(summary))
         self.console.print(setup)
         for line in machine.lines():
             self.console.print(line)
         raw = {
-            "results": results.to_json(),
+            "results": {state: results.to_json() for state, results in phases.items()},
+            "traffic": {name: {"value": f.value, **f.details} for name, f in traffic.items()},
             "model": self.model,
             "threads": self.args.threads,
             "llama_server_ctx": self.ctx_tokens,
             "edge_layout": self.args.edge_layout,
         }
         run = header("vs_llama_server", "edge-llm vs llama-server", started, machine, [setup])
-        write_outputs(self.args, run, [summary], raw)
+        write_outputs(self.args, run, tables, raw)
+
+    def _specs_of(self, state: str) -> list[ScenarioSpec]:
+        return [s for s in self.specs if state == "fresh" or s.key in STEADY_KEYS]
+
+    async def _phases(
+        self, contexts: dict[str, Context]
+    ) -> tuple[dict[str, Results], dict[str, Figures]]:
+        """The fresh scenarios, then the same traffic on every server, then the steady
+        ones (prompts of each phase and repeat unique: ``variant``)."""
+        states = self.args.states.split(",")
+        phases: dict[str, Results] = {}
+        traffic: dict[str, Figures] = {}
+        repeats = self.args.repeats
+        if "fresh" in states:
+            phases["fresh"] = await run_repeats(contexts, self._specs_of("fresh"), repeats,
+                                                self.console)  # fmt: skip
+        if "steady" in states:
+            for name, ctx in contexts.items():
+                traffic[name] = await serve_traffic(ctx)
+                self.console.print(f"traffic {name:<13} {traffic[name].details}")
+                await asyncio.to_thread(wait_idle, ctx.server)
+            phases["steady"] = await run_repeats(
+                contexts, self._specs_of("steady"), repeats, self.console, first_variant=500_000
+            )
+        return phases, traffic
 
 
 if __name__ == "__main__":
