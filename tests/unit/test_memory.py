@@ -64,7 +64,7 @@ async def test_under_the_floor_the_engine_refuses_drops_its_cache_and_cancels_pa
     backend = FakeBackend(kv_capacity_tokens=4000, max_sequences=4, per_slot=True)
     engine = engine_of(backend, min_available_bytes=100 * MIB, host_cache_bytes=64 * MIB)
     engine.memory.guard.source = device
-    prompt = list(range(200, 300))
+    prompt = list(range(200, 400))  # long enough for a host-tier entry
     handle = engine.submit(GenerationRequest(prompt, 4))
     await drain(engine, handle)
     for n in range(4):  # the kept slot is reused: its cells go to the host tier

@@ -50,6 +50,7 @@ from edge_llm.engine.kv_cache import (
 
 MIN_TILE_ROWS = 64  # GGML_FA_TILE_Q of llama.cpp's CPU backend
 SWITCH_SLOT_TOKENS = 64  # the match worth leaving the lowest free slot for
+MIN_SAVED_CELLS = 128  # fewer are not worth a host-tier entry (prefilled in ~0.4 s)
 
 
 def usable_prefix(
@@ -332,8 +333,12 @@ class KvSlots:
         return ops
 
     def _save(self, slot: _Slot, keep: HostEntry | None = None) -> list[KvOp]:
-        """Save a kept slot's cells to the host tier unless it holds them already."""
-        if not (self.prefix_cache and self.host.enabled) or self.host.holds(slot.cells):
+        """Save a kept slot's cells to the host tier unless it holds them already or
+        they are too few to be worth the memory (prefilled again in a fraction of a
+        second: a flood of short prompts must not fill the host with them)."""
+        if not (self.prefix_cache and self.host.enabled) or slot.n_cells < MIN_SAVED_CELLS:
+            return []
+        if self.host.holds(slot.cells):
             return []
         keep_key = keep.key if keep is not None else None
         entry = self.host.reserve(slot.cells, slot.n_prompt, slot.first_logits, keep_key)
