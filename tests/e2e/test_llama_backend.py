@@ -265,3 +265,39 @@ def test_a_shared_prefix_and_a_restored_state_continue_token_exact(
         for slot in range(3):
             backend.truncate(slot, 0)
         backend.end_sequence("greedy")
+
+
+def test_log_likelihood_scores_a_text_above_its_words_shuffled(backend: LlamaBackend) -> None:
+    text = "The river carries water from the mountains down to the sea."
+    words = text.rstrip(".").split()
+    shuffled = " ".join(words[::2] + words[1::2]) + "."
+    scores = [
+        backend.log_likelihood(backend.tokenize(t, add_special=True)) for t in (text, shuffled)
+    ]
+    assert len(scores[0]) == len(backend.tokenize(text, add_special=True)) - 1
+    assert all(s < 0 for s in scores[0])
+    assert sum(scores[0]) / len(scores[0]) > sum(scores[1]) / len(scores[1])
+
+
+@pytest.mark.parametrize("kv_type", ["q8_0", "q4_0"])
+def test_quantized_kv_stores_more_tokens_and_still_generates(kv_type: str) -> None:
+    f16 = LlamaBackend(None, kv_budget_bytes=32 << 20, max_sequences=2, max_batch_tokens=256,
+                       n_threads=2, kv_unified=False)  # fmt: skip
+    quantized = LlamaBackend(None, kv_budget_bytes=32 << 20, max_sequences=2, max_batch_tokens=256,
+                             n_threads=2, kv_unified=False, kv_cache_type=kv_type)  # fmt: skip
+    try:
+        assert quantized.info.kv_bytes_per_token < f16.info.kv_bytes_per_token * 0.6
+        assert quantized.kv_capacity_tokens > f16.kv_capacity_tokens * 1.7
+        prompt = quantized.tokenize(quantized.render_chat([{"role": "user", "content": "Hi"}]),
+                                    add_special=True)  # fmt: skip
+        quantized.start_sequence("q", SamplingParams())
+        quantized.decode_runs([BatchItem(0, prompt[:-1], 0, False, "q")])
+        run = quantized.decode_runs([BatchItem(0, prompt[-1:], len(prompt) - 1, True, "q")])
+        assert run[0][0].token >= 0
+        saved = quantized.save_state(0)  # offload and restore within one type
+        quantized.truncate(0, 0)
+        quantized.load_state(1, saved)
+        assert quantized.kv_tokens(1) == len(prompt)
+    finally:
+        f16.close()
+        quantized.close()
