@@ -81,6 +81,7 @@ class FakeBackend:
         self.num_seq_ids = max_sequences if per_slot else 2 * max_sequences
         self.template_has_tools = False
         self.kv_cache_type = "f16"
+        self.state_fingerprint = f"fake-{'slots' if per_slot else 'pool'}"
         self.script = list(script)
         self.fail_slots: set[int] = set()
         self.gate: threading.Semaphore | None = None

@@ -194,6 +194,15 @@ class CacheConfig(_Section):
         description="Reuse KV of prompt prefixes already computed: a regenerate, a shared "
         "system prompt, earlier turns",
     )
+    cache_dir: str | None = Field(
+        None,
+        description="A directory for the prefix cache's disk tier: host-tier entries are "
+        "written there too and read back at start, so a restarted device answers a known "
+        "prompt without prefilling it (checksummed; a corrupt or foreign file is skipped)",
+    )
+    cache_dir_mb: int = Field(
+        1024, ge=1, description="Most the disk tier keeps (MiB; oldest entries out first)"
+    )
     host_cache_mb: int = Field(
         256,
         ge=0,

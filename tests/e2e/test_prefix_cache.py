@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import chat_body
+from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -216,3 +216,31 @@ async def test_the_next_turn_continues_the_slot_from_the_earlier_prompt(engine) 
     result = await complete(engine.url, turn)
     rows = result["usage"]["prompt_tokens"] - 1  # the last prompt token is decoded
     assert cached(result) == min(n_prompt - 1, rows - 64) > 0
+
+
+async def test_a_restarted_engine_answers_a_known_prompt_from_its_disk_tier(
+    tmp_path: Path,
+) -> None:
+    cache_dir = str(tmp_path / "kv")
+    body = chat_body(unique(ESSAY), max_tokens=160, stream=False)
+    first_engine = start_engine(tmp_path, "--cache-dir", cache_dir, "--ttft-timeout-ms", "0")
+    try:
+        first = await complete(first_engine.url, body)
+    finally:
+        assert first_engine.stop() == 0  # its kept slot goes to the disk tier
+    engine = start_engine(tmp_path, "--cache-dir", cache_dir, "--ttft-timeout-ms", "0")
+    try:
+        await wait_until(
+            lambda: engine.debug_streams()["kv_host_cache_entries"] >= 1,
+            what="the disk tier read back",
+        )
+        again = await complete(engine.url, body)
+        assert cached(again) == again["usage"]["prompt_tokens"]  # nothing prefilled
+        assert (
+            again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+        )
+        hits = re.search(r'^edge_llm_prompt_cache_hits_total\{tier="disk"\} (\S+)$',
+                         engine.metrics_text(), re.M)  # fmt: skip
+        assert hits and float(hits.group(1)) == 1
+    finally:
+        engine.stop()

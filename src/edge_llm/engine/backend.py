@@ -74,6 +74,7 @@ class Backend(Protocol):
     max_sequences: int
     num_seq_ids: int  # slots: running sequences plus cached prefixes (unified pool)
     kv_cache_type: str  # f16, q8_0 or q4_0
+    state_fingerprint: str  # what a saved state depends on: only such states load
     template_has_tools: bool  # the chat template renders ``tools`` itself
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:

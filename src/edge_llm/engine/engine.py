@@ -17,15 +17,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from edge_llm.engine.admission import refuse_if_late
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.deadlines import Deadlines
+from edge_llm.engine.disk_cache import DiskCache, DiskEntry
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_apply import KvApplier
 from edge_llm.engine.kv_cache import KvOp
-from edge_llm.engine.kv_slots import kv_book
+from edge_llm.engine.kv_slots import KvSlots, kv_book
 from edge_llm.engine.memory import MemoryGuard, MemoryPolicy, MemorySource, ProcMemory
 from edge_llm.engine.offload import HostStore, OffloadPolicy, PreemptionPolicy
 from edge_llm.engine.outbound import TokenRing
@@ -81,8 +83,9 @@ class Engine:
             self.host, settings.offload_paused_after_s, self.streams, backend.state_size
         )
         self.preemption = PreemptionPolicy(self.offload, settings.max_preemptions)
+        self.disk = _disk_cache(settings, backend)
         applier = KvApplier(
-            backend, self.host, self.host_cache,
+            backend, self.host, self.host_cache, disk=self.disk,
             metrics=self.metrics, events=events, used_bytes=lambda: self.kv_used_bytes,
         )  # fmt: skip
         self.runner = ModelRunner(backend, applier, prefill_apart=self.kv.per_slot)
@@ -105,6 +108,21 @@ class Engine:
         self._loop = loop
         self._thread = threading.Thread(target=self._run, name="edge-llm-engine", daemon=True)
         self._thread.start()
+        if self.disk is not None and self.kv.per_slot:
+            loader = threading.Thread(target=self._load_disk, name="kv-disk-loader", daemon=True)
+            loader.start()
+
+    def _load_disk(self) -> None:
+        """The disk tier's newest valid entries into the host tier, under the lock."""
+        assert self.disk is not None
+
+        def accept(entry: DiskEntry, size: int) -> bool:
+            with self._lock:
+                return self.host_cache.add_saved(
+                    entry.tokens, entry.n_prompt, entry.first_logits, entry.state, "disk"
+                )
+
+        self.disk.load(self.host_cache.capacity_bytes, accept)
 
     def stop(self) -> None:
         """Cancel everything, stop the thread, and close the backend."""
@@ -113,7 +131,17 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.disk is not None:
+            self._save_kept(self.disk)
+            self.disk.close()
         self.backend.close()
+
+    def _save_kept(self, disk: DiskCache) -> None:
+        """The engine stopped: what its slots kept goes to the disk tier too, so the
+        next start begins with it."""
+        if isinstance(self.kv, KvSlots):
+            for slot, tokens, n_prompt, logits in self.kv.kept():
+                disk.write(DiskEntry(tokens, n_prompt, self.backend.save_state(slot), logits))
 
     @property
     def alive(self) -> bool:
@@ -368,6 +396,12 @@ class Engine:
                 return read(self)
 
         return gauge
+
+
+def _disk_cache(settings: EngineSettings, backend: Backend) -> DiskCache | None:
+    if not settings.cache_dir:
+        return None
+    return DiskCache(Path(settings.cache_dir), settings.cache_dir_bytes, backend.state_fingerprint)
 
 
 def _signal_all(handles: Iterable[StreamHandle]) -> None:

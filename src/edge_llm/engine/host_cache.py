@@ -34,6 +34,7 @@ class HostEntry:
     first_logits: Any = None
     state: bytes | None = field(default=None, repr=False)  # None until the save ran
     hits: int = 0
+    origin: str = "host"  # "disk": read back from the disk tier at start
 
 
 class HostCache:
@@ -99,6 +100,20 @@ class HostCache:
         self.num_bytes += len(state) - entry.num_bytes
         entry.num_bytes, entry.state = len(state), state
 
+    def add_saved(
+        self, tokens: Sequence[int], n_prompt: int, first_logits: Any, state: bytes, origin: str
+    ) -> bool:
+        """An entry whose state was saved elsewhere (the disk tier); False when full."""
+        if self.num_bytes + len(state) > self.capacity_bytes or self.holds(tokens):
+            return False
+        key = f"prefix-{next(self._keys)}"
+        entry = HostEntry(key, tuple(tokens), n_prompt, len(state), first_logits, state,
+                          origin=origin)  # fmt: skip
+        self._entries[key] = entry
+        self._entries.move_to_end(key, last=False)  # older than anything saved since
+        self.num_bytes += len(state)
+        return True
+
     def touch(self, key: str) -> HostEntry:
         """A hit: the entry becomes the most recently used."""
         entry = self._entries[key]
@@ -106,6 +121,9 @@ class HostCache:
         entry.hits += 1
         self.hits += 1
         return entry
+
+    def entry(self, key: str) -> HostEntry | None:
+        return self._entries.get(key)
 
     def state(self, key: str) -> bytes | None:
         entry = self._entries.get(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from edge_llm.engine.backend import Backend
+from edge_llm.engine.disk_cache import DiskCache, DiskEntry
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_cache import (
     CopyPrefix,
@@ -30,6 +31,7 @@ class KvApplier:
         store: HostStore,
         cache: HostCache,
         *,
+        disk: DiskCache | None = None,
         metrics: EngineMetrics,
         events: EventSink,
         used_bytes: Callable[[], int],
@@ -37,6 +39,7 @@ class KvApplier:
         self.backend = backend
         self.store = store
         self.cache = cache
+        self.disk = disk
         self.metrics = metrics
         self.events = events
         self.used_bytes = used_bytes
@@ -67,9 +70,17 @@ class KvApplier:
             self.metrics.kv_restores.inc()
             self.events(Event.RESTORED, op.key, slot=op.seq_id, state_bytes=len(state))
         elif isinstance(op, SaveCache):
-            self.cache.put(op.key, self.backend.save_state(op.seq_id))
+            self._save_cache(op)
         else:
             self._load(op.seq_id, op.key, self.cache.state(op.key))
+
+    def _save_cache(self, op: SaveCache) -> None:
+        """Into the host tier, and through to the disk tier when there is one."""
+        state = self.backend.save_state(op.seq_id)
+        self.cache.put(op.key, state)
+        entry = self.cache.entry(op.key)
+        if self.disk is not None and entry is not None and entry.state is not None:
+            self.disk.write(DiskEntry(entry.tokens, entry.n_prompt, state, entry.first_logits))
 
     def _load(self, seq_id: int, key: str, state: bytes | None) -> bytes:
         if state is None:

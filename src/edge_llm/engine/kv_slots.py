@@ -218,7 +218,7 @@ class KvSlots:
             ops.extend(self._copy(source, target))
         logits = self._logits_of(source)
         self._start(target, tokens, len(tokens), source.usable, total_tokens - source.usable)
-        tier = "host" if source.entry is not None else "device"
+        tier = source.entry.origin if source.entry is not None else "device"
         return Admission(target.seq_id, source.usable, ops, logits, tier)
 
     def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
@@ -343,6 +343,14 @@ class KvSlots:
         keep_key = keep.key if keep is not None else None
         entry = self.host.reserve(slot.cells, slot.n_prompt, slot.first_logits, keep_key)
         return [SaveCache(slot.seq_id, entry.key)] if entry is not None else []
+
+    def kept(self) -> list[tuple[int, tuple[int, ...], int, Any]]:
+        """(slot, tokens, prompt length, kept logits) of each kept slot worth saving."""
+        return [
+            (s.seq_id, tuple(s.cells), s.n_prompt, s.first_logits)
+            for s in self._slots
+            if not s.running and s.n_cells >= MIN_SAVED_CELLS
+        ]
 
     # -- growth and the end ------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from edge_llm.engine.backend import (
     Sampled,
 )
 from edge_llm.engine.chat_template import ChatTemplate
+from edge_llm.engine.disk_cache import fingerprint
 from edge_llm.engine.sampling import (
     LogitBias,
     Logits,
@@ -177,6 +178,10 @@ class LlamaBackend:
             llama.llama_model_free(self._model)
             raise
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
+        layout = "unified" if kv_unified else f"slots{max_sequences}"
+        self.state_fingerprint = fingerprint(
+            self.info.path, f"{kv_cache_type}|{layout}", llama.__version__
+        )
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = _Batch(max_batch_tokens)
         self._samplers: dict[str, _SequenceSampler] = {}

@@ -28,6 +28,8 @@ class EngineSettings:
     prefix_cache: bool = True
     host_offload_bytes: int = 512 << 20  # 0: no offload
     host_cache_bytes: int = 256 << 20  # the prefix cache's host tier (per-slot layout); 0: none
+    cache_dir: str | None = None  # the disk tier's directory (None: no disk tier)
+    cache_dir_bytes: int = 1 << 30
     offload_paused_after_s: float = 1.0
     supersede_sessions: bool = True
     deadline_admission: bool = False

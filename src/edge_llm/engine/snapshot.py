@@ -27,6 +27,8 @@ def snapshot(engine: Engine, now: float) -> dict[str, Any]:
         "kv_host_cache_budget_bytes": engine.host_cache.capacity_bytes,
         "kv_host_cache_entries": len(engine.host_cache),
         "kv_host_cache_hits": engine.host_cache.hits,
+        "kv_disk_cache_bytes": tiers["disk"],
+        "kv_disk_cache_skipped": engine.disk.skipped if engine.disk is not None else 0,
         "kv_layout": "per_slot" if kv.per_slot else "pool",
         **memory_fields(engine),
         "kv_budget_bytes": kv.capacity_bytes,
@@ -93,6 +95,7 @@ def tier_bytes(engine: Engine) -> dict[str, int]:
         "device_live": stats.used_tokens * per_token,
         "device_cached": stats.cached_tokens * per_token,
         "host": engine.host_cache.num_bytes,
+        "disk": engine.disk.num_bytes if engine.disk is not None else 0,
     }
 
 

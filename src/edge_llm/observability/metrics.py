@@ -72,7 +72,7 @@ class EngineMetrics:
         self.kv_tier_bytes = Gauge(
             PREFIX + "kv_cache_tier_bytes",
             "Bytes of KV held per tier: device_live (running streams), device_cached "
-            "(kept slots or pool cache), host (the prefix cache's host tier)",
+            "(kept slots or pool cache), host (the prefix cache's host tier), disk",
             ["tier"],
             registry=r,
         )
@@ -164,7 +164,7 @@ class EngineMetrics:
             self.rejections.labels(reason)
         for reason in ("queue_full", "write_failed"):
             self.event_log_dropped.labels(reason)
-        for tier in ("device", "host"):
+        for tier in ("device", "host", "disk"):
             self.prompt_cache_hits.labels(tier)
         for action in ("host_cache_dropped", "stream_cancelled"):
             self.memory_actions.labels(action)
@@ -188,7 +188,7 @@ class EngineMetrics:
 
     def bind_tiers(self, tiers: Callable[[], dict[str, int]]) -> None:
         """``tiers()``: bytes per tier name, read when scraped."""
-        for tier in ("device_live", "device_cached", "host"):
+        for tier in ("device_live", "device_cached", "host", "disk"):
             self.kv_tier_bytes.labels(tier).set_function(_reader(tiers, tier))
 
     def render(self) -> bytes:

@@ -48,6 +48,8 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         prefix_cache=cache.prefix_cache,
         host_offload_bytes=cache.host_offload_mb * 1024 * 1024,
         host_cache_bytes=cache.host_cache_mb * 1024 * 1024,
+        cache_dir=cache.cache_dir,
+        cache_dir_bytes=cache.cache_dir_mb * 1024 * 1024,
         offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
         supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,
