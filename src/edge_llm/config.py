@@ -1,5 +1,8 @@
 """Engine configuration: one tree, loaded from TOML, environment and CLI flags.
 
+Longer than the other modules because every key is here with its description,
+from which the flags, the environment variables and docs/configuration.md are made.
+
 Precedence, lowest first: field defaults (the seed's values), the TOML file,
 ``EDGE_LLM_<KEY>`` environment variables, command-line flags. Every key name is
 unique across sections, so each has one flag (``--max-kv-cache-mb``) and one

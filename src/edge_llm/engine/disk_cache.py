@@ -20,12 +20,16 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edge_llm.engine.backend import Backend
+    from edge_llm.engine.host_cache import HostCache
 
 FORMAT = "edge-llm-kv/1"
 SUFFIX = ".kvc"
@@ -177,3 +181,33 @@ def fingerprint(model_path: str, kv_cache_type: str, runtime_version: str) -> st
         digest.update(fh.read(1 << 20))
     digest.update(f"{path.stat().st_size}|{kv_cache_type}|{runtime_version}".encode())
     return digest.hexdigest()[:32]
+
+
+def disk_cache(directory: str | None, capacity_bytes: int, backend: Backend) -> DiskCache | None:
+    """The disk tier ``cache_dir`` asks for, for states of this backend (None: none)."""
+    if not directory:
+        return None
+    return DiskCache(Path(directory), capacity_bytes, backend.state_fingerprint)
+
+
+def read_back(disk: DiskCache, host: HostCache, lock: threading.RLock) -> None:
+    """Start a thread reading the newest valid entries into the host tier."""
+
+    def accept(entry: DiskEntry, size: int) -> bool:
+        with lock:
+            return host.add_saved(entry.tokens, entry.n_prompt, entry.first_logits, entry.state,
+                                  "disk")  # fmt: skip
+
+    threading.Thread(
+        target=disk.load, args=(host.capacity_bytes, accept), name="kv-disk-loader", daemon=True
+    ).start()
+
+
+def save_kept(
+    disk: DiskCache,
+    kept: Iterable[tuple[int, tuple[int, ...], int, Any]],
+    save_state: Callable[[int], bytes],
+) -> None:
+    """Write kept slots (``KvSlots.kept``) to the disk tier: the engine has stopped."""
+    for slot, tokens, n_prompt, logits in kept:
+        disk.write(DiskEntry(tokens, n_prompt, save_state(slot), logits))

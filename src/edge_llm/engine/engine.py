@@ -17,13 +17,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from edge_llm.engine.admission import refuse_if_late
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.deadlines import Deadlines
-from edge_llm.engine.disk_cache import DiskCache, DiskEntry
+from edge_llm.engine.disk_cache import disk_cache, read_back, save_kept
 from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_apply import KvApplier
 from edge_llm.engine.kv_cache import KvOp
@@ -83,7 +82,7 @@ class Engine:
             self.host, settings.offload_paused_after_s, self.streams, backend.state_size
         )
         self.preemption = PreemptionPolicy(self.offload, settings.max_preemptions)
-        self.disk = _disk_cache(settings, backend)
+        self.disk = disk_cache(settings.cache_dir, settings.cache_dir_bytes, backend)
         applier = KvApplier(
             backend, self.host, self.host_cache, disk=self.disk,
             metrics=self.metrics, events=events, used_bytes=lambda: self.kv_used_bytes,
@@ -109,20 +108,7 @@ class Engine:
         self._thread = threading.Thread(target=self._run, name="edge-llm-engine", daemon=True)
         self._thread.start()
         if self.disk is not None and self.kv.per_slot:
-            loader = threading.Thread(target=self._load_disk, name="kv-disk-loader", daemon=True)
-            loader.start()
-
-    def _load_disk(self) -> None:
-        """The disk tier's newest valid entries into the host tier, under the lock."""
-        assert self.disk is not None
-
-        def accept(entry: DiskEntry, size: int) -> bool:
-            with self._lock:
-                return self.host_cache.add_saved(
-                    entry.tokens, entry.n_prompt, entry.first_logits, entry.state, "disk"
-                )
-
-        self.disk.load(self.host_cache.capacity_bytes, accept)
+            read_back(self.disk, self.host_cache, self._lock)
 
     def stop(self) -> None:
         """Cancel everything, stop the thread, and close the backend."""
@@ -132,16 +118,10 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self.disk is not None:
-            self._save_kept(self.disk)
+            if isinstance(self.kv, KvSlots):  # what the slots kept: the next start has it
+                save_kept(self.disk, self.kv.kept(), self.backend.save_state)
             self.disk.close()
         self.backend.close()
-
-    def _save_kept(self, disk: DiskCache) -> None:
-        """The engine stopped: what its slots kept goes to the disk tier too, so the
-        next start begins with it."""
-        if isinstance(self.kv, KvSlots):
-            for slot, tokens, n_prompt, logits in self.kv.kept():
-                disk.write(DiskEntry(tokens, n_prompt, self.backend.save_state(slot), logits))
 
     @property
     def alive(self) -> bool:
@@ -292,7 +272,7 @@ class Engine:
         self.memory.relieve()
         self.preemption.run(now)
         self.offload.run(now)
-        plan = self.scheduler.schedule(now, self._draft_room)
+        plan = self.scheduler.schedule(now, self.streams.draft_room)
         plan.kv_ops, plan.ended_samplers = self._pending()
         count_waiting(self)
         return plan
@@ -306,7 +286,7 @@ class Engine:
         model."""
         self.runner.start(plan.started)
         began = self.clock()
-        results = self.runner.decode(plan, self._unpaused)
+        results = self.runner.decode(plan, self.streams.unpaused)
         self.scheduler.observe_step(plan, self.clock() - began)
         self.steps += 1
         return results
@@ -327,23 +307,6 @@ class Engine:
         due = [self.deadlines.next_due(), self.offload.next_due(now), self.memory.next_check(now)]
         wait = min([when - now for when in due if when is not None], default=_IDLE_WAIT_S)
         return max(0.0, min(_IDLE_WAIT_S, wait))
-
-    def _draft_room(self, seq: Sequence) -> int:
-        """Lock held: tokens the sequence may emit in one step without overrunning
-        its ring (a socket-full pause comes only after its step's last token)."""
-        handle = self.streams.live.get(seq.id)
-        if handle is None:
-            return 0
-        ring = handle.ring
-        limit = ring.capacity if self.settings.pause_on_socket_full else ring.hard_limit
-        return limit - len(ring)
-
-    def _unpaused(self, key: str) -> bool:
-        """Asked without the lock between the tokens of an accepted run: a stream
-        paused while its step ran gets that step's first token only (at most one
-        token after PAUSE). A dict lookup and a bool are atomic reads."""
-        handle = self.streams.live.get(key)
-        return handle is not None and not handle.seq.paused
 
     def _fail_restores(self, failed: list[tuple[str, BackendError]]) -> None:
         if not failed:
@@ -396,12 +359,6 @@ class Engine:
                 return read(self)
 
         return gauge
-
-
-def _disk_cache(settings: EngineSettings, backend: Backend) -> DiskCache | None:
-    if not settings.cache_dir:
-        return None
-    return DiskCache(Path(settings.cache_dir), settings.cache_dir_bytes, backend.state_fingerprint)
 
 
 def _signal_all(handles: Iterable[StreamHandle]) -> None:

@@ -1,11 +1,12 @@
-"""llama.cpp through llama-cpp-python's low-level API: the only module importing it.
+"""llama.cpp through llama-cpp-python's low-level API: the only module importing it
+(which is why it holds the model, context, batch, KV operations and the samplers that
+call llama.cpp, and is longer than the others).
 
 One context holds the KV cache, sized to the configured KV budget, so memory is
 fixed at start-up and a running stream cannot run the device out of memory. By
-default it is one pool shared by all sequences (``kv_unified``): one sequence may
-use all of it. With ``kv_unified = False`` each slot gets an equal fixed share, and
-attention scans only its own cells instead of every sequence's (measurably faster
-with several streams; see docs/benchmarks/). Each live sequence owns a slot
+default each slot gets an equal fixed share (``kv_unified = False``) and attention
+scans only its own cells; with ``kv_unified`` one pool is shared by all sequences,
+one of which may use all of it (see docs/architecture.md). Each live sequence owns a slot
 (llama ``seq_id``); samplers belong to sequences, not slots. In the unified pool
 there are twice as many seq ids as sequences: the spare ones keep cached prompt
 prefixes alive (see ``kv_cache.py``). One ``llama_decode`` serves every slot.

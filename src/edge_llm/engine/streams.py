@@ -9,7 +9,7 @@ from typing import Any
 
 from edge_llm.engine.offload import HostStore
 from edge_llm.engine.scheduler import Scheduler
-from edge_llm.engine.sequence import PauseCause, SequenceState
+from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.stream import Outcome, StreamHandle
 from edge_llm.errors import Cancelled, EdgeLLMError
@@ -65,6 +65,23 @@ class Streams:
     def recent(self, now: float) -> list[StreamHandle]:
         """Streams that ended within the last minute."""
         return [h for h in self._recent if now - (h.seq.finished_at or now) <= RECENT_SECONDS]
+
+    def draft_room(self, seq: Sequence) -> int:
+        """Lock held: tokens the sequence may emit in one step without overrunning
+        its ring (a socket-full pause comes only after its step's last token)."""
+        handle = self.live.get(seq.id)
+        if handle is None:
+            return 0
+        ring = handle.ring
+        limit = ring.capacity if self.settings.pause_on_socket_full else ring.hard_limit
+        return limit - len(ring)
+
+    def unpaused(self, key: str) -> bool:
+        """Asked without the lock between the tokens of an accepted run: a stream
+        paused while its step ran gets that step's first token only (at most one
+        token after PAUSE). A dict lookup and a bool are atomic reads."""
+        handle = self.live.get(key)
+        return handle is not None and not handle.seq.paused
 
     def count_paused(self) -> int:
         return sum(1 for handle in self.live.values() if handle.seq.paused)

@@ -1,4 +1,5 @@
 """OpenAI Responses API (``POST /v1/responses``): request, objects, events (no I/O).
+One module for the one API, as ``openai.py`` and ``anthropic.py`` are (hence its length).
 
 What a request may hold:
 
