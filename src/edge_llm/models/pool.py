@@ -24,6 +24,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from edge_llm.errors import ModelBusy, ModelMemory, ModelNotFound
+from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.spec import MIB, ModelSpec
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
@@ -79,6 +80,7 @@ class _Slot:
     keep_alive_s: float | None = None
     expiry: asyncio.TimerHandle | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    metadata: dict[str, Any] | None = None  # its GGUF's, read once
 
     @property
     def state(self) -> ModelState:
@@ -188,6 +190,18 @@ class ModelPool:
             return None
         return max(0.0, slot.expiry.when() - asyncio.get_running_loop().time())
 
+    async def metadata(self, name: str) -> dict[str, Any]:
+        """The model's GGUF metadata (scalars and strings), read once, in a thread;
+        empty when the file cannot be read."""
+        slot = self._slots[name]
+        if slot.metadata is None:
+            path = slot.spec.path
+            try:
+                slot.metadata = await asyncio.to_thread(read_metadata, path) if path else {}
+            except (OSError, GgufError):
+                slot.metadata = {}
+        return slot.metadata
+
     def describe(self, name: str) -> dict[str, Any]:
         """Model ``name`` as /debug/streams and the Ollama routes show it."""
         slot = self._slots[name]
@@ -217,6 +231,7 @@ class ModelPool:
     def adopt(self, model: LoadedModel) -> None:
         """Serve ``model``, loaded already (the default model, loaded at start)."""
         slot = self._slots[model.spec.name]
+        self._metrics.loads.labels(model.spec.name).inc()
         slot.loaded = model
         slot.last_used = self._clock()
         self._schedule_expiry(slot)

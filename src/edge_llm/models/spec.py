@@ -21,6 +21,7 @@ class ModelSpec:
     path: str | None  # None: the embedded default model
     size_bytes: int  # the GGUF file's size (its weights)
     kv_budget_bytes: int
+    modified_at: float = 0.0  # the file's mtime (Unix seconds)
     context_tokens: int | None = None  # None: the model's trained context
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p, top_k
     keep_alive_s: float | None = None  # None: stays loaded while idle
@@ -43,6 +44,7 @@ def default_spec(config: EngineConfig, name: str, path: str, size_bytes: int) ->
         name=name,
         path=path,
         size_bytes=size_bytes,
+        modified_at=_file_stat(path)[1],
         kv_budget_bytes=config.backpressure.max_kv_cache_mb * MIB,
         keep_alive_s=keep_alive_s(config.model.keep_alive_ms),
     )
@@ -58,17 +60,19 @@ def named_specs(config: EngineConfig) -> list[ModelSpec]:
             if (value := getattr(entry, key)) is not None
         }
         kv_mb = entry.max_kv_cache_mb or config.backpressure.max_kv_cache_mb
-        keep_ms = entry.keep_alive_ms if entry.keep_alive_ms is not None else None
+        keep_ms = entry.keep_alive_ms
+        size, mtime = _file_stat(entry.path)
         specs.append(
             ModelSpec(
                 name=name,
                 path=entry.path,
-                size_bytes=_file_size(entry.path),
+                size_bytes=size,
+                modified_at=mtime,
                 kv_budget_bytes=kv_mb * MIB,
                 context_tokens=entry.context_tokens,
                 sampling=sampling,
                 keep_alive_s=keep_alive_s(
-                    keep_ms if keep_ms is not None else config.model.keep_alive_ms
+                    config.model.keep_alive_ms if keep_ms is None else keep_ms
                 ),
             )
         )
@@ -85,8 +89,10 @@ def serves_several(config: EngineConfig) -> bool:
     return len(config.models) + (1 if serves_default_model(config) else 0) > 1
 
 
-def _file_size(path: str) -> int:
+def _file_stat(path: str) -> tuple[int, float]:
+    """(size, mtime); zeros for a missing file (its load says "model file not found")."""
     try:
-        return os.path.getsize(path)
+        stat = os.stat(path)
     except OSError:
-        return 0  # reported when it is loaded: "model file not found"
+        return 0, 0.0
+    return stat.st_size, stat.st_mtime
