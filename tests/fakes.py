@@ -95,6 +95,7 @@ class FakeBackend:
         self.drafts: list[int] = []  # draft length of each verified draft
         self.released: list[int] = []
         self.params: dict[str, SamplingParams] = {}  # each sequence's sampling, as started
+        self.embedders: list[FakeEmbedder] = []
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
@@ -261,6 +262,31 @@ class FakeBackend:
 
     def close(self) -> None:
         self.kv.clear()
+
+    def embedder(self, max_tokens: int, n_threads: int) -> FakeEmbedder:
+        self.embedders.append(embedder := FakeEmbedder(max_tokens))
+        return embedder
+
+
+class FakeEmbedder:
+    """Vectors of token counts by residue (texts that share characters point alike)."""
+
+    n_embd = 8
+    pooling = "mean"
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.inputs: list[list[int]] = []
+        self.closed = False
+
+    def embed(self, tokens: Sequence[int]) -> list[float]:
+        if not 0 < len(tokens) <= self.max_tokens:
+            raise BackendError("input out of bounds")  # the route must have refused it
+        self.inputs.append(list(tokens))
+        return [float(sum(1 for t in tokens if t % 8 == i)) for i in range(8)]
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def _kernel(n_rows: int, *, lone: bool) -> str:

@@ -91,11 +91,13 @@ def served_name(pool: ModelPool, model: str) -> str:
     raise ModelNotFound(f'model "{model}" not found', param="model")
 
 
-def _keep_alive(pool: ModelPool, name: str, value: float | str | None) -> float | str | None:
+def _keep_alive(pool: ModelPool, name: str, value: float | str | None) -> float | None:
+    """The request's keep-alive for the model from now on; left out: the model's
+    configured one (as Ollama falls back to its default)."""
     keep = ollama.keep_alive_s(value)
-    if keep != "default":
-        pool.set_keep_alive(name, keep)
-    return keep
+    seconds = pool.spec(name).keep_alive_s if keep == "default" else keep
+    pool.set_keep_alive(name, seconds)
+    return seconds
 
 
 async def _load_or_unload(pool: ModelPool, name: str, *, unload: bool, chat: bool) -> web.Response:
