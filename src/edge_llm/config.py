@@ -709,8 +709,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         dest=_MODEL_FLAG,
         action="append",
         metavar="[NAME=]PATH",
-        help="A GGUF model: NAME=PATH serves it as NAME (repeatable; more keys in "
-        "[models.NAME] tables), a bare PATH is the default model (model_path) "
+        help="A GGUF model: NAME=PATH serves it as NAME beside the default model "
+        "(repeatable; more keys in [models.NAME] tables); a bare PATH is the default "
+        "model (model_path) "
         f"[{_MODELS_ENV}, comma-separated]",
     )
 

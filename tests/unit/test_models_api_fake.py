@@ -35,8 +35,7 @@ async def client_of() -> AsyncIterator[ClientFactory]:
         """A server whose default model is ``fake``; ``models`` are more, loaded
         (by a fake loader) when asked for."""
         named = [f"{name}=/nowhere/{name}.gguf" for name in models]
-        given = [*named, "fake.gguf"]  # the default model's path: the fake backend's
-        config = load_config(None, env={}, overrides={"model": given, **overrides})
+        config = load_config(None, env={}, overrides={"model": named, **overrides})
 
         def loader(spec: ModelSpec, metrics: EngineMetrics, events: Any) -> LoadedModel:
             backend = FakeBackend(script=text_script(f"{spec.name} says {script}"))

@@ -1,9 +1,9 @@
 """Named models: ``--model NAME=PATH`` and ``[models.NAME]`` tables.
 
 Each named model is a GGUF with its own context, KV budget, default sampling and
-keep-alive; the keys it leaves out take the engine's values. A bare ``--model
-PATH`` (or ``model_path``) is the default model, as with one model; with no model
-at all the embedded SmolLM2 is.
+keep-alive; the keys it leaves out take the engine's values. Named models are
+served beside the default model: a bare ``--model PATH`` (or ``model_path``), else
+the embedded SmolLM2, which a request naming no model gets.
 """
 
 from __future__ import annotations

@@ -79,14 +79,10 @@ def named_specs(config: EngineConfig) -> list[ModelSpec]:
     return specs
 
 
-def serves_default_model(config: EngineConfig) -> bool:
-    """The default model (``model_path``, else the embedded one) is served unless only
-    named models are given."""
-    return config.model.model_path is not None or not config.models
-
-
 def serves_several(config: EngineConfig) -> bool:
-    return len(config.models) + (1 if serves_default_model(config) else 0) > 1
+    """Named models are served beside the default one (``model_path``, else the
+    embedded SmolLM2)."""
+    return bool(config.models)
 
 
 def _file_stat(path: str) -> tuple[int, float]:

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
+from edge_llm.errors import BackendError
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.pool import LoadedModel, Loader, ModelPool
@@ -29,7 +30,6 @@ from edge_llm.models.spec import (
     ModelSpec,
     default_spec,
     named_specs,
-    serves_default_model,
     serves_several,
 )
 from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
@@ -181,8 +181,7 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
         )
     events: EventSink = event_log.emit if event_log else null_sink
     if backend is None:
-        first = None if serves_default_model(config) else named_specs(config)[0]
-        backend = await asyncio.to_thread(load_backend, config, first)
+        backend = await asyncio.to_thread(load_backend, config)
     engine_events = model_events(config, backend.info.model_id, events)
     engine = Engine(backend, engine_settings(config), metrics=metrics, events=engine_events)
     engine.start(asyncio.get_running_loop())
@@ -258,12 +257,14 @@ def build_pool(
 ) -> ModelPool:
     """The served models, the default one (``engine`` over ``backend``) loaded."""
     info = backend.info
+    first = default_spec(config, info.model_id, info.path, info.size_bytes)
     named = named_specs(config)
-    if serves_default_model(config):
-        first = default_spec(config, info.model_id, info.path, info.size_bytes)
-        specs = [first, *(s for s in named if s.name != first.name)]
-    else:
-        specs = named
+    if first.name in config.models:
+        raise BackendError(
+            f"model name {first.name!r} is the default model's id: name it otherwise "
+            "or set model_id"
+        )
+    specs = [first, *named]
     loader = loader or model_loader(config)
     pool = ModelPool(
         specs,
