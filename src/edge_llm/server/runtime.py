@@ -11,7 +11,8 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -110,12 +111,21 @@ def model_loader(config: EngineConfig) -> Loader:
     def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> LoadedModel:
         before = _rss()
         backend = load_backend(config, spec)
-        engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
+        engine = Engine(backend, model_settings(config, spec), metrics=metrics, events=events)
         model = loaded_model(config, spec, engine, backend, events)
         model.footprint_bytes = max(spec.estimate_bytes, _rss() - before)
         return model
 
     return load
+
+
+def model_settings(config: EngineConfig, spec: ModelSpec) -> EngineSettings:
+    """A named model's engine settings: the engine's, with a disk tier of its own
+    (``cache_dir/models/NAME``) so that models do not evict each other's entries."""
+    settings = engine_settings(config)
+    if not settings.cache_dir:
+        return settings
+    return replace(settings, cache_dir=str(Path(settings.cache_dir) / "models" / spec.name))
 
 
 def loaded_model(
