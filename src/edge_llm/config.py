@@ -452,9 +452,9 @@ def _toml_to_tree(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     tree[_MODELS] = {}
     for top, value in data.items():
         if top == _UPSTREAM and isinstance(value, dict):
-            _merge_upstreams(value, tree[_UPSTREAM])
+            _merge_named(_UPSTREAM, value, tree[_UPSTREAM], UpstreamConfig)
         elif top == _MODELS and isinstance(value, dict):
-            _merge_models(value, tree[_MODELS])
+            _merge_named(_MODELS, value, tree[_MODELS], ModelEntryConfig)
         elif top == "server" and isinstance(value, dict):
             _merge_table("server", value, tree, "server")
         elif top == "engine" and isinstance(value, dict):
@@ -471,32 +471,23 @@ _MODEL_FLAG = "model"
 _MODELS_ENV = ENV_PREFIX + "MODELS"
 
 
-def _merge_upstreams(tables: Mapping[str, Any], upstreams: dict[str, Any]) -> None:
+def _merge_named(
+    kind: str, tables: Mapping[str, Any], into: dict[str, Any], model: type[BaseModel]
+) -> None:
+    """``[kind.NAME]`` tables (``upstream``, ``models``): each a table of ``model``'s
+    keys under a valid name."""
+    check, required = (check_name, "url") if kind == _UPSTREAM else (check_model_name, "path")
     for name, table in tables.items():
         if not isinstance(table, dict):
-            raise ConfigError(f"upstream.{name} must be a table with at least 'url'")
+            raise ConfigError(f"{kind}.{name} must be a table with at least '{required}'")
         try:
-            check_name(name)
+            check(name)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        unknown = set(table) - set(UpstreamConfig.model_fields)
+        unknown = set(table) - set(model.model_fields)
         if unknown:
-            raise ConfigError(f"unknown configuration key 'upstream.{name}.{sorted(unknown)[0]}'")
-        upstreams[name] = dict(table)
-
-
-def _merge_models(tables: Mapping[str, Any], models: dict[str, Any]) -> None:
-    for name, table in tables.items():
-        if not isinstance(table, dict):
-            raise ConfigError(f"models.{name} must be a table with at least 'path'")
-        try:
-            check_model_name(name)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        unknown = set(table) - set(ModelEntryConfig.model_fields)
-        if unknown:
-            raise ConfigError(f"unknown configuration key 'models.{name}.{sorted(unknown)[0]}'")
-        models[name] = dict(table)
+            raise ConfigError(f"unknown configuration key '{kind}.{name}.{sorted(unknown)[0]}'")
+        into[name] = dict(table)
 
 
 def _add_model_flags(

@@ -14,14 +14,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
-from edge_llm.models.pool import LoadedModel
 from edge_llm.models.spec import ModelSpec
-from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.runtime import build_context, engine_settings, loaded_model
+from edge_llm.server.runtime import build_context, engine_settings
 
-from fakes import FakeBackend, text_script
+from fakes import FakeBackend, fake_loader, text_script
 
 ClientFactory = Callable[..., Any]
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
@@ -37,14 +35,13 @@ async def client_of() -> AsyncIterator[ClientFactory]:
         named = [f"{name}=/nowhere/{name}.gguf" for name in models]
         config = load_config(None, env={}, overrides={"model": named, **overrides})
 
-        def loader(spec: ModelSpec, metrics: EngineMetrics, events: Any) -> LoadedModel:
-            backend = FakeBackend(script=text_script(f"{spec.name} says {script}"))
-            engine = Engine(backend, engine_settings(config), metrics=metrics)
-            return loaded_model(config, spec, engine, backend, events)
+        def backend_of(spec: ModelSpec) -> FakeBackend:
+            return FakeBackend(script=text_script(f"{spec.name} says {script}"))
 
         backend = FakeBackend(script=text_script(script))
         engine = Engine(backend, engine_settings(config))
         engine.start(asyncio.get_running_loop())
+        loader = fake_loader(config, backend_of)
         ctx = build_context(config, engine, backend, lambda *a, **k: None, loader=loader)
         client = TestClient(TestServer(create_app(ctx)))
         await client.start_server()

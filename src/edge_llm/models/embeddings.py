@@ -82,8 +82,7 @@ class Embeddings:
             self._waiting -= 1
 
     def _check_count(self, count: int) -> None:
-        if self._source is None:
-            raise InvalidRequest("this model's runtime computes no embeddings", param="model")
+        self._source_of()
         if count == 0:
             raise InvalidRequest("input is empty: give at least one text", param="input")
         if count > self.limits.max_inputs:
@@ -105,10 +104,14 @@ class Embeddings:
         vectors = [_normalized(embedder.embed(tokens)) for tokens in token_lists]
         return EmbeddingResult(vectors, sum(len(tokens) for tokens in token_lists))
 
+    def _source_of(self) -> EmbedderSource:
+        if self._source is None:
+            raise InvalidRequest("this model's runtime computes no embeddings", param="model")
+        return self._source
+
     def _tokens(self, index: int, value: EmbeddingInput, truncate: bool) -> list[int]:
-        assert self._source is not None  # checked before the thread was asked
         if isinstance(value, str):
-            tokens = self._source.tokenize(value, add_special=True)
+            tokens = self._source_of().tokenize(value, add_special=True)
         else:
             tokens = value
             bad = next((t for t in tokens if not 0 <= t < self._n_vocab), None)
@@ -134,8 +137,8 @@ class Embeddings:
 
     def _embedder_made(self) -> Embedder:
         if self._embedder is None:
-            assert self._source is not None
-            self._embedder = self._source.embedder(self.limits.max_tokens, self.limits.threads)
+            source = self._source_of()
+            self._embedder = source.embedder(self.limits.max_tokens, self.limits.threads)
         return self._embedder
 
     @property

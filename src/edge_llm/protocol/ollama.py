@@ -117,11 +117,7 @@ class ChatRequest(_Generating):
         if not self.tools:
             return None
         tools = tuple(
-            FunctionTool(
-                t.function.name,
-                t.function.description,
-                t.function.parameters or {"type": "object", "properties": {}},
-            )
+            FunctionTool.of(t.function.name, t.function.description, t.function.parameters)
             for t in self.tools
         )
         return ToolSetup(tools, ToolChoice("auto"))

@@ -173,16 +173,16 @@ async def models(request: web.Request) -> web.Response:
     (loaded, loading, unloaded); then every upstream's (``owned_by`` names it)."""
     ctx = context_of(request)
     pool = ctx.pool
-    listing = openai.model_list(pool.default, ctx.started_at)
-    listing["data"] = [
-        {**openai.model_list(name, ctx.started_at)["data"][0], "state": pool.state(name).value}
+    local = [
+        {**openai.model_object(name, ctx.started_at), "state": pool.state(name).value}
         for name in pool.names
     ]
-    for model, backend in ctx.router.model_entries():
-        if model not in pool.names:
-            entry = {"id": model, "object": "model", "created": ctx.started_at, "owned_by": backend}
-            listing["data"].append(entry)
-    return web.json_response(listing)
+    relayed = [
+        openai.model_object(model, ctx.started_at, owned_by=backend)
+        for model, backend in ctx.router.model_entries()
+        if model not in pool.names
+    ]
+    return web.json_response({"object": "list", "data": local + relayed})
 
 
 async def _stream_sse(
