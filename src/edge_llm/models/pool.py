@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
-from edge_llm.errors import ModelBusy, ModelMemory, ModelNotFound
+from edge_llm.errors import EngineUnavailable, ModelBusy, ModelMemory, ModelNotFound
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.spec import MIB, ModelSpec
 from edge_llm.observability.events import Event, EventSink
@@ -154,6 +154,7 @@ class ModelPool:
         self._clock = clock
         self._load_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._draining = False
         metrics.bind(self)
 
     # -- what is served -------------------------------------------------------------
@@ -256,6 +257,8 @@ class ModelPool:
         """Lease model ``name``, loading it first if needed (raises ModelMemory when it
         cannot fit, BackendError when it cannot load)."""
         slot = self._slots[name]
+        if self._draining and slot.loaded is None:
+            raise EngineUnavailable("engine unavailable: shutting down", retry_after_s=5)
         slot.waiting += 1
         try:
             model = await self._ensure_loaded(slot)
@@ -402,7 +405,8 @@ class ModelPool:
 
     async def drain(self, grace_s: float) -> None:
         """Shutdown, first half: stop admitting, give running streams ``grace_s``,
-        cancel the rest."""
+        cancel the rest. Nothing is loaded from now on."""
+        self._draining = True
         models = self.loaded_models()
         for model in models:
             model.engine.begin_drain()
