@@ -178,9 +178,6 @@ class ModelPool:
     def metrics_of(self, name: str) -> EngineMetrics:
         return self._slots[name].metrics
 
-    def keep_alive_of(self, name: str) -> float | None:
-        return self._slots[name].keep_alive_s
-
     def used_bytes(self) -> int:
         return sum(slot.held_bytes for slot in self._slots.values())
 
@@ -204,7 +201,7 @@ class ModelPool:
         return slot.metadata
 
     def describe(self, name: str) -> dict[str, Any]:
-        """Model ``name`` as /debug/streams and the Ollama routes show it."""
+        """Model ``name`` as /debug/streams shows it in its ``models`` section."""
         slot = self._slots[name]
         return {
             "state": slot.state.value,
@@ -249,8 +246,8 @@ class ModelPool:
     # -- leases -----------------------------------------------------------------------
 
     def set_keep_alive(self, name: str, seconds: float | None) -> None:
-        """How long model ``name`` stays loaded once idle, from now on (Ollama's
-        ``keep_alive``, as Ollama keeps the last request's; None: always)."""
+        """How long model ``name`` stays loaded once idle, from now on (each Ollama
+        request's ``keep_alive`` sets it; None: always)."""
         self._slots[name].keep_alive_s = seconds
 
     async def acquire(self, name: str) -> Lease:

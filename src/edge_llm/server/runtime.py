@@ -111,8 +111,12 @@ def model_loader(config: EngineConfig) -> Loader:
     def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> LoadedModel:
         before = _rss()
         backend = load_backend(config, spec)
-        engine = Engine(backend, model_settings(config, spec), metrics=metrics, events=events)
-        model = loaded_model(config, spec, engine, backend, events)
+        try:
+            engine = Engine(backend, model_settings(config, spec), metrics=metrics, events=events)
+            model = loaded_model(config, spec, engine, backend, events)
+        except BaseException:
+            backend.close()  # the model's memory goes back at once
+            raise
         model.footprint_bytes = max(spec.estimate_bytes, _rss() - before)
         return model
 
