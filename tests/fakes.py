@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import (
     BatchItem,
     ModelInfo,
@@ -18,6 +19,10 @@ from edge_llm.engine.engine import Engine
 from edge_llm.engine.speculative import verify
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
+from edge_llm.models.pool import LoadedModel, Loader
+from edge_llm.models.spec import ModelSpec
+from edge_llm.observability.events import EventSink
+from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.protocol.sampling import SamplingParams, TokenLogprob
 
 FAKE_LOGITS = ("fake logits",)  # what the fake keeps for a prompt's first token
@@ -95,6 +100,7 @@ class FakeBackend:
         self.drafts: list[int] = []  # draft length of each verified draft
         self.released: list[int] = []
         self.params: dict[str, SamplingParams] = {}  # each sequence's sampling, as started
+        self.embedders: list[FakeEmbedder] = []
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]
@@ -262,6 +268,31 @@ class FakeBackend:
     def close(self) -> None:
         self.kv.clear()
 
+    def embedder(self, max_tokens: int, n_threads: int) -> FakeEmbedder:
+        self.embedders.append(embedder := FakeEmbedder(max_tokens))
+        return embedder
+
+
+class FakeEmbedder:
+    """Vectors of token counts by residue (texts that share characters point alike)."""
+
+    n_embd = 8
+    pooling = "mean"
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.inputs: list[list[int]] = []
+        self.closed = False
+
+    def embed(self, tokens: Sequence[int]) -> list[float]:
+        if not 0 < len(tokens) <= self.max_tokens:
+            raise BackendError("input out of bounds")  # the route must have refused it
+        self.inputs.append(list(tokens))
+        return [float(sum(1 for t in tokens if t % 8 == i)) for i in range(8)]
+
+    def close(self) -> None:
+        self.closed = True
+
 
 def _kernel(n_rows: int, *, lone: bool) -> str:
     if n_rows >= 64:
@@ -278,6 +309,21 @@ def _run_of(slot: int, busy: dict[int, BatchItem]) -> list[int]:
     while high + 1 in busy:
         high += 1
     return list(range(low, high + 1))
+
+
+def fake_loader(
+    config: EngineConfig, make: Callable[[ModelSpec], FakeBackend] | None = None
+) -> Loader:
+    """Loads a served model as a fake backend (``make(spec)``, else the default
+    script) with the configuration's engine settings."""
+    from edge_llm.server.runtime import engine_settings, loaded_model
+
+    def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> LoadedModel:
+        backend = make(spec) if make else FakeBackend()
+        engine = Engine(backend, engine_settings(config), metrics=metrics)
+        return loaded_model(config, spec, engine, backend, events)
+
+    return load
 
 
 async def drain(engine: Engine, handle: StreamHandle) -> str:

@@ -52,6 +52,24 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
         "messages": [{"role": "user", "content": "Hi"}],
     },
     "/v1/responses": {"model": "any", "input": "Hi", "max_output_tokens": 16, "stream": True},
+    "/v1/embeddings": {"model": "fake", "input": ["Hi", "there"], "encoding_format": "base64"},
+    "/models/load": {"model": "fake"},
+    "/models/unload": {"model": "fake"},  # the next request loads it again
+    "/api/chat": {
+        "model": "fake",
+        "messages": [{"role": "user", "content": "Hi"}],
+        "options": {"num_predict": 3, "temperature": 0, "stop": ["\n"]},
+        "format": {"type": "object"},
+        "keep_alive": "5m",
+    },
+    "/api/generate": {
+        "model": "fake",
+        "prompt": "Once upon",
+        "stream": False,
+        "options": {"num_predict": 3},
+    },
+    "/api/embed": {"model": "fake", "input": ["Hi", "there"], "truncate": True},
+    "/api/show": {"model": "fake"},
 }
 WS_BASE_FRAME: dict[str, Any] = {"type": "start", "request": BASE_BODIES["/v1/chat/completions"]}
 NORMAL_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
@@ -214,9 +232,14 @@ def is_anthropic(path: str) -> bool:
 
 def assert_error_shape(path: str, status: int, body: bytes) -> None:
     """The documented error body: OpenAI's ``{"error": {message, type, code,
-    param}}``, or Anthropic's ``{"type": "error", "error": {type, message}}``."""
+    param}}``, Anthropic's ``{"type": "error", "error": {type, message}}``, or
+    under ``/api/`` Ollama's ``{"error": message}``."""
     document = json.loads(body)
     error = document["error"]
+    if path.startswith("/api/"):
+        assert list(document) == ["error"] and isinstance(error, str), document
+        assert len(body) < 4096, f"{status}: error body of {len(body)} bytes"
+        return
     assert isinstance(error["message"], str), document
     assert isinstance(error["type"], str), document
     if is_anthropic(path):

@@ -28,14 +28,16 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from edge_llm.models.config import ModelEntryConfig, check_model_name, parse_model_flag
 from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
 
 ENV_PREFIX = "EDGE_LLM_"
 # llama.cpp's CPU flash-attention tile (engine/kv_slots.py MIN_TILE_ROWS): deterministic
 # prefill computes prompts in whole tiles.
 MIN_TILE_ROWS = 64
-# The contract's serve flag --model names the GGUF path (docs/design.md §3).
-_FLAG_ALIASES = {"model_path": ("--model",)}
+# The contract's serve flag --model names a GGUF path, or NAME=PATH (docs/design.md §3):
+# it is its own repeatable flag (_MODELS), so model_path has only --model-path.
+_FLAG_ALIASES: dict[str, tuple[str, ...]] = {}
 # A field's default as the reference states it, where the value itself depends on the
 # machine or is None (read by edge_llm.config_reference).
 DOC_DEFAULT = "doc_default"
@@ -244,8 +246,8 @@ class SpeculativeConfig(_Section):
 class ModelConfig(_Section):
     model_path: str | None = Field(
         None,
-        description="GGUF file; any llama.cpp model (a model without a chat template gets a "
-        "plain role: text transcript)",
+        description="GGUF file of the default model (also --model PATH); any llama.cpp "
+        "model (a model without a chat template gets a plain role: text transcript)",
         json_schema_extra={DOC_DEFAULT: "the embedded SmolLM2-135M-Instruct"},
     )
     model_id: str | None = Field(
@@ -266,6 +268,31 @@ class ModelConfig(_Section):
         description="Device memory floor (cgroup room or MemAvailable): under it the engine "
         "refuses requests (503 memory_pressure), drops its host cache and cancels paused "
         "streams (0: not watched)",
+    )
+    max_model_memory_mb: int = Field(
+        0,
+        ge=0,
+        description="Memory for all loaded models together (weights, KV budget and a reserve "
+        "each, MiB): loading one more first unloads the least recently used idle model, else "
+        "503 model_memory (0: no limit)",
+    )
+    keep_alive_ms: int = Field(
+        -1,
+        ge=-1,
+        description="Unload a model idle this long (-1: keep it loaded; 0: as soon as idle); "
+        "[models.NAME] and Ollama's keep_alive set it per model",
+    )
+    max_embedding_inputs: int = Field(
+        64, ge=1, le=2048, description="Most inputs in one embeddings request (more: 400)"
+    )
+    max_embedding_tokens: int = Field(
+        512, ge=8, le=32768, description="Most tokens in one embeddings input (more: 400)"
+    )
+    embedding_threads: int = Field(
+        1,
+        ge=1,
+        description="llama.cpp threads of each model's embeddings context (its own thread "
+        "beside the decode thread)",
     )
 
 
@@ -354,6 +381,8 @@ class EngineConfig(_Section):
     server: ServerConfig = Field(default_factory=ServerConfig)
     # [upstream.NAME] tables and --upstream NAME=URL (see edge_llm.upstream).
     upstream: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    # [models.NAME] tables and --model NAME=PATH (see edge_llm.models).
+    models: dict[str, ModelEntryConfig] = Field(default_factory=dict)
 
 
 _SECTIONS: dict[str, type[_Section]] = {
@@ -420,9 +449,12 @@ def _toml_to_tree(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Map the TOML layout onto sections, naming any unknown key in full."""
     tree: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
     tree[_UPSTREAM] = {}
+    tree[_MODELS] = {}
     for top, value in data.items():
         if top == _UPSTREAM and isinstance(value, dict):
-            _merge_upstreams(value, tree[_UPSTREAM])
+            _merge_named(_UPSTREAM, value, tree[_UPSTREAM], UpstreamConfig)
+        elif top == _MODELS and isinstance(value, dict):
+            _merge_named(_MODELS, value, tree[_MODELS], ModelEntryConfig)
         elif top == "server" and isinstance(value, dict):
             _merge_table("server", value, tree, "server")
         elif top == "engine" and isinstance(value, dict):
@@ -433,20 +465,47 @@ def _toml_to_tree(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 _UPSTREAM = "upstream"
+_MODELS = "models"
+# The flag and environment variable of named models (EDGE_LLM_MODEL is the chat client's).
+_MODEL_FLAG = "model"
+_MODELS_ENV = ENV_PREFIX + "MODELS"
 
 
-def _merge_upstreams(tables: Mapping[str, Any], upstreams: dict[str, Any]) -> None:
+def _merge_named(
+    kind: str, tables: Mapping[str, Any], into: dict[str, Any], model: type[BaseModel]
+) -> None:
+    """``[kind.NAME]`` tables (``upstream``, ``models``): each a table of ``model``'s
+    keys under a valid name."""
+    check, required = (check_name, "url") if kind == _UPSTREAM else (check_model_name, "path")
     for name, table in tables.items():
         if not isinstance(table, dict):
-            raise ConfigError(f"upstream.{name} must be a table with at least 'url'")
+            raise ConfigError(f"{kind}.{name} must be a table with at least '{required}'")
         try:
-            check_name(name)
+            check(name)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        unknown = set(table) - set(UpstreamConfig.model_fields)
+        unknown = set(table) - set(model.model_fields)
         if unknown:
-            raise ConfigError(f"unknown configuration key 'upstream.{name}.{sorted(unknown)[0]}'")
-        upstreams[name] = dict(table)
+            raise ConfigError(f"unknown configuration key '{kind}.{name}.{sorted(unknown)[0]}'")
+        into[name] = dict(table)
+
+
+def _add_model_flags(
+    values: list[str], tree: dict[str, dict[str, Any]], sources: dict[str, str], source: str
+) -> None:
+    """``NAME=PATH`` items: a named model (or a new path for one the file names);
+    a bare ``PATH``: the default model (``model_path``)."""
+    for text in values:
+        try:
+            name, path = parse_model_flag(text)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (from {source})") from exc
+        if name is None:
+            tree["model"]["model_path"] = path
+            sources["model_path"] = source
+        else:
+            tree[_MODELS][name] = {**tree[_MODELS].get(name, {}), "path": path}
+            sources[f"{_MODELS}.{name}"] = source
 
 
 def _add_upstream_flags(
@@ -492,6 +551,10 @@ def _build(tree: Mapping[str, Mapping[str, Any]], sources: Mapping[str, str]) ->
         name: _validated(UpstreamConfig, values, f"{_UPSTREAM}.{name}", sources)
         for name, values in tree[_UPSTREAM].items()
     }
+    sections[_MODELS] = {
+        name: _validated(ModelEntryConfig, values, f"{_MODELS}.{name}", sources)
+        for name, values in tree[_MODELS].items()
+    }
     return EngineConfig.model_validate(sections)
 
 
@@ -509,7 +572,7 @@ def _describe(exc: ValidationError, where: str, sources: Mapping[str, str]) -> s
     parts = []
     for error in exc.errors():
         key = str(error["loc"][0]) if error["loc"] else ""
-        upstream = where.startswith(f"{_UPSTREAM}.")
+        upstream = where.startswith((f"{_UPSTREAM}.", f"{_MODELS}."))
         path = f"{where}.{key}" if upstream or not key else toml_path(key)
         source = sources.get(where if upstream else key, "the defaults")
         if not key and not upstream:  # a rule across keys: name those that were set
@@ -574,7 +637,7 @@ def load_config(
     ``overrides`` maps key names (``max_kv_cache_mb``) to values already typed,
     as the CLI produces them. Raises :class:`ConfigError` naming the bad key.
     """
-    tree: dict[str, dict[str, Any]] = {name: {} for name in [*_SECTIONS, _UPSTREAM]}
+    tree: dict[str, dict[str, Any]] = {name: {} for name in [*_SECTIONS, _UPSTREAM, _MODELS]}
     sources: dict[str, str] = {}  # key (or upstream.NAME) -> where its value came from
     if path is not None:
         tree = load_toml(path)
@@ -586,10 +649,16 @@ def load_config(
     env_upstreams = [t.strip() for t in environment.get(env_of(_UPSTREAM), "").split(",")]
     env_source = f"environment variable {env_of(_UPSTREAM)}"
     _add_upstream_flags([t for t in env_upstreams if t], tree[_UPSTREAM], sources, env_source)
+    env_models = [t.strip() for t in environment.get(_MODELS_ENV, "").split(",")]
+    env_source = f"environment variable {_MODELS_ENV}"
+    _add_model_flags([t for t in env_models if t], tree, sources, env_source)
     for key, value in (overrides or {}).items():
         if key == _UPSTREAM:
             given = list(value) if isinstance(value, list) else []
             _add_upstream_flags(given, tree[_UPSTREAM], sources, "flag --upstream")
+        elif key == _MODEL_FLAG:
+            given = list(value) if isinstance(value, list) else []
+            _add_model_flags(given, tree, sources, "flag --model")
         else:
             tree[_section_of(key)][key] = value
             sources[key] = "flag " + " / ".join(flags_of(key))
@@ -597,8 +666,10 @@ def load_config(
 
 
 def _file_sources(tree: Mapping[str, Mapping[str, Any]], source: str) -> dict[str, str]:
-    sources = {key: source for name, values in tree.items() if name != _UPSTREAM for key in values}
-    sources.update({f"{_UPSTREAM}.{name}": source for name in tree[_UPSTREAM]})
+    named = (_UPSTREAM, _MODELS)
+    sources = {key: source for name, values in tree.items() if name not in named for key in values}
+    for table in named:
+        sources.update({f"{table}.{name}": source for name in tree[table]})
     return sources
 
 
@@ -623,6 +694,16 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=URL",
         help="An OpenAI-compatible engine behind this one (repeatable; more keys in "
         f"[upstream.NAME] tables) [{ENV_PREFIX}UPSTREAM, comma-separated]",
+    )
+    parser.add_argument(
+        "--model",
+        dest=_MODEL_FLAG,
+        action="append",
+        metavar="[NAME=]PATH",
+        help="A GGUF model: NAME=PATH serves it as NAME beside the default model "
+        "(repeatable; more keys in [models.NAME] tables); a bare PATH is the default "
+        "model (model_path) "
+        f"[{_MODELS_ENV}, comma-separated]",
     )
 
 
@@ -668,7 +749,7 @@ def _flag_type(annotation: object) -> type:
 
 def flag_overrides(namespace: argparse.Namespace) -> dict[str, object]:
     """The configuration keys that were given on the command line."""
-    keys = [key for _, key in _keys()] + [_UPSTREAM]
+    keys = [key for _, key in _keys()] + [_UPSTREAM, _MODEL_FLAG]
     return {
         key: getattr(namespace, key) for key in keys if getattr(namespace, key, None) is not None
     }

@@ -16,6 +16,8 @@ EdgeLLMError                      500 internal_error
 │   ├── KvBudgetExceeded          503 kv_budget_exceeded
 │   ├── EngineUnavailable         503 engine_unavailable
 │   ├── MemoryPressure            503 memory_pressure (the device is short of memory)
+│   ├── ModelMemory               503 model_memory (no idle model to unload for another)
+│   ├── ModelBusy                 503 model_busy (an unload waits for its streams to end)
 │   ├── TooManyConnections        503 too_many_connections
 │   └── UpstreamUnavailable       503 upstream_unavailable (no upstream could take it)
 ├── UpstreamRejected              the upstream's own 4xx status and code, passed on
@@ -181,6 +183,19 @@ class MemoryPressure(Overloaded):
     refused, or a paused stream cancelled (``reason`` says so)."""
 
     code = "memory_pressure"
+
+
+class ModelMemory(Overloaded):
+    """Loading the model would exceed ``max_model_memory_mb`` and no loaded model is
+    idle, so none can be unloaded for it."""
+
+    code = "model_memory"
+
+
+class ModelBusy(Overloaded):
+    """An unload asked for a model whose streams did not end in time."""
+
+    code = "model_busy"
 
 
 class TooManyConnections(Overloaded):

@@ -10,6 +10,7 @@ import pytest
 from edge_llm.cli.main import build_parser
 from edge_llm.config import EngineConfig, flag_overrides, load_config, sections, toml_table
 from edge_llm.config_reference import generated_part, render
+from edge_llm.models.config import ModelEntryConfig
 from edge_llm.upstream.config import UpstreamConfig
 
 PAGE = Path(__file__).parents[2] / "docs" / "configuration.md"
@@ -46,6 +47,8 @@ def test_every_key_of_every_table_is_in_the_reference() -> None:
     for name in EngineConfig.model_fields:
         if name == "upstream":
             assert set(tables["upstream.NAME"]) == set(UpstreamConfig.model_fields)
+        elif name == "models":
+            assert set(tables["models.NAME"]) == set(ModelEntryConfig.model_fields)
         else:
             model = sections()[name]
             assert set(tables[toml_table(name)]) == set(model.model_fields), name
@@ -72,7 +75,7 @@ def test_a_key_loads_from_the_table_the_reference_names(
     [
         (table, key, flags)
         for table, rows in rows_by_table().items()
-        if table != "upstream.NAME"
+        if table not in ("upstream.NAME", "models.NAME")  # NAME=VALUE flags: test_config
         for key, flags in rows.items()
     ],
 )

@@ -208,3 +208,14 @@ def test_slot_progress_needs_exactly_one_busy_slot() -> None:
     assert slot_progress([idle]) is None
     assert slot_progress([busy, {**busy, "id": 2}]) is None
     assert slot_progress([{"is_processing": True, "next_token": {"n_decoded": 7}}]) == 7
+
+
+def test_metric_value_sums_the_series_of_several_models() -> None:
+    text = (
+        'edge_llm_kv_cache_used_bytes{model="a"} 1024.0\n'
+        'edge_llm_kv_cache_used_bytes{model="b"} 2048.0\n'
+        "edge_llm_generated_tokens_total 7.0\n"
+    )
+    assert metric_value(text, "edge_llm_kv_cache_used_bytes") == 3072.0
+    assert metric_value(text, "edge_llm_generated_tokens_total") == 7.0
+    assert metric_value(text, "edge_llm_streams_paused") is None

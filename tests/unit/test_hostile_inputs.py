@@ -24,7 +24,7 @@ from edge_llm.engine.engine import Engine
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
 
-from fakes import FakeBackend
+from fakes import FakeBackend, fake_loader
 from hostile import (
     BASE_BODIES,
     NORMAL_CHAT,
@@ -70,7 +70,10 @@ class FakeServer:
         backend = FakeBackend()
         self.engine = Engine(backend, engine_settings(config))
         self.engine.start(asyncio.get_running_loop())
-        self.app = create_app(build_context(config, self.engine, backend, lambda *a, **k: None))
+        self.ctx = build_context(
+            config, self.engine, backend, lambda *a, **k: None, loader=fake_loader(config)
+        )
+        self.app = create_app(self.ctx)
         self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -80,7 +83,7 @@ class FakeServer:
 
     def stop(self) -> None:
         self._run(self.runner.cleanup())
-        self.engine.stop()
+        self._run(self.ctx.pool.unload_all())  # the engine, or one a request loaded again
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

@@ -12,6 +12,9 @@ and any package of a lower layer::
                     the stream events every connection is told
     engine          the inference thread and its policies
     upstream        the relay to other engines
+    models          the served models: load, unload, memory budget, embeddings
+                    (``server/service.py``, the admission service each loaded model
+                    owns, sits here; ``models/config.py`` in config)
     server          aiohttp routes, dispatch, runtime
     cli             the commands (may import anything)
 
@@ -43,6 +46,7 @@ STACK = (
     "protocol",
     "engine",
     "upstream",
+    "models",
     "server",
     "cli",
 )
@@ -53,6 +57,8 @@ NETWORK_CLIENTS = {
 }
 MODULE_LAYERS = {
     "edge_llm.upstream.config": "config",
+    "edge_llm.models.config": "config",
+    "edge_llm.server.service": "models",
     "edge_llm.config_reference": "config",
     "edge_llm.__main__": "cli",
 }

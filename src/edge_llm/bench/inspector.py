@@ -129,11 +129,23 @@ def slot_progress(slots: list[dict[str, Any]]) -> int | None:
 
 
 def metric_value(text: str, name: str) -> float | None:
-    """The value of an unlabelled sample ``name`` in Prometheus text format."""
+    """The value of an unlabelled sample ``name`` in Prometheus text format; without
+    one, the sum of its labelled samples (an engine serving several models labels
+    each series with its ``model``)."""
+    labelled: list[float] = []
     for line in text.split("\n"):
         if line.startswith(name + " "):
-            try:
-                return float(line.split()[1])
-            except (IndexError, ValueError):
-                return None
-    return None
+            return _sample_value(line[len(name) :])
+        if line.startswith(name + "{"):
+            value = _sample_value(line.rpartition("}")[2])
+            if value is not None:
+                labelled.append(value)
+    return sum(labelled) if labelled else None
+
+
+def _sample_value(text: str) -> float | None:
+    """The value of a sample line's part after its name and labels."""
+    try:
+        return float(text.split(maxsplit=1)[0])
+    except (IndexError, ValueError):
+        return None

@@ -56,10 +56,16 @@ def kv_capacity(config: EngineConfig, capacity_tokens: int, capacity_bytes: int)
 
 async def _serve(config: EngineConfig) -> None:
     server = await start_server(config)
-    info = server.ctx.service.backend.info
-    kv = server.ctx.engine.kv
+    pool = server.ctx.pool
+    default = pool.loaded(pool.default)
+    if default is None:  # loaded at start; unloaded only on request
+        raise BackendError("the default model is not loaded")
+    kv = default.engine.kv
     capacity = kv_capacity(config, kv.capacity_tokens, kv.capacity_bytes)
-    print(f"edge-llm: serving {info.model_id} on {server.url} ({capacity})", flush=True)
+    print(f"edge-llm: serving {pool.default} on {server.url} ({capacity})", flush=True)
+    for name in pool.names[1:]:
+        print(f"edge-llm: model {name} ({pool.spec(name).path}): loaded on first request",
+              flush=True)  # fmt: skip
     for upstream in server.ctx.router.registry.upstreams:
         state = "healthy" if upstream.healthy else f"unreachable ({upstream.last_error})"
         role = ", fallback" if upstream.config.fallback else ""

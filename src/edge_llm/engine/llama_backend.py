@@ -71,6 +71,17 @@ _GRAMMAR_SHORTLIST = 64  # greedy + grammar: best allowed among the top tokens f
 # llama.cpp prints a grammar it cannot parse to stderr in full: keep that bounded.
 _MAX_GRAMMAR_CHARS = 32 * 1024
 _MAX_SCHEMA_REPEAT = 1000  # largest length or count bound in a JSON schema
+# Embeddings: a generative model computes its logits beside the hidden states for every
+# token of a chunk (llama.cpp outputs all tokens of an embeddings batch), so a chunk's
+# tokens are bounded by what those buffers may take; a 262k-word vocabulary gets 16.
+_EMBED_OUTPUT_BYTES = 32 * 1024 * 1024
+_EMBED_MIN_CHUNK = 16
+# Pooling a GGUF may declare (an embedding model), by llama.cpp's number.
+_DECLARED_POOLING = {
+    llama.LLAMA_POOLING_TYPE_MEAN: "mean",
+    llama.LLAMA_POOLING_TYPE_CLS: "cls",
+    llama.LLAMA_POOLING_TYPE_LAST: "last",
+}
 
 
 def _discard_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
@@ -449,12 +460,93 @@ class LlamaBackend:
         """Cells the slot occupies (its highest position + 1); engine thread only."""
         return int(llama.llama_memory_seq_pos_max(self._memory, slot)) + 1
 
+    def embedder(self, max_tokens: int, n_threads: int) -> LlamaEmbedder:
+        """An embeddings context of its own on this loaded model (the weights are
+        shared, the engine's context untouched): inputs of up to ``max_tokens``
+        tokens, on ``n_threads`` threads. Close it before this backend."""
+        declared = _finite_float(self._meta(f"{self.info.architecture}.pooling_type"))
+        pooling = int(declared) if declared is not None else None
+        return LlamaEmbedder(self._model, self.info.n_vocab, pooling, max_tokens, n_threads)
+
     def close(self) -> None:
         for key in list(self._samplers):
             self.end_sequence(key)
         self._batch.free()
         llama.llama_free(self._ctx)
         llama.llama_model_free(self._model)
+
+
+class LlamaEmbedder:
+    """Embeddings from a loaded model, on a context of their own.
+
+    The model's own pooling when its GGUF declares one (an embedding model): each
+    input is one ubatch (non-causal attention needs it whole) and llama.cpp pools.
+    Otherwise (a generative model) the mean of the tokens' last hidden states,
+    summed here chunk by chunk so the logits llama.cpp computes beside them stay
+    within ``_EMBED_OUTPUT_BYTES``. Vectors are returned as computed (not
+    normalized). One caller at a time (the context is not thread-safe).
+    """
+
+    def __init__(
+        self,
+        model: ctypes.c_void_p,
+        n_vocab: int,
+        declared_pooling: int | None,
+        max_tokens: int,
+        n_threads: int,
+    ) -> None:
+        self.n_embd = int(llama.llama_model_n_embd_out(model))
+        self.max_tokens = max_tokens
+        self.pooling = _DECLARED_POOLING.get(declared_pooling or 0, "mean")
+        self._own_pooling = declared_pooling in _DECLARED_POOLING
+        budget = _EMBED_OUTPUT_BYTES // (8 * max(1, n_vocab))
+        chunk = max_tokens if self._own_pooling else max(_EMBED_MIN_CHUNK, budget)
+        self.chunk_tokens = min(max_tokens, chunk)
+        params = llama.llama_context_default_params()
+        params.n_ctx = -(-max_tokens // _KV_CELL_ROUND) * _KV_CELL_ROUND
+        params.n_batch = params.n_ubatch = self.chunk_tokens
+        params.n_seq_max = 1
+        params.n_threads = params.n_threads_batch = n_threads
+        params.embeddings = True
+        params.pooling_type = declared_pooling if self._own_pooling else 0  # 0: none
+        params.no_perf = True
+        ctx = llama.llama_init_from_model(model, params)
+        if not ctx:
+            raise BackendError("llama.cpp could not create an embeddings context")
+        self._ctx = ctx
+        self._memory = llama.llama_get_memory(ctx)
+        self._batch = _Batch(self.chunk_tokens)
+
+    def embed(self, tokens: Sequence[int]) -> list[float]:
+        """The pooled embedding of one input (1 to ``max_tokens`` tokens)."""
+        if not 0 < len(tokens) <= self.max_tokens:
+            raise BackendError(f"an embeddings input needs 1 to {self.max_tokens} tokens")
+        llama.llama_memory_clear(self._memory, True)
+        if self._own_pooling:
+            self._decode(tokens, 0)
+            pooled = llama.llama_get_embeddings_seq(self._ctx, 0)
+            return list(np.ctypeslib.as_array(pooled, shape=(self.n_embd,)))
+        total = np.zeros(self.n_embd, dtype=np.float64)
+        for start in range(0, len(tokens), self.chunk_tokens):
+            chunk = tokens[start : start + self.chunk_tokens]
+            self._decode(chunk, start)
+            rows = llama.llama_get_embeddings(self._ctx)
+            total += np.ctypeslib.as_array(rows, shape=(len(chunk), self.n_embd)).sum(axis=0)
+        return list(total / len(tokens))
+
+    def _decode(self, tokens: Sequence[int], start: int) -> None:
+        item = BatchItem(slot=0, tokens=tokens, start_pos=start, sample=False)
+        self._batch.fill([item])
+        raw = self._batch.raw
+        for i in range(len(tokens)):
+            raw.logits[i] = 1  # an embeddings batch outputs every token
+        code = llama.llama_decode(self._ctx, raw)
+        if code != 0:
+            raise BackendError(f"llama_decode failed with code {code} computing embeddings")
+
+    def close(self) -> None:
+        self._batch.free()
+        llama.llama_free(self._ctx)
 
 
 class _SequenceSampler:

@@ -59,6 +59,11 @@ class Event(StrEnum):
     ROUTED = "routed"  # relayed to an upstream (its backend and route)
     UPSTREAM_FAILOVER = "upstream_failover"
     UPSTREAM_HEALTH = "upstream_health"
+    # Server: models loaded and unloaded (models/pool.py).
+    MODEL_LOADING = "model_loading"
+    MODEL_LOADED = "model_loaded"
+    MODEL_LOAD_FAILED = "model_load_failed"
+    MODEL_UNLOADED = "model_unloaded"
     # Client.
     REQUEST_SENT = "request_sent"
     FIRST_BYTE = "first_byte"

@@ -157,6 +157,7 @@ class EngineMetrics:
             "superseded",
             "pause_timeout",
             "shutdown",
+            "unloaded",
         )
         for reason in reasons:
             self.cancellations.labels(reason)

@@ -337,11 +337,7 @@ class ChatCompletionRequest(_Sampling):
                 raise InvalidRequest("tool_choice needs tools", param="tool_choice")
             return None
         tools = tuple(
-            FunctionTool(
-                t.function.name,
-                t.function.description,
-                t.function.parameters or {"type": "object", "properties": {}},
-            )
+            FunctionTool.of(t.function.name, t.function.description, t.function.parameters)
             for t in self.tools
         )
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -572,7 +568,8 @@ def completion_logprobs(
 
 
 def model_list(model_id: str, created: int) -> dict[str, Any]:
-    return {
-        "object": "list",
-        "data": [{"id": model_id, "object": "model", "created": created, "owned_by": "edge-llm"}],
-    }
+    return {"object": "list", "data": [model_object(model_id, created)]}
+
+
+def model_object(model_id: str, created: int, owned_by: str = "edge-llm") -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": created, "owned_by": owned_by}

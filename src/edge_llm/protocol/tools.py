@@ -27,7 +27,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from edge_llm.errors import InvalidRequest
 
@@ -45,6 +45,11 @@ class FunctionTool:
     name: str
     description: str | None = None
     parameters: dict[str, Any] = field(default_factory=lambda: dict(_EMPTY_PARAMETERS))
+
+    @classmethod
+    def of(cls, name: str, description: str | None, parameters: dict[str, Any] | None) -> Self:
+        """A function as requests declare it (no ``parameters``: it takes none)."""
+        return cls(name, description, parameters or dict(_EMPTY_PARAMETERS))
 
     def openai_dict(self) -> dict[str, Any]:
         """Chat Completions' shape, which chat templates expect."""

@@ -46,6 +46,7 @@ from edge_llm.server.generation import (
     generation_events,
 )
 from edge_llm.server.http import read_json, session_of
+from edge_llm.server.service import GenerationService
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, messages_chat_body
 
@@ -57,9 +58,12 @@ async def count_tokens(request: web.Request) -> web.Response:
     see them (chat template, tools, prefill); counted even over the prompt limit."""
     ctx = context_of(request)
     req = anthropic.parse_count_request(await read_json(request, ctx.connection))
-    ctx.service.check_messages(len(req.messages))
-    prompt = ctx.service.render_chat(req.chat_messages(), req.tool_setup())
-    count = await ctx.service.count_tokens(prompt + (req.prefill or ""))
+    name = req.model if req.model in ctx.pool.names else ctx.pool.default
+    with await ctx.pool.acquire(name) as lease:
+        service = lease.model.service
+        service.check_messages(len(req.messages))
+        prompt = service.render_chat(req.chat_messages(), req.tool_setup())
+        count = await service.count_tokens(prompt + (req.prefill or ""))
     return web.json_response({"input_tokens": count})
 
 
@@ -72,7 +76,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda: _start(ctx, req, session, setup),
+        start_local=lambda service: _start(service, req, session, setup),
         relay=lambda: Relay(CHAT_PATH, messages_chat_body(req, session)),
         any_model_runs_locally=True,
     )
@@ -87,12 +91,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 
 async def _start(
-    ctx: ServerContext,
+    service: GenerationService,
     req: anthropic.MessagesRequest,
     session: str | None,
     setup: ToolSetup | None,
 ) -> StreamHandle:
-    service = ctx.service
     sampling = req.sampling(service.sampling_defaults)
     if req.output_schema is not None:
         grammar = service.json_grammar(req.output_schema, param="output_config.format")

@@ -22,6 +22,8 @@ from edge_llm.server import (
     access_log,
     anthropic_routes,
     debug_routes,
+    model_routes,
+    ollama_routes,
     openai_routes,
     playground_routes,
     responses_routes,
@@ -51,6 +53,16 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
     app.router.add_post("/v1/responses", responses_routes.create_response)
     app.router.add_get("/v1/models", openai_routes.models)
+    app.router.add_post("/v1/embeddings", model_routes.embeddings)
+    app.router.add_post("/models/load", model_routes.load)
+    app.router.add_post("/models/unload", model_routes.unload)
+    app.router.add_post("/api/chat", ollama_routes.chat)
+    app.router.add_post("/api/generate", ollama_routes.generate)
+    app.router.add_post("/api/embed", ollama_routes.embed)
+    app.router.add_get("/api/tags", ollama_routes.tags)
+    app.router.add_get("/api/ps", ollama_routes.ps)
+    app.router.add_post("/api/show", ollama_routes.show)
+    app.router.add_get("/api/version", ollama_routes.version)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
     app.router.add_get("/health", debug_routes.health)
     app.router.add_get("/metrics", debug_routes.metrics)

@@ -7,21 +7,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from edge_llm.config import EngineConfig
-from edge_llm.engine.engine import Engine
+from edge_llm.models.pool import LoadedModel, ModelPool
 from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.pump import PumpSettings
-from edge_llm.server.service import GenerationService
 from edge_llm.upstream.router import UpstreamRouter
 
 
 @dataclass
 class ServerContext:
-    engine: Engine
-    service: GenerationService
+    # The served models: each loaded one has its engine and service.
+    pool: ModelPool
+    # /metrics: the models' engine metrics, the pool's and the upstreams'.
+    registry: CollectorRegistry
     config: EngineConfig
     pump_settings: PumpSettings
     connection: ConnectionSettings
@@ -35,6 +37,10 @@ class ServerContext:
     count_connections: Callable[[], int] = lambda: 0
     # Conversations behind the Responses API's previous_response_id.
     responses: ResponseStore = field(default_factory=ResponseStore)
+
+    def default_model(self) -> LoadedModel | None:
+        """The default model, if loaded (it is, unless unloaded on purpose)."""
+        return self.pool.loaded(self.pool.default)
 
 
 CONTEXT = web.AppKey("edge_llm_context", ServerContext)

@@ -7,6 +7,10 @@ there. When the device refuses a request for its own model (``prompt_too_long``,
 takes it if one can; a request that cannot be relayed (an Anthropic prefill)
 keeps the refusal, which says more than ``upstream_unavailable``.
 
+A local request first leases the model it names from the
+:class:`~edge_llm.models.pool.ModelPool` (loading it if needed); the lease is
+held until the answer is closed, so a model is never unloaded under a request.
+
 Whoever answers, the route gets an :class:`Answer`: its events (those of
 :mod:`edge_llm.protocol.stream_events`, plus the upstream's chunk objects when
 relayed, so an OpenAI route can pass them on untouched), the ids and headers to
@@ -25,14 +29,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.models.pool import Lease, ModelPool
 from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Ending, Finished, StreamEvent
 from edge_llm.server.pump import PumpSettings, pump
-from edge_llm.server.service import response_headers
+from edge_llm.server.service import GenerationService, response_headers
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.router import FALLBACK_ERRORS, LOCAL, UpstreamRouter
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
@@ -52,14 +56,15 @@ class Relay:
 class Job:
     """What a route asks for, both ways it can be answered.
 
-    ``start_local`` admits it to the local engine (raising the device's refusal);
-    ``relay`` builds what an upstream is sent, and raises InvalidRequest when the
-    request cannot be relayed. Both run only if that backend is chosen.
+    ``start_local`` admits it to the service of the local model it names (raising
+    the device's refusal); ``relay`` builds what an upstream is sent, and raises
+    InvalidRequest when the request cannot be relayed. Both run only if that
+    backend is chosen.
     """
 
     model: str | None
     session: str | None
-    start_local: Callable[[], Awaitable[StreamHandle]]
+    start_local: Callable[[GenerationService], Awaitable[StreamHandle]]
     relay: Callable[[], Relay]
     # Anthropic's endpoint: clients send their own model ids, which run locally
     # unless an upstream lists them.
@@ -88,6 +93,11 @@ class Answer(ABC):
     @abstractmethod
     def events(self) -> AsyncIterator[AnswerEvent]:
         """The events until (and including) :class:`Finished`."""
+
+    @property
+    def token_bytes(self) -> Callable[[int], bytes] | None:
+        """The model's token bytes, for logprobs (None: the upstream sends its own)."""
+        return None
 
     @abstractmethod
     def usage(self) -> dict[str, Any]:
@@ -144,21 +154,25 @@ class Answer(ABC):
 
 
 class LocalAnswer(Answer):
-    def __init__(
-        self, engine: Engine, handle: StreamHandle, model: str, settings: PumpSettings
-    ) -> None:
-        self.engine = engine
+    def __init__(self, lease: Lease, handle: StreamHandle, settings: PumpSettings) -> None:
+        self.lease = lease
+        self.service = lease.model.service
+        self.engine = lease.model.engine
         self.handle = handle
         self.settings = settings
         self.id = handle.id
         self.relayed = False
-        self.model = model
+        self.model = lease.name
         self.n_prompt = handle.seq.n_prompt
         self.headers = response_headers(handle)
 
     @property
     def backend(self) -> str:
         return LOCAL
+
+    @property
+    def token_bytes(self) -> Callable[[int], bytes] | None:
+        return self.service.backend.token_bytes
 
     @property
     def outcome(self) -> Ending | None:
@@ -185,6 +199,7 @@ class LocalAnswer(Answer):
     def close(self) -> None:
         if not self.handle.finished:
             self.engine.cancel(self.handle, "disconnect")
+        self.lease.release()
 
 
 class RelayedAnswer(Answer):
@@ -232,12 +247,17 @@ class RelayedAnswer(Answer):
 
 class Dispatcher:
     def __init__(
-        self, engine: Engine, router: UpstreamRouter, local_model: str, settings: PumpSettings
+        self,
+        pool: ModelPool,
+        router: UpstreamRouter,
+        settings: PumpSettings,
+        *,
+        supersede_sessions: bool = True,
     ) -> None:
-        self.engine = engine
+        self.pool = pool
         self.router = router
-        self.local_model = local_model
         self.settings = settings
+        self.supersede_sessions = supersede_sessions
 
     async def start(self, job: Job) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
@@ -245,12 +265,31 @@ class Dispatcher:
         upstreams = self.router.upstreams_for(job.model, any_model_local=job.any_model_runs_locally)
         if upstreams is not None:
             return self._relay(job, job.relay(), upstreams, route="model")
+        name = self.local_name(job)
+        lease = await self.pool.acquire(name)
         try:
-            handle = await job.start_local()
+            self._supersede_elsewhere(job.session, name)
+            handle = await job.start_local(lease.model.service)
         except FALLBACK_ERRORS as refused:
+            lease.release()
             return self._fall_back(job, refused)
+        except BaseException:
+            lease.release()
+            raise
         self.router.note_local(handle.seq.session)
-        return LocalAnswer(self.engine, handle, self.local_model, self.settings)
+        return LocalAnswer(lease, handle, self.settings)
+
+    def local_name(self, job: Job) -> str:
+        """The local model that runs ``job`` (Anthropic's unknown ids: the default)."""
+        if job.any_model_runs_locally and job.model not in self.pool.names:
+            return self.pool.default
+        return self.pool.resolve(job.model)
+
+    def _supersede_elsewhere(self, session: str | None, name: str) -> None:
+        """A session's new request supersedes its stream on another model too (each
+        engine supersedes within itself), so a session has one live stream."""
+        if session is not None and self.supersede_sessions:
+            self.pool.cancel_session(session, besides=name)
 
     def _fall_back(self, job: Job, refused: EdgeLLMError) -> Answer:
         candidates = self.router.fallback_for(refused)

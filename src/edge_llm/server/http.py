@@ -17,12 +17,13 @@ from edge_llm.errors import (
     Overloaded,
     TooManyConnections,
 )
-from edge_llm.protocol import anthropic
+from edge_llm.protocol import anthropic, ollama
 from edge_llm.protocol.json_body import decode_json
 from edge_llm.server.access_log import mark_error
 
 _DECODE_IN_THREAD_BYTES = 64 * 1024
 ANTHROPIC_PATH = "/v1/messages"
+OLLAMA_PATH = "/api/"
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,22 @@ class ConnectionSettings:
 def error_response(error: EdgeLLMError, path: str) -> web.Response:
     """``error`` with its status, in the shape of the API ``path`` belongs to:
     Anthropic's (``{"type": "error", "error": {...}}``) under ``/v1/messages``,
-    OpenAI's everywhere else."""
+    Ollama's (``{"error": "..."}``) under ``/api/``, OpenAI's everywhere else."""
     headers = {}
     if isinstance(error, Overloaded):
         headers["Retry-After"] = str(error.retry_after_s)
     if isinstance(error, TooManyConnections):
         headers["Connection"] = "close"
-    body = anthropic.error_body(error) if is_anthropic_path(path) else error.to_dict()
+    body = error_body(error, path)
     return mark_error(web.json_response(body, status=error.status, headers=headers), error)
+
+
+def error_body(error: EdgeLLMError, path: str) -> dict[str, Any]:
+    if is_anthropic_path(path):
+        return anthropic.error_body(error)
+    if path.startswith(OLLAMA_PATH):
+        return ollama.error_body(error.message)
+    return error.to_dict()
 
 
 def is_anthropic_path(path: str) -> bool:

@@ -20,6 +20,7 @@ from edge_llm.server.access_log import answering
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.http import read_json, session_of
+from edge_llm.server.service import GenerationService
 from edge_llm.server.sse_writer import SseWriter
 
 
@@ -82,7 +83,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda: _start_chat(ctx, req, session),
+        start_local=lambda service: _start_chat(service, req, session),
         relay=lambda: Relay(request.path, body),
     )
     answer = await ctx.dispatcher.start(job)
@@ -92,7 +93,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         setup = req.tool_setup()
         if setup is not None and setup.active:
             return await _respond_with_tools(request, ctx, answer, req, setup)
-        return await _respond(request, ctx, answer, req, _shape(ctx, req, chat=True))
+        return await _respond(request, ctx, answer, req, _shape(answer, req, chat=True))
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -103,10 +104,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda: ctx.service.start_text(
+        start_local=lambda service: service.start_text(
             req.prompt_text(),
             max_tokens=req.requested_max_tokens,
-            sampling=request_sampling(ctx, req),
+            sampling=request_sampling(service, req),
             session=session,
         ),
         relay=lambda: Relay(request.path, body),
@@ -115,41 +116,40 @@ async def completions(request: web.Request) -> web.StreamResponse:
     with answer, answering(request, answer):
         if answer.relayed:
             return await upstream_routes.respond(request, ctx, answer, body)
-        return await _respond(request, ctx, answer, req, _shape(ctx, req, chat=False))
+        return await _respond(request, ctx, answer, req, _shape(answer, req, chat=False))
 
 
 async def _start_chat(
-    ctx: ServerContext, req: openai.ChatCompletionRequest, session: str | None
+    service: GenerationService, req: openai.ChatCompletionRequest, session: str | None
 ) -> StreamHandle:
     setup = req.tool_setup()
     if setup is not None and setup.active and req.n_logprobs is not None:
         raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
-    return await ctx.service.start_chat(
+    return await service.start_chat(
         req.chat_messages(),
         max_tokens=req.requested_max_tokens,
-        sampling=request_sampling(ctx, req),
+        sampling=request_sampling(service, req),
         session=session,
         tools=setup,
     )
 
 
 def request_sampling(
-    ctx: ServerContext, req: openai.ChatCompletionRequest | openai.CompletionRequest
+    service: GenerationService, req: openai.ChatCompletionRequest | openai.CompletionRequest
 ) -> SamplingParams:
     """The request's sampling, with a grammar when ``response_format`` asks for JSON
     (a schema that cannot be enforced is refused here, before admission)."""
-    sampling = req.sampling(ctx.service.sampling_defaults)
+    sampling = req.sampling(service.sampling_defaults)
     if req.wants_json:
-        grammar = ctx.service.json_grammar(req.output_schema, param="response_format")
+        grammar = service.json_grammar(req.output_schema, param="response_format")
         sampling = replace(sampling, grammar=grammar)
     return sampling
 
 
 def _shape(
-    ctx: ServerContext, req: openai.ChatCompletionRequest | openai.CompletionRequest, *, chat: bool
+    answer: Answer, req: openai.ChatCompletionRequest | openai.CompletionRequest, *, chat: bool
 ) -> _Shape:
-    wants_logprobs = req.n_logprobs is not None
-    return _Shape(chat, ctx.service.backend.token_bytes if wants_logprobs else None)
+    return _Shape(chat, answer.token_bytes if req.n_logprobs is not None else None)
 
 
 async def _respond(
@@ -169,14 +169,20 @@ async def _respond(
 
 
 async def models(request: web.Request) -> web.Response:
-    """The local model first, then every upstream's (``owned_by`` names the upstream)."""
+    """The local models first, the default one leading, each with its ``state``
+    (loaded, loading, unloaded); then every upstream's (``owned_by`` names it)."""
     ctx = context_of(request)
-    listing = openai.model_list(ctx.service.model_id, ctx.started_at)
-    for model, backend in ctx.router.model_entries():
-        if model != ctx.service.model_id:
-            entry = {"id": model, "object": "model", "created": ctx.started_at, "owned_by": backend}
-            listing["data"].append(entry)
-    return web.json_response(listing)
+    pool = ctx.pool
+    local = [
+        {**openai.model_object(name, ctx.started_at), "state": pool.state(name).value}
+        for name in pool.names
+    ]
+    relayed = [
+        openai.model_object(model, ctx.started_at, owned_by=backend)
+        for model, backend in ctx.router.model_entries()
+        if model not in pool.names
+    ]
+    return web.json_response({"object": "list", "data": local + relayed})
 
 
 async def _stream_sse(

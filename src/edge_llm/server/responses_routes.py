@@ -44,6 +44,7 @@ from edge_llm.server.generation import (
     generation_events,
 )
 from edge_llm.server.http import read_json, session_of
+from edge_llm.server.service import GenerationService
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, responses_chat_body
 
@@ -57,10 +58,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda: ctx.service.start_chat(
+        start_local=lambda service: service.start_chat(
             _with_instructions(req, history),
             max_tokens=req.max_output_tokens,
-            sampling=_sampling(ctx, req),
+            sampling=_sampling(service, req),
             session=session,
             tools=setup,
         ),
@@ -135,8 +136,8 @@ def _with_instructions(
     return [{"role": "system", "content": req.instructions}, *history]
 
 
-def _sampling(ctx: ServerContext, req: responses.ResponsesRequest) -> SamplingParams:
-    defaults = ctx.service.sampling_defaults
+def _sampling(service: GenerationService, req: responses.ResponsesRequest) -> SamplingParams:
+    defaults = service.sampling_defaults
     sampling = SamplingParams(
         temperature=defaults.temperature if req.temperature is None else req.temperature,
         top_p=defaults.top_p if req.top_p is None else req.top_p,
@@ -146,7 +147,7 @@ def _sampling(ctx: ServerContext, req: responses.ResponsesRequest) -> SamplingPa
     constrained, schema = req.format_schema()
     if not constrained:
         return sampling
-    return replace(sampling, grammar=ctx.service.json_grammar(schema, param="text.format"))
+    return replace(sampling, grammar=service.json_grammar(schema, param="text.format"))
 
 
 async def _reply(

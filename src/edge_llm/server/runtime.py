@@ -1,19 +1,38 @@
-"""Assembling and running the daemon: backend, engine, HTTP server, shutdown."""
+"""Assembling and running the daemon: models, engines, HTTP server, shutdown.
+
+The default model is loaded at start (as with one model); the other served models
+when first asked for (see :mod:`edge_llm.models.pool`). Each loaded model gets a
+backend, an :class:`Engine` and a :class:`GenerationService` of its own.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
+import psutil
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
+from edge_llm.errors import BackendError
+from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
+from edge_llm.models.metrics import PoolMetrics
+from edge_llm.models.pool import LoadedModel, Loader, ModelPool
+from edge_llm.models.spec import (
+    MIB,
+    ModelSpec,
+    default_spec,
+    named_specs,
+    serves_several,
+)
 from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.protocol.sampling import SamplingDefaults
@@ -59,13 +78,19 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
     )
 
 
-def load_backend(config: EngineConfig) -> Backend:
+def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend:
+    """The model ``spec`` names (None: the default model, ``model_path`` or the
+    embedded one) loaded with the engine's settings."""
     from edge_llm.engine.llama_backend import LlamaBackend  # noqa: PLC0415 (loads llama.cpp)
 
     sched = config.scheduler
+    kv_bytes = config.backpressure.max_kv_cache_mb * MIB
+    path, model_id = config.model.model_path, config.model.model_id
+    if spec is not None:
+        path, model_id, kv_bytes = spec.path, spec.name, spec.kv_budget_bytes
     return LlamaBackend(
-        config.model.model_path,
-        kv_budget_bytes=config.backpressure.max_kv_cache_mb * 1024 * 1024,
+        path,
+        kv_budget_bytes=kv_bytes,
         max_sequences=sched.max_sequences,
         max_batch_tokens=scheduler_limits(
             sched.max_sequences, engine_settings(config)
@@ -73,9 +98,64 @@ def load_backend(config: EngineConfig) -> Backend:
         n_threads=config.model.n_threads,
         kv_unified=sched.kv_unified,
         kv_cache_type=config.cache.kv_cache_type,
-        model_id=config.model.model_id,
+        model_id=model_id,
         verbose=config.model.verbose,
     )
+
+
+def model_loader(config: EngineConfig) -> Loader:
+    """Loads a served model on demand (in a thread): backend, engine (the pool starts
+    it), service. Its footprint is the estimate, or the resident memory the load
+    added if more."""
+
+    def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> LoadedModel:
+        before = _rss()
+        backend = load_backend(config, spec)
+        try:
+            engine = Engine(backend, model_settings(config, spec), metrics=metrics, events=events)
+            model = loaded_model(config, spec, engine, backend, events)
+        except BaseException:
+            backend.close()  # the model's memory goes back at once
+            raise
+        model.footprint_bytes = max(spec.estimate_bytes, _rss() - before)
+        return model
+
+    return load
+
+
+def model_settings(config: EngineConfig, spec: ModelSpec) -> EngineSettings:
+    """A named model's engine settings: the engine's, with a disk tier of its own
+    (``cache_dir/models/NAME``) so that models do not evict each other's entries."""
+    settings = engine_settings(config)
+    if not settings.cache_dir:
+        return settings
+    return replace(settings, cache_dir=str(Path(settings.cache_dir) / "models" / spec.name))
+
+
+def loaded_model(
+    config: EngineConfig, spec: ModelSpec, engine: Engine, backend: Backend, events: EventSink
+) -> LoadedModel:
+    service = generation_service(config, engine, backend, events, spec)
+    return LoadedModel(
+        spec=spec,
+        engine=engine,
+        service=service,
+        embeddings=Embeddings(backend, backend.info.n_vocab, embedding_limits(config)),
+        footprint_bytes=spec.estimate_bytes,
+    )
+
+
+def embedding_limits(config: EngineConfig) -> EmbeddingLimits:
+    return EmbeddingLimits(
+        max_inputs=config.model.max_embedding_inputs,
+        max_tokens=config.model.max_embedding_tokens,
+        max_waiting=config.scheduler.max_queue,
+        threads=config.model.embedding_threads,
+    )
+
+
+def _rss() -> int:
+    return int(psutil.Process().memory_info().rss)
 
 
 @dataclass
@@ -94,17 +174,12 @@ class RunningServer:
     async def shutdown(self, grace_s: float) -> None:
         """Stop admitting, let running streams finish for ``grace_s``, cancel the
         rest (their clients get a final ``cancelled``/``shutdown`` event), stop."""
-        engine = self.ctx.engine
         self.ctx.draining = True
-        engine.begin_drain()
-        running = [handle.wait_done() for handle in engine.live_handles()]
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*running), grace_s)
-        engine.cancel_all("shutdown")
+        await self.ctx.pool.drain(grace_s)
         self.ctx.router.cancel_all("shutdown")
         await self.runner.cleanup()
         await self.ctx.router.registry.close()
-        await asyncio.to_thread(engine.stop)
+        await self.ctx.pool.unload_all()
         if self.event_log is not None:
             self.event_log.close()
 
@@ -121,7 +196,8 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     events: EventSink = event_log.emit if event_log else null_sink
     if backend is None:
         backend = await asyncio.to_thread(load_backend, config)
-    engine = Engine(backend, engine_settings(config), metrics=metrics, events=events)
+    engine_events = model_events(config, backend.info.model_id, events)
+    engine = Engine(backend, engine_settings(config), metrics=metrics, events=engine_events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
     await ctx.router.registry.start()
@@ -144,15 +220,31 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     return RunningServer(ctx, runner, event_log, host, port)
 
 
-def build_context(
-    config: EngineConfig, engine: Engine, backend: Backend, events: EventSink
-) -> ServerContext:
-    bp, sched, stream, server = config.backpressure, config.scheduler, config.stream, config.server
+def model_events(config: EngineConfig, name: str, events: EventSink) -> EventSink:
+    """A model's engine events; with several models served each line names its model."""
+    if not serves_several(config):
+        return events
+
+    def emit(event: Event, request_id: str | None = None, /, **fields: Any) -> None:
+        events(event, request_id, model=name, **fields)
+
+    return emit
+
+
+def generation_service(
+    config: EngineConfig,
+    engine: Engine,
+    backend: Backend,
+    events: EventSink,
+    spec: ModelSpec | None = None,
+) -> GenerationService:
+    bp, sched, server = config.backpressure, config.scheduler, config.server
     limits = Limits(
         max_prompt_tokens=bp.max_prompt_tokens,
         default_max_tokens=sched.default_max_tokens,
         max_tokens_cap=sched.max_tokens_cap,
         max_messages=server.max_messages,
+        context_tokens=spec.context_tokens if spec else None,
     )
     defaults = SamplingDefaults(temperature=sched.default_temperature, top_p=sched.default_top_p)
     service = GenerationService(
@@ -163,18 +255,68 @@ def build_context(
         log_prompts=server.log_prompts,
         sampling_defaults=defaults,
     )
-    router = build_router(config, engine, service.model_id, events)
+    if spec is not None:  # the model's own keys over the GGUF's and the engine's
+        service.sampling_defaults = service.sampling_defaults.overridden(spec.sampling)
+    return service
+
+
+def build_pool(
+    config: EngineConfig,
+    engine: Engine,
+    backend: Backend,
+    events: EventSink,
+    *,
+    registry: CollectorRegistry,
+    loader: Loader | None = None,
+) -> ModelPool:
+    """The served models, the default one (``engine`` over ``backend``) loaded."""
+    info = backend.info
+    first = default_spec(config, info.model_id, info.path, info.size_bytes)
+    named = named_specs(config)
+    if first.name in config.models:
+        raise BackendError(
+            f"model name {first.name!r} is the default model's id: name it otherwise "
+            "or set model_id"
+        )
+    specs = [first, *named]
+    loader = loader or model_loader(config)
+    pool = ModelPool(
+        specs,
+        lambda spec, metrics, _: loader(spec, metrics, model_events(config, spec.name, events)),
+        budget_bytes=config.model.max_model_memory_mb * MIB,
+        metrics=PoolMetrics(registry),
+        events=events,
+        slot_metrics={specs[0].name: engine.metrics},
+    )
+    pool.adopt(loaded_model(config, specs[0], engine, backend, events))
+    return pool
+
+
+def build_context(
+    config: EngineConfig,
+    engine: Engine,
+    backend: Backend,
+    events: EventSink,
+    loader: Loader | None = None,
+) -> ServerContext:
+    """Everything the routes need; ``engine`` over ``backend`` is the default model."""
+    sched, stream, server = config.scheduler, config.stream, config.server
+    registry = CollectorRegistry(auto_describe=True)
+    pool = build_pool(config, engine, backend, events, registry=registry, loader=loader)
+    router = build_router(config, registry, pool, events)
     pump_settings = PumpSettings(
         chunk_tokens=stream.chunk_size_tokens,
         flush_interval_s=stream.flush_interval_ms / 1000.0,
         heartbeat_interval_s=stream.heartbeat_interval_ms / 1000.0,
     )
     return ServerContext(
-        engine=engine,
-        service=service,
+        pool=pool,
+        registry=registry,
         config=config,
         router=router,
-        dispatcher=Dispatcher(engine, router, service.model_id, pump_settings),
+        dispatcher=Dispatcher(
+            pool, router, pump_settings, supersede_sessions=sched.supersede_sessions
+        ),
         pump_settings=pump_settings,
         connection=ConnectionSettings(
             socket_send_buffer_bytes=server.socket_send_buffer_bytes,
@@ -185,7 +327,7 @@ def build_context(
 
 
 def build_router(
-    config: EngineConfig, engine: Engine, local_model: str, events: EventSink
+    config: EngineConfig, registry_: CollectorRegistry, pool: ModelPool, events: EventSink
 ) -> UpstreamRouter:
     bp, server = config.backpressure, config.server
 
@@ -203,7 +345,7 @@ def build_router(
         receive_buffer_bytes=server.upstream_receive_buffer_bytes,
         on_health_change=health_changed,
     )
-    metrics = BackendMetrics(engine.metrics.registry, LOCAL, list(config.upstream))
+    metrics = BackendMetrics(registry_, LOCAL, list(config.upstream))
     for upstream in registry.upstreams:
         metrics.bind_upstream(
             upstream.name,
@@ -214,9 +356,7 @@ def build_router(
     def cancel_local_session(session: str) -> None:
         if not config.scheduler.supersede_sessions:
             return
-        for handle in engine.live_handles():
-            if handle.seq.session == session:
-                engine.cancel(handle, "superseded")
+        pool.cancel_session(session)
 
     settings = StreamSettings(
         buffer_chunks=bp.outbound_buffer_tokens,
@@ -228,7 +368,7 @@ def build_router(
     )
     return UpstreamRouter(
         registry,
-        local_model=local_model,
+        local_models=pool.names,
         settings=settings,
         metrics=metrics,
         events=events,

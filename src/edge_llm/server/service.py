@@ -38,6 +38,7 @@ class Limits:
     default_max_tokens: int
     max_tokens_cap: int
     max_messages: int
+    context_tokens: int | None = None  # a model's configured context (None: its trained one)
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,13 @@ class GenerationService:
     @property
     def model_id(self) -> str:
         return self.backend.info.model_id
+
+    @property
+    def context_tokens(self) -> int:
+        """Most tokens of one sequence: the model's trained context, or less if configured."""
+        trained = self.backend.info.n_ctx_train
+        configured = self.limits.context_tokens
+        return min(trained, configured) if configured else trained
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_id:
@@ -106,6 +114,7 @@ class GenerationService:
         session: str | None,
         tools: ToolSetup | None = None,
         prefill: str = "",
+        context: int | None = None,
     ) -> StreamHandle:
         """Render the conversation (with its tools) and start it; ``prefill`` is
         text the answer continues (a trailing assistant turn)."""
@@ -114,7 +123,7 @@ class GenerationService:
         if tools is not None and tools.forced:
             sampling = self._tool_grammar(sampling, tools)
         return await self.start_text(
-            prompt, max_tokens=max_tokens, sampling=sampling, session=session
+            prompt, max_tokens=max_tokens, sampling=sampling, session=session, context=context
         )
 
     def check_messages(self, count: int) -> None:
@@ -147,14 +156,17 @@ class GenerationService:
         max_tokens: int | None,
         sampling: SamplingParams,
         session: str | None,
+        context: int | None = None,
     ) -> StreamHandle:
-        """Tokenize, enforce the prompt and max_tokens limits, and submit."""
+        """Tokenize, enforce the prompt and max_tokens limits, and submit.
+        ``context``: the request's own bound on prompt and answer together
+        (Ollama's ``num_ctx``), named ``num_ctx`` when it is the one that binds."""
         self._check_sampling(sampling)
         tokens = await self._tokenize(prompt)
         if not tokens:
             raise InvalidRequest("prompt is empty (it has no tokens)", param="prompt")
-        self._check_prompt_fits(len(tokens))
-        budget = self.max_tokens(max_tokens, len(tokens))
+        self._check_prompt_fits(len(tokens), context)
+        budget = self.max_tokens(max_tokens, len(tokens), context)
         request = GenerationRequest(
             prompt_tokens=tokens,
             max_tokens=budget.granted,
@@ -181,33 +193,44 @@ class GenerationService:
             return self.backend.tokenize(text, add_special=True)
         return await asyncio.to_thread(self.backend.tokenize, text, add_special=True)
 
-    def _check_prompt_fits(self, n_prompt: int) -> None:
+    def _check_prompt_fits(self, n_prompt: int, context: int | None = None) -> None:
         """A prompt over the configured limit, or with no room left for one token.
         The refusal names the limit and the server setting that raises it."""
-        limits = (
-            ("max_prompt_tokens", self.limits.max_prompt_tokens),
-            ("context", self.backend.info.n_ctx_train - 1),
-            ("kv", self.engine.kv.sequence_tokens - 1),
+        limits = self._context_limits(
+            0, context, ("max_prompt_tokens", self.limits.max_prompt_tokens + 1)
         )
+        limits = tuple((name, bound - 1) for name, bound in limits)
         limited_by, limit = min(limits, key=lambda item: item[1])
         if n_prompt > limit:
             self.engine.metrics.rejections.labels("prompt_too_long").inc()
             fix = _server_fix(limited_by)
             raise PromptTooLong(n_prompt, limit, limited_by=limited_by, server_fix=fix)
 
-    def max_tokens(self, requested: int | None, n_prompt: int) -> MaxTokens:
+    def max_tokens(
+        self, requested: int | None, n_prompt: int, context: int | None = None
+    ) -> MaxTokens:
         """``requested`` (else the default) lowered to the cap and to the room
         the context and one sequence's KV share leave after the prompt."""
         wanted = requested if requested is not None else self.limits.default_max_tokens
-        limits = (
-            ("max_tokens_cap", self.limits.max_tokens_cap),
-            ("context", self.backend.info.n_ctx_train - n_prompt),
-            ("kv", self.engine.kv.sequence_tokens - n_prompt),
+        limits = self._context_limits(
+            n_prompt, context, ("max_tokens_cap", self.limits.max_tokens_cap)
         )
         name, bound = min(limits, key=lambda item: item[1])
         if wanted <= bound:
             return MaxTokens(wanted, wanted)
         return MaxTokens(max(1, bound), wanted, name)
+
+    def _context_limits(
+        self, n_prompt: int, context: int | None, configured: tuple[str, int]
+    ) -> tuple[tuple[str, int], ...]:
+        """Room left after ``n_prompt`` tokens under each limit, ``configured`` first
+        (a tie names it): the model's context, one sequence's KV share, ``num_ctx``."""
+        limits = (
+            configured,
+            ("context", self.context_tokens - n_prompt),
+            ("kv", self.engine.kv.sequence_tokens - n_prompt),
+        )
+        return limits + ((("num_ctx", context - n_prompt),) if context else ())
 
 
 def _server_fix(limited_by: str) -> str:
@@ -215,6 +238,8 @@ def _server_fix(limited_by: str) -> str:
     cannot be raised; a model with a longer one can)."""
     if limited_by == "context":
         return "serve a model with a longer context"
+    if limited_by == "num_ctx":
+        return "raise options.num_ctx"
     key = "max_kv_cache_mb" if limited_by == "kv" else "max_prompt_tokens"
     return f"raise {key} on the server ({where_to_set(key)})"
 

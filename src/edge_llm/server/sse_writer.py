@@ -1,4 +1,5 @@
-"""Writing server-sent events so that a stalled reader stalls only its stream."""
+"""Writing a stream (server-sent events, or Ollama's NDJSON) so that a stalled
+reader stalls only its stream."""
 
 from __future__ import annotations
 
@@ -21,12 +22,14 @@ class SseWriter:
         ctx: ServerContext,
         request_id: str,
         headers: Mapping[str, str] | None = None,
+        *,
+        content_type: str = "text/event-stream; charset=utf-8",
     ) -> None:
         self.request = request
         self.ctx = ctx
         self.response = web.StreamResponse(
             headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
+                "Content-Type": content_type,
                 "Cache-Control": "no-cache",
                 "X-Request-Id": request_id,
                 "X-Accel-Buffering": "no",

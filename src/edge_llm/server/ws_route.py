@@ -158,10 +158,10 @@ class _Connection:
         return Job(
             req.model,
             session,
-            start_local=lambda: self.ctx.service.start_chat(
+            start_local=lambda service: service.start_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
-                sampling=request_sampling(self.ctx, req),
+                sampling=request_sampling(service, req),
                 session=session,
             ),
             relay=lambda: Relay(CHAT_PATH, body),

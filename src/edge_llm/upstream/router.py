@@ -39,14 +39,14 @@ class UpstreamRouter:
         self,
         registry: UpstreamRegistry,
         *,
-        local_model: str,
+        local_models: list[str],
         settings: StreamSettings,
         metrics: BackendMetrics,
         events: EventSink,
         cancel_local_session: Callable[[str], None],
     ) -> None:
         self.registry = registry
-        self.local_model = local_model
+        self.local_models = local_models  # the device's models, the default first
         self.settings = settings
         self.metrics = metrics
         self.events = events
@@ -63,14 +63,14 @@ class UpstreamRouter:
         """None: run locally. Else the upstreams serving ``model``. A model nobody
         serves is ModelNotFound, unless ``any_model_local`` (Anthropic's endpoint,
         where clients send their own ids): then it runs locally."""
-        if model is None or model == self.local_model:
+        if model is None or model in self.local_models:
             return None
         serving = self.registry.serving(model)
         if serving:
             return serving
         if any_model_local:
             return None
-        available = [self.local_model, *(m for m, _ in self.registry.all_models())]
+        available = [*self.local_models, *(m for m, _ in self.registry.all_models())]
         raise ModelNotFound(
             f"model {model!r} is not served here; available: {', '.join(available)}",
             param="model",
@@ -104,7 +104,9 @@ class UpstreamRouter:
         """Start relaying ``body`` (with ``stream`` on and usage asked for) to the
         first usable candidate. ``route`` is ``model`` or ``fallback_<code>``."""
         fallback = route != "model"
-        client_model = self.local_model if fallback else str(body.get("model"))
+        asked = body.get("model")
+        local = asked if asked in self.local_models else self.local_models[0]
+        client_model = str(local if fallback else asked)
         usable = self.registry.usable(candidates)
         stream = UpstreamStream(
             stream_id="chatcmpl-" + uuid.uuid4().hex[:24],

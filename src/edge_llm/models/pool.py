@@ -1,0 +1,439 @@
+"""Several models in one memory budget.
+
+Each served model is a slot: unloaded, loading or loaded. A request leases the model
+it names (:meth:`ModelPool.acquire`); an unloaded model is loaded then, once however
+many requests ask at the same time (single flight: they await the same load). Loads
+run one at a time, so the memory they need is known: before a load, the least
+recently used idle models are unloaded until the new one fits ``max_model_memory_mb``;
+if no idle model is left to unload, the request gets 503 ``model_memory`` with
+``Retry-After``. A model no lease holds is idle; after its keep-alive it is unloaded.
+
+Each loaded model has its own :class:`~edge_llm.engine.engine.Engine` (thread, KV
+budget, contract) and service; its metrics survive unloads (one registry per slot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from edge_llm.errors import EngineUnavailable, ModelBusy, ModelMemory, ModelNotFound
+from edge_llm.models.gguf import GgufError, read_metadata
+from edge_llm.models.spec import MIB, ModelSpec
+from edge_llm.observability.events import Event, EventSink
+from edge_llm.observability.metrics import EngineMetrics
+
+if TYPE_CHECKING:
+    from edge_llm.engine.engine import Engine
+    from edge_llm.models.embeddings import Embeddings
+    from edge_llm.models.metrics import PoolMetrics
+    from edge_llm.server.service import GenerationService
+
+_RETRY_AFTER_S = 2
+_UNLOAD_WAIT_S = 30.0  # an unload asked while streams run waits this long for them
+
+
+class ModelState(StrEnum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    LOADED = "loaded"
+
+
+@dataclass
+class LoadedModel:
+    """One loaded model: its engine, the service that admits requests to it, and
+    its embeddings (an embeddings context of its own, made on first use)."""
+
+    spec: ModelSpec
+    engine: Engine
+    service: GenerationService
+    embeddings: Embeddings
+    footprint_bytes: int
+
+    def close(self) -> None:
+        """Blocking: stop the engine and free the model (embeddings context first)."""
+        self.embeddings.close()
+        self.engine.stop()
+
+
+# Blocking (run in a thread): load ``spec`` with these metrics and events; the pool
+# starts the engine's thread.
+Loader = Callable[[ModelSpec, EngineMetrics, EventSink], LoadedModel]
+
+
+@dataclass
+class _Slot:
+    spec: ModelSpec
+    metrics: EngineMetrics
+    loaded: LoadedModel | None = None
+    loading: asyncio.Task[LoadedModel] | None = None
+    closing: asyncio.Task[None] | None = None
+    leases: int = 0
+    waiting: int = 0  # requests waiting for its load: it is not idle meanwhile
+    last_used: float = 0.0
+    keep_alive_s: float | None = None
+    expiry: asyncio.TimerHandle | None = None
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    metadata: dict[str, Any] | None = None  # its GGUF's, read once
+
+    @property
+    def state(self) -> ModelState:
+        if self.loading is not None:
+            return ModelState.LOADING
+        return ModelState.LOADED if self.loaded is not None else ModelState.UNLOADED
+
+    @property
+    def is_idle(self) -> bool:
+        return self.loaded is not None and self.leases == 0 and self.waiting == 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory counted against the budget: loaded, loading or still closing."""
+        if self.loaded is not None:
+            return self.loaded.footprint_bytes
+        busy = self.loading is not None or self.closing is not None
+        return self.spec.estimate_bytes if busy else 0
+
+
+class Lease:
+    """A request's hold on a loaded model: it is not unloaded until released."""
+
+    def __init__(self, pool: ModelPool, slot: _Slot, model: LoadedModel) -> None:
+        self._pool = pool
+        self._slot = slot
+        self.model = model
+        self._released = False
+
+    @property
+    def name(self) -> str:
+        return self._slot.spec.name
+
+    def release(self) -> None:
+        """Releasing again does nothing."""
+        if not self._released:
+            self._released = True
+            self._pool._release(self._slot)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ModelPool:
+    def __init__(
+        self,
+        specs: list[ModelSpec],
+        loader: Loader,
+        *,
+        budget_bytes: int,
+        metrics: PoolMetrics,
+        events: EventSink,
+        slot_metrics: dict[str, EngineMetrics] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``specs[0]`` is the default model (a request that names none gets it);
+        ``slot_metrics``: registries already made for some models (the default's)."""
+        given = slot_metrics or {}
+        self._slots = {
+            s.name: _Slot(s, given.get(s.name) or EngineMetrics(), keep_alive_s=s.keep_alive_s)
+            for s in specs
+        }
+        self.default = specs[0].name
+        self.budget_bytes = budget_bytes
+        self._loader = loader
+        self._metrics = metrics
+        self._events = events
+        self._clock = clock
+        self._load_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._draining = False
+        metrics.bind(self)
+
+    # -- what is served -------------------------------------------------------------
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def spec(self, name: str) -> ModelSpec:
+        return self._slots[name].spec
+
+    def state(self, name: str) -> ModelState:
+        return self._slots[name].state
+
+    def loaded(self, name: str) -> LoadedModel | None:
+        return self._slots[name].loaded
+
+    def loaded_models(self) -> list[LoadedModel]:
+        return [s.loaded for s in self._slots.values() if s.loaded is not None]
+
+    def metrics_of(self, name: str) -> EngineMetrics:
+        return self._slots[name].metrics
+
+    def used_bytes(self) -> int:
+        return sum(slot.held_bytes for slot in self._slots.values())
+
+    def expires_in(self, name: str) -> float | None:
+        """Seconds until an idle model's keep-alive unloads it (None: not scheduled)."""
+        slot = self._slots[name]
+        if slot.expiry is None or not slot.is_idle:
+            return None
+        return max(0.0, slot.expiry.when() - asyncio.get_running_loop().time())
+
+    async def metadata(self, name: str) -> dict[str, Any]:
+        """The model's GGUF metadata (scalars and strings), read once, in a thread;
+        empty when the file cannot be read."""
+        slot = self._slots[name]
+        if slot.metadata is None:
+            path = slot.spec.path
+            try:
+                slot.metadata = await asyncio.to_thread(read_metadata, path) if path else {}
+            except (OSError, GgufError):
+                slot.metadata = {}
+        return slot.metadata
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """Model ``name`` as /debug/streams shows it in its ``models`` section."""
+        slot = self._slots[name]
+        return {
+            "state": slot.state.value,
+            "default": name == self.default,
+            "path": slot.spec.path,
+            "memory_bytes": slot.held_bytes,
+            "estimate_bytes": slot.spec.estimate_bytes,
+            "keep_alive_s": slot.keep_alive_s,
+            "expires_in_s": self.expires_in(name),
+            "requests": slot.leases,
+        }
+
+    def resolve(self, model: str | None) -> str:
+        """The served name ``model`` asks for (None: the default model)."""
+        if model is None:
+            return self.default
+        if model not in self._slots:
+            raise ModelNotFound(
+                f"model {model!r} is not served here; available: {', '.join(self._slots)}",
+                param="model",
+                available=list(self._slots),
+            )
+        return model
+
+    def adopt(self, model: LoadedModel) -> None:
+        """Serve ``model``, loaded already (the default model, loaded at start)."""
+        slot = self._slots[model.spec.name]
+        self._metrics.loads.labels(model.spec.name).inc()
+        slot.loaded = model
+        slot.last_used = self._clock()
+        self._schedule_expiry(slot)
+
+    def cancel_session(self, session: str, *, besides: str | None = None) -> None:
+        """Supersede the session's streams on every loaded model but ``besides``."""
+        for model in self.loaded_models():
+            if model.spec.name == besides:
+                continue
+            for handle in model.engine.live_handles():
+                if handle.seq.session == session:
+                    model.engine.cancel(handle, "superseded")
+
+    # -- leases -----------------------------------------------------------------------
+
+    def set_keep_alive(self, name: str, seconds: float | None) -> None:
+        """How long model ``name`` stays loaded once idle, from now on (each Ollama
+        request's ``keep_alive`` sets it; None: always)."""
+        self._slots[name].keep_alive_s = seconds
+
+    async def acquire(self, name: str) -> Lease:
+        """Lease model ``name``, loading it first if needed (raises ModelMemory when it
+        cannot fit, BackendError when it cannot load)."""
+        slot = self._slots[name]
+        if self._draining and slot.loaded is None:
+            raise EngineUnavailable("engine unavailable: shutting down", retry_after_s=5)
+        slot.waiting += 1
+        try:
+            model = await self._ensure_loaded(slot)
+        finally:
+            slot.waiting -= 1
+        slot.leases += 1
+        slot.idle.clear()
+        slot.last_used = self._clock()
+        self._cancel_expiry(slot)
+        return Lease(self, slot, model)
+
+    def _release(self, slot: _Slot) -> None:
+        slot.leases -= 1
+        slot.last_used = self._clock()
+        if slot.leases == 0:
+            slot.idle.set()
+            self._schedule_expiry(slot)
+
+    # -- loading ----------------------------------------------------------------------
+
+    async def load(self, name: str) -> LoadedModel:
+        """Load model ``name`` (if it is not) without holding it."""
+        with await self.acquire(name) as lease:
+            return lease.model
+
+    async def _ensure_loaded(self, slot: _Slot) -> LoadedModel:
+        while slot.closing is not None:  # an unload under way finishes first
+            await asyncio.shield(slot.closing)
+        if slot.loaded is not None:
+            return slot.loaded
+        if slot.loading is None:
+            slot.loading = asyncio.create_task(self._load(slot))
+        return await asyncio.shield(slot.loading)
+
+    async def _load(self, slot: _Slot) -> LoadedModel:
+        spec = slot.spec
+        try:
+            async with self._load_lock:
+                await self._make_room(slot)
+                self._metrics.loads.labels(spec.name).inc()
+                self._events(Event.MODEL_LOADING, None, model=spec.name,
+                             estimate_bytes=spec.estimate_bytes)  # fmt: skip
+                began = time.monotonic()
+                try:
+                    model = await asyncio.to_thread(self._loader, spec, slot.metrics, self._events)
+                except Exception as exc:
+                    self._events(Event.MODEL_LOAD_FAILED, None, model=spec.name, error=str(exc))
+                    raise
+                model.engine.start(asyncio.get_running_loop())
+                slot.loaded = model
+                slot.last_used = self._clock()
+                self._events(Event.MODEL_LOADED, None, model=spec.name,
+                             load_ms=round((time.monotonic() - began) * 1000.0, 1),
+                             footprint_bytes=model.footprint_bytes)  # fmt: skip
+                return model
+        finally:
+            slot.loading = None
+
+    async def _make_room(self, slot: _Slot) -> None:
+        """Lock held: unload idle models, least recently used first, until ``slot``'s
+        model fits the budget; raise ModelMemory when it cannot."""
+        need = slot.spec.estimate_bytes
+        budget = self.budget_bytes
+        if not budget:
+            return
+        if need > budget:
+            self._metrics.refusals.labels(slot.spec.name).inc()
+            raise ModelMemory(
+                f"model {slot.spec.name!r} needs about {need // MIB} MiB, more than "
+                f"max_model_memory_mb ({budget // MIB})",
+                retry_after_s=_RETRY_AFTER_S,
+            )
+        while self.used_bytes() - slot.held_bytes + need > budget:
+            idle = [s for s in self._slots.values() if s.is_idle and s is not slot]
+            if not idle:
+                self._metrics.refusals.labels(slot.spec.name).inc()
+                raise ModelMemory(
+                    f"model {slot.spec.name!r} needs about {need // MIB} MiB; "
+                    f"{self.used_bytes() // MIB} of max_model_memory_mb ({budget // MIB}) "
+                    "are held by models that are busy",
+                    retry_after_s=_RETRY_AFTER_S,
+                )
+            victim = min(idle, key=lambda s: s.last_used)
+            await self._unload(victim, "memory")
+
+    # -- unloading ----------------------------------------------------------------------
+
+    async def unload(self, name: str, reason: str = "request") -> bool:
+        """Unload model ``name``: its running streams are cancelled (reason
+        ``unloaded``) and it goes once their requests end (ModelBusy if they do not
+        within 30 s). False if it was not loaded."""
+        slot = self._slots[name]
+        if slot.loading is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(slot.loading)
+        if slot.loaded is None:
+            return False
+        deadline = time.monotonic() + _UNLOAD_WAIT_S
+        while slot.loaded is not None and slot.leases:
+            slot.loaded.engine.cancel_all("unloaded")
+            try:
+                await asyncio.wait_for(slot.idle.wait(), deadline - time.monotonic())
+            except TimeoutError:
+                raise ModelBusy(
+                    f"model {name!r} still has requests running", retry_after_s=_RETRY_AFTER_S
+                ) from None
+        await self._unload(slot, reason)
+        return True
+
+    async def _unload(self, slot: _Slot, reason: str) -> None:
+        """Unload an idle model (a model leased again meanwhile stays)."""
+        model = slot.loaded
+        if model is None or slot.closing is not None or slot.leases or slot.waiting:
+            return
+        self._cancel_expiry(slot)
+        slot.loaded = None
+        slot.closing = asyncio.create_task(asyncio.to_thread(_close, model))
+        try:
+            await asyncio.shield(slot.closing)
+        finally:
+            slot.closing = None
+        _zero_gauges(slot.metrics)
+        self._metrics.unloads.labels(slot.spec.name, reason).inc()
+        self._events(Event.MODEL_UNLOADED, None, model=slot.spec.name, reason=reason)
+
+    def _schedule_expiry(self, slot: _Slot) -> None:
+        self._cancel_expiry(slot)
+        if slot.keep_alive_s is None or slot.loaded is None:
+            return
+        loop = asyncio.get_running_loop()
+        slot.expiry = loop.call_later(slot.keep_alive_s, self._expire, slot)
+
+    def _cancel_expiry(self, slot: _Slot) -> None:
+        if slot.expiry is not None:
+            slot.expiry.cancel()
+            slot.expiry = None
+
+    def _expire(self, slot: _Slot) -> None:
+        slot.expiry = None
+        if slot.is_idle:
+            task = asyncio.create_task(self._unload(slot, "keep_alive"))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown, first half: stop admitting, give running streams ``grace_s``,
+        cancel the rest. Nothing is loaded from now on."""
+        self._draining = True
+        models = self.loaded_models()
+        for model in models:
+            model.engine.begin_drain()
+        running = [h.wait_done() for m in models for h in m.engine.live_handles()]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*running), grace_s)
+        for model in models:
+            model.engine.cancel_all("shutdown")
+
+    async def unload_all(self) -> None:
+        """Shutdown, second half (no request is left): unload every model."""
+        for slot in self._slots.values():
+            slot.leases = slot.waiting = 0
+            await self._unload(slot, "shutdown")
+
+
+def _close(model: LoadedModel) -> None:
+    model.close()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Give the freed model's memory back to the system now: glibc keeps freed heap
+    pages otherwise (measured: about 80 MiB of 300 kept after unloading Gemma 3 270M)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _zero_gauges(metrics: EngineMetrics) -> None:
+    """An unloaded model's gauges read zero (not its stopped engine's last state)."""
+    metrics.bind_gauges(*[lambda: 0.0] * 5)
+    metrics.bind_tiers(lambda: {"device_live": 0, "device_cached": 0, "host": 0})
+    metrics.memory_available.set_function(lambda: float("nan"))

@@ -1,0 +1,66 @@
+"""Served models: ``POST /models/load`` and ``/models/unload`` (named as llama-server's
+router names them), and OpenAI's ``POST /v1/embeddings``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from edge_llm.errors import InvalidRequest
+from edge_llm.models.embeddings import EmbeddingInput, EmbeddingResult
+from edge_llm.models.pool import ModelPool
+from edge_llm.protocol import embeddings as protocol
+from edge_llm.protocol.openai import parse_request
+from edge_llm.server.context import context_of
+from edge_llm.server.http import read_json
+
+
+async def load(request: web.Request) -> web.Response:
+    """``{"model": NAME}``: load it now (it is not held: its keep-alive runs)."""
+    ctx = context_of(request)
+    name = ctx.pool.resolve(_model_field(await read_json(request, ctx.connection)))
+    await ctx.pool.load(name)
+    return web.json_response(_state(ctx.pool, name))
+
+
+async def unload(request: web.Request) -> web.Response:
+    """``{"model": NAME}``: unload it; its running streams end (``unloaded``)."""
+    ctx = context_of(request)
+    name = ctx.pool.resolve(_model_field(await read_json(request, ctx.connection)))
+    await ctx.pool.unload(name)
+    return web.json_response(_state(ctx.pool, name))
+
+
+def _model_field(body: Any) -> str:
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: the name of a served model is required", param="model")
+    return model
+
+
+def _state(pool: ModelPool, name: str) -> dict[str, Any]:
+    return {"success": True, "model": name, "state": pool.state(name).value}
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    ctx = context_of(request)
+    req = parse_request(protocol.EmbeddingsRequest, await read_json(request, ctx.connection))
+    name, result = await embed(ctx.pool, req.model, req.inputs(), truncate=False)
+    if req.dimensions is not None and result.vectors and req.dimensions != len(result.vectors[0]):
+        raise InvalidRequest(
+            f"dimensions: this model's embeddings have {len(result.vectors[0])} "
+            f"(they cannot be shortened), got {req.dimensions}",
+            param="dimensions",
+        )
+    body = protocol.embedding_list(name, result.vectors, result.n_tokens, req.encoding_format)
+    return web.json_response(body)
+
+
+async def embed(
+    pool: ModelPool, model: str | None, inputs: list[EmbeddingInput], *, truncate: bool
+) -> tuple[str, EmbeddingResult]:
+    """The served model ``model`` names (loaded if needed, held meanwhile) embeds
+    ``inputs``."""
+    with await pool.acquire(pool.resolve(model)) as lease:
+        return lease.name, await lease.model.embeddings.embed(inputs, truncate=truncate)
