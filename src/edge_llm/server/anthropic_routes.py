@@ -69,10 +69,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     req = anthropic.parse_request(body)
     setup = req.tool_setup()
     session = session_of(request, None)
+    priority = ctx.priorities.resolve(request, req.explicit_priority)
     job = Job(
         req.model,
         session,
-        start_local=lambda: _start(ctx, req, session, setup),
+        start_local=lambda: _start(ctx, req, session, setup, priority),
         relay=lambda: Relay(CHAT_PATH, messages_chat_body(req, session)),
         any_model_runs_locally=True,
     )
@@ -91,6 +92,7 @@ async def _start(
     req: anthropic.MessagesRequest,
     session: str | None,
     setup: ToolSetup | None,
+    priority: int,
 ) -> StreamHandle:
     service = ctx.service
     sampling = req.sampling(service.sampling_defaults)
@@ -104,6 +106,7 @@ async def _start(
         session=session,
         tools=setup,
         prefill=req.prefill or "",
+        priority=priority,
     )
 
 

@@ -13,6 +13,7 @@ from edge_llm.engine.engine import Engine
 from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
+from edge_llm.server.priority import PriorityDefaults
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService
 from edge_llm.upstream.router import UpstreamRouter
@@ -35,6 +36,8 @@ class ServerContext:
     count_connections: Callable[[], int] = lambda: 0
     # Conversations behind the Responses API's previous_response_id.
     responses: ResponseStore = field(default_factory=ResponseStore)
+    # route_priority and key_priority: the class of a request that names none.
+    priorities: PriorityDefaults = field(default_factory=PriorityDefaults)
 
 
 CONTEXT = web.AppKey("edge_llm_context", ServerContext)

@@ -64,6 +64,8 @@ class Job:
     # Anthropic's endpoint: clients send their own model ids, which run locally
     # unless an upstream lists them.
     any_model_runs_locally: bool = False
+    # A heartbeat at each change of the local stream's state too (the client opted in).
+    progress: bool = False
 
 
 class Answer(ABC):
@@ -145,11 +147,18 @@ class Answer(ABC):
 
 class LocalAnswer(Answer):
     def __init__(
-        self, engine: Engine, handle: StreamHandle, model: str, settings: PumpSettings
+        self,
+        engine: Engine,
+        handle: StreamHandle,
+        model: str,
+        settings: PumpSettings,
+        *,
+        progress: bool = False,
     ) -> None:
         self.engine = engine
         self.handle = handle
         self.settings = settings
+        self.progress = progress
         self.id = handle.id
         self.relayed = False
         self.model = model
@@ -165,7 +174,7 @@ class LocalAnswer(Answer):
         return self.handle.outcome
 
     def events(self) -> AsyncIterator[AnswerEvent]:
-        return pump(self.engine, self.handle, self.settings)
+        return pump(self.engine, self.handle, self.settings, progress=self.progress)
 
     def usage(self) -> dict[str, Any]:
         return self.handle.usage()
@@ -250,7 +259,9 @@ class Dispatcher:
         except FALLBACK_ERRORS as refused:
             return self._fall_back(job, refused)
         self.router.note_local(handle.seq.session)
-        return LocalAnswer(self.engine, handle, self.local_model, self.settings)
+        return LocalAnswer(
+            self.engine, handle, self.local_model, self.settings, progress=job.progress
+        )
 
     def _fall_back(self, job: Job, refused: EdgeLLMError) -> Answer:
         candidates = self.router.fallback_for(refused)

@@ -106,6 +106,7 @@ class GenerationService:
         session: str | None,
         tools: ToolSetup | None = None,
         prefill: str = "",
+        priority: int = 0,
     ) -> StreamHandle:
         """Render the conversation (with its tools) and start it; ``prefill`` is
         text the answer continues (a trailing assistant turn)."""
@@ -114,7 +115,7 @@ class GenerationService:
         if tools is not None and tools.forced:
             sampling = self._tool_grammar(sampling, tools)
         return await self.start_text(
-            prompt, max_tokens=max_tokens, sampling=sampling, session=session
+            prompt, max_tokens=max_tokens, sampling=sampling, session=session, priority=priority
         )
 
     def check_messages(self, count: int) -> None:
@@ -147,8 +148,10 @@ class GenerationService:
         max_tokens: int | None,
         sampling: SamplingParams,
         session: str | None,
+        priority: int = 0,
     ) -> StreamHandle:
-        """Tokenize, enforce the prompt and max_tokens limits, and submit."""
+        """Tokenize, enforce the prompt and max_tokens limits, and submit in class
+        ``priority`` (lower runs first)."""
         self._check_sampling(sampling)
         tokens = await self._tokenize(prompt)
         if not tokens:
@@ -161,6 +164,7 @@ class GenerationService:
             sampling=sampling,
             session=session,
             request_id=self.engine.new_request_id(),
+            priority=priority,
             max_tokens_limited_by=budget.limit,
         )
         handle = self.engine.submit(request)
