@@ -75,7 +75,7 @@ async def pump(
                 yield Delta(handle.outcome.tail, carried_tokens, n_deltas, tuple(carried_logprobs))
             yield Finished(handle.outcome)
             return
-        step = (handle.seq.public_state(), handle.seq.n_prefilled)
+        step = _step(handle)
         idle = time.monotonic() - last_sent
         if idle >= settings.heartbeat_interval_s or (progress and step != reported_step):
             reported_step = step
@@ -83,6 +83,13 @@ async def pump(
             last_sent = time.monotonic()
             continue
         await handle.wait_changed(settings.heartbeat_interval_s - idle)
+
+
+def _step(handle: StreamHandle) -> tuple[str, int]:
+    """What a progress heartbeat reports a change of: the state, and the prompt tokens
+    prefilled while in prefill (the last one may be computed with the first token)."""
+    state = handle.seq.public_state()
+    return state, handle.seq.n_prefilled if state == "prefill" else 0
 
 
 def _heartbeat(engine: Engine, handle: StreamHandle) -> Heartbeat:
