@@ -128,6 +128,10 @@ def test_relays_keep_the_priority_field() -> None:
     chat = {**CHAT, "priority": 4, "service_tier": "flex"}
     assert upstream_body(chat)["priority"] == 4
     assert upstream_body(chat)["service_tier"] == "flex"
+    progress = {**chat, "return_progress": True, "stream_options": {"include_progress": True}}
+    relayed = upstream_body(progress)
+    assert "return_progress" not in relayed  # between the client and this server only
+    assert relayed["stream_options"] == {"include_usage": True}
     reply = responses.parse({"input": "hi", "priority": -1, "service_tier": "priority"})
     body = responses_chat_body(reply, reply.input_messages())
     assert (body["priority"], body["service_tier"]) == (-1, "priority")
