@@ -38,9 +38,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def streams(request: web.Request) -> web.Response:
-    """The engine's streams (``backend: local``), then those relayed from upstreams."""
+    """The engine's streams (``backend: local``), then those relayed from upstreams;
+    ``max_prompt_tokens``: the longest prompt admitted here (a load generator keeps
+    its prompts within it)."""
     ctx = context_of(request)
     snapshot = ctx.engine.snapshot()
+    snapshot["max_prompt_tokens"] = ctx.service.prompt_limit()[1]
     for stream in snapshot["streams"]:
         stream["backend"] = LOCAL
     snapshot["streams"].extend(ctx.router.snapshot())

@@ -185,15 +185,20 @@ class GenerationService:
             return self.backend.tokenize(text, add_special=True)
         return await asyncio.to_thread(self.backend.tokenize, text, add_special=True)
 
-    def _check_prompt_fits(self, n_prompt: int) -> None:
-        """A prompt over the configured limit, or with no room left for one token.
-        The refusal names the limit and the server setting that raises it."""
+    def prompt_limit(self) -> tuple[str, int]:
+        """The longest prompt admitted, and what sets it: ``max_prompt_tokens``, the
+        model's ``context`` or one sequence's ``kv`` share (each leaves room for a token)."""
         limits = (
             ("max_prompt_tokens", self.limits.max_prompt_tokens),
             ("context", self.backend.info.n_ctx_train - 1),
             ("kv", self.engine.kv.sequence_tokens - 1),
         )
-        limited_by, limit = min(limits, key=lambda item: item[1])
+        return min(limits, key=lambda item: item[1])
+
+    def _check_prompt_fits(self, n_prompt: int) -> None:
+        """A prompt over the configured limit, or with no room left for one token.
+        The refusal names the limit and the server setting that raises it."""
+        limited_by, limit = self.prompt_limit()
         if n_prompt > limit:
             self.engine.metrics.rejections.labels("prompt_too_long").inc()
             fix = _server_fix(limited_by)
