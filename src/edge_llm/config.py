@@ -346,13 +346,15 @@ class ServerConfig(_Section):
     )
     route_priority: list[str] = Field(
         default_factory=list,
+        examples=[["/v1/completions=5"]],
         description="Default priority per route, PATH=N (repeatable; lower runs first, "
         f"{MIN_PRIORITY}..{MAX_PRIORITY}; a request's field or X-Priority header wins)",
     )
     key_priority: list[str] = Field(
         default_factory=list,
-        description="Default priority per API key, KEY=N (repeatable; KEY one of api_key; "
-        "wins over route_priority)",
+        examples=[["sk-batch=5"]],
+        description="Default priority per API key, KEY=N (repeatable; with api_key set, "
+        "KEY one of them; wins over route_priority)",
     )
 
     @field_validator(
@@ -374,8 +376,10 @@ class ServerConfig(_Section):
 
     @model_validator(mode="after")
     def _keys_are_accepted(self) -> ServerConfig:
+        """With keys required, a default for a key that is refused is a mistake; without,
+        a presented key is unchecked and its default worth what a body field is."""
         for key in priority_map(self.key_priority, "KEY"):
-            if key not in self.api_key:
+            if self.api_key and key not in self.api_key:
                 raise ValueError(f"key {key!r} is not one of api_key")
         return self
 

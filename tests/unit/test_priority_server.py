@@ -92,6 +92,14 @@ async def test_body_then_header_then_key_then_route_then_zero(client_of) -> None
     assert await priority_of(client, frames[0]["id"]) == 3
 
 
+async def test_without_keys_required_a_presented_key_still_has_its_default(client_of) -> None:
+    client = await client_of(key_priority=["team-batch=8"])
+    path, body = "/v1/chat/completions", ROUTES["/v1/chat/completions"]
+    request_id = await post(client, path, body, Authorization="Bearer team-batch")
+    assert await priority_of(client, request_id) == 8
+    assert await priority_of(client, await post(client, path, body)) == 0
+
+
 async def test_bad_priorities_are_400s_naming_the_field(client_of) -> None:
     client = await client_of()
     for path, body in ROUTES.items():

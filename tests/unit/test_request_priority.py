@@ -170,7 +170,7 @@ def test_defaults_load_from_flags_env_and_toml(tmp_path) -> None:
         ({"route_priority": ["/v1/models=1"]}, "'/v1/models' is not a route"),
         ({"route_priority": ["=1"]}, "'=1'"),
         ({"api_key": ["a"], "key_priority": ["b=1"]}, "key 'b' is not one of api_key"),
-        ({"key_priority": ["b=1"]}, "key 'b' is not one of api_key"),
+        ({"key_priority": ["b=11"]}, "'b=11'"),
     ],
 )
 def test_a_bad_default_names_the_entry_and_the_key(overrides: dict[str, Any], named: str) -> None:
