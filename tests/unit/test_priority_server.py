@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 import threading
@@ -180,7 +181,10 @@ async def sse_events(response: Any) -> list[dict[str, Any]]:
 async def test_progress_comes_in_order_queued_prefill_then_tokens(client_of) -> None:
     backend = FakeBackend(text_script("answer"), max_sequences=1)
     backend.gate = threading.Semaphore(0)
-    client = await client_of(backend, max_sequences=1, prefill_chunk_tokens=8)
+    # No heartbeat in the test's time: every progress chunk is a change.
+    client = await client_of(
+        backend, max_sequences=1, prefill_chunk_tokens=8, heartbeat_interval_ms=600_000
+    )
     holder = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
     assert await asyncio.to_thread(backend.at_gate.wait, 10)  # the only slot is taken
     body = {"messages": [{"role": "user", "content": LONG_PROMPT}], "stream": True}
@@ -209,8 +213,11 @@ async def test_progress_comes_in_order_queued_prefill_then_tokens(client_of) -> 
     order = ["queued", "prefill", "decoding"].index  # decoding: prefilled, no token yet
     assert kinds[:first_token] == sorted(kinds[:first_token], key=order)
     assert set(kinds[first_token:]) == {"token"}  # nothing changed once tokens flowed
-    done = [e["progress"]["prefill_done"] for e in events if "progress" in e]
-    assert done == sorted(done)
+    steps = [
+        (e["progress"]["state"], e["progress"]["prefill_done"]) for e in events if "progress" in e
+    ]
+    assert [n for _, n in steps] == sorted(n for _, n in steps)
+    assert all(a != b for a, b in itertools.pairwise([("queued", 0), *steps]))  # no repeats
     content = "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e["choices"])
     assert content == "answer"
 

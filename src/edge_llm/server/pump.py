@@ -75,21 +75,21 @@ async def pump(
                 yield Delta(handle.outcome.tail, carried_tokens, n_deltas, tuple(carried_logprobs))
             yield Finished(handle.outcome)
             return
-        step = _step(handle)
+        step = _step(handle.seq.public_state(), handle.seq.n_prefilled)
         idle = time.monotonic() - last_sent
         if idle >= settings.heartbeat_interval_s or (progress and step != reported_step):
-            reported_step = step
-            yield _heartbeat(engine, handle)
+            beat = _heartbeat(engine, handle)
+            reported_step = _step(beat.state, beat.prefill_done)  # as read under the lock
+            yield beat
             last_sent = time.monotonic()
             continue
         await handle.wait_changed(settings.heartbeat_interval_s - idle)
 
 
-def _step(handle: StreamHandle) -> tuple[str, int]:
+def _step(state: str, prefill_done: int) -> tuple[str, int]:
     """What a progress heartbeat reports a change of: the state, and the prompt tokens
     prefilled while in prefill (the last one may be computed with the first token)."""
-    state = handle.seq.public_state()
-    return state, handle.seq.n_prefilled if state == "prefill" else 0
+    return state, prefill_done if state == "prefill" else 0
 
 
 def _heartbeat(engine: Engine, handle: StreamHandle) -> Heartbeat:
