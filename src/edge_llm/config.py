@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -41,6 +42,19 @@ _FLAG_ALIASES: dict[str, tuple[str, ...]] = {}
 # A field's default as the reference states it, where the value itself depends on the
 # machine or is None (read by edge_llm.config_reference).
 DOC_DEFAULT = "doc_default"
+# A request's priority class, lower first: the engine's range (engine/priorities.py);
+# request fields, the X-Priority header and the defaults below are held to it.
+MIN_PRIORITY, MAX_PRIORITY = -10, 10
+# The routes that start a generation, which ``route_priority`` may name.
+PRIORITY_ROUTES = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/stream",
+    "/api/chat",
+    "/api/generate",
+)
 
 
 class ConfigError(ValueError):
@@ -362,11 +376,75 @@ class ServerConfig(_Section):
         description="SO_RCVBUF of upstream connections: what a paused stream lets the "
         "upstream send before TCP stops it (0: kernel default, autotuned to MBs)",
     )
+    route_priority: list[str] = Field(
+        default_factory=list,
+        examples=[["/v1/completions=5"]],
+        description="Default priority per route, PATH=N (repeatable; lower runs first, "
+        f"{MIN_PRIORITY}..{MAX_PRIORITY}; a request's field or X-Priority header wins)",
+    )
+    key_priority: list[str] = Field(
+        default_factory=list,
+        examples=[["sk-batch=5"]],
+        description="Default priority per API key, KEY=N (repeatable; with api_key set, "
+        "KEY one of them; wins over route_priority)",
+    )
 
-    @field_validator("api_key", "cors_allow_origin", mode="before")
+    @field_validator(
+        "api_key", "cors_allow_origin", "route_priority", "key_priority", mode="before"
+    )
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("route_priority")
+    @classmethod
+    def _known_routes(cls, entries: list[str]) -> list[str]:
+        for path in priority_map(entries, "PATH"):
+            if path not in PRIORITY_ROUTES:
+                raise ValueError(
+                    f"{path!r} is not a route that generates ({', '.join(PRIORITY_ROUTES)})"
+                )
+        return entries
+
+    @model_validator(mode="after")
+    def _keys_are_accepted(self) -> ServerConfig:
+        """With keys required, a default for a key that is refused is a mistake; without,
+        a presented key is unchecked and its default worth what a body field is."""
+        for key in priority_map(self.key_priority, "KEY"):
+            if self.api_key and key not in self.api_key:
+                raise ValueError(f"key {key!r} is not one of api_key")
+        return self
+
+    def route_priorities(self) -> dict[str, int]:
+        return priority_map(self.route_priority, "PATH")
+
+    def key_priorities(self) -> dict[str, int]:
+        return priority_map(self.key_priority, "KEY")
+
+
+def priority_map(entries: list[str], name: str) -> dict[str, int]:
+    """``NAME=N`` entries as a mapping; ValueError naming the first bad entry. The
+    number is after the last ``=`` (a key may hold ``=``)."""
+    result: dict[str, int] = {}
+    for entry in entries:
+        what, _, number = entry.rpartition("=")
+        value = parse_priority(number)
+        if not what.strip() or value is None:
+            raise ValueError(
+                f"entry {entry!r} is not {name}=N with N an integer from "
+                f"{MIN_PRIORITY} to {MAX_PRIORITY}"
+            )
+        result[what.strip()] = value
+    return result
+
+
+def parse_priority(text: str) -> int | None:
+    """``text`` as a priority class (ASCII digits, in range), else None."""
+    text = text.strip()
+    if re.fullmatch(r"[+-]?[0-9]{1,3}", text) is None:
+        return None
+    value = int(text)
+    return value if MIN_PRIORITY <= value <= MAX_PRIORITY else None
 
 
 class EngineConfig(_Section):

@@ -119,6 +119,17 @@ def test_flags_override_the_config(
     assert capsys.readouterr().out == "ok\n"
 
 
+def test_priority_is_sent_and_progress_asked_only_for_a_terminal(
+    serve_in_thread: Start, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bodies: list[dict[str, Any]] = []
+    url = serve_in_thread(sse_app(lambda _: ["ok"], bodies))
+    assert run_chat("--config", write_config(tmp_path, url), "--priority", "4", "x") == 0
+    assert bodies[0]["priority"] == 4
+    assert "return_progress" not in bodies[0]  # stderr is no terminal: no spinner to feed
+    assert capsys.readouterr().out == "ok\n"
+
+
 def test_failure_exits_1_with_one_line_cause(
     serve_in_thread: Start, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

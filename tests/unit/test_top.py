@@ -48,6 +48,16 @@ STREAM = {
     "finish_reason": None,
     "cancel_reason": None,
     "age_ms": 3120.5,
+    "priority": 0,
+    "preemptions": 0,
+}
+PREEMPTED = {
+    **STREAM,
+    "id": "chatcmpl-0c0000000000000000000003",
+    "state": "preempted",
+    "pause_cause": "preempted",
+    "priority": 5,
+    "preemptions": 2,
 }
 DONE = {
     **STREAM,
@@ -84,6 +94,7 @@ def metrics_text() -> str:
     metrics.pauses.labels("client").inc(3)
     metrics.pauses.labels("socket_full").inc()
     metrics.cancellations.labels("disconnect").inc()
+    metrics.preemptions.labels("5").inc(2)
     metrics.generated_tokens.inc(53)
     metrics.prompt_tokens.inc(62)
     for seconds in (0.02, 0.04, 0.2, 3.0):
@@ -160,11 +171,20 @@ def test_frame_shows_streams_with_ring_kv_and_pauses() -> None:
     rates = Rates(26.5, {STREAM["id"]: 12.0})
     text = text_of(render_frame(DOC, parse_metrics(metrics_text()), rates, title="T"))
     row = next(line for line in text.splitlines() if line.startswith("chatcmpl-0a000000"))
-    assert row.split()[:5] == ["chatcmpl-0a000000", "tab-1", "paused", "socket_full", "45/96"]
+    assert row.split()[:6] == ["chatcmpl-0a000000", "tab-1", "0", "paused", "socket_full", "45/96"]
     assert "██████████ 45/13/32" in row
     assert row.split()[-8:] == ["75", "2", "2410", "ms", "0", "12.0", "3120", "ms"]
     done = next(line for line in text.splitlines() if line.startswith("chatcmpl-0b000000"))
     assert "cancelled  disconnect" in done
+
+
+def test_a_preempted_stream_shows_its_class_and_preemptions() -> None:
+    doc = {**DOC, "streams": [STREAM, PREEMPTED, {**STREAM, "id": "relayed", "priority": None}]}
+    lines = text_of(render_frame(doc, {}, Rates(), title="T")).splitlines()
+    preempted = next(line for line in lines if line.startswith("chatcmpl-0c000000"))
+    assert preempted.split()[2:6] == ["5", "x2", "preempted", "preempted"]
+    relayed = next(line for line in lines if line.startswith("relayed"))
+    assert relayed.split()[2] == "-"
 
 
 @pytest.mark.parametrize("width", range(48, 200, 7))
@@ -183,6 +203,7 @@ def test_frame_shows_engine_line_and_totals() -> None:
     assert "backpressure 1 (peak 2)  KV ░░░░░░░░░░ 1.6/256.0 MiB used/capacity" in text
     assert "MiB used/capacity  (reserved 2.8, cached 0.0, offloaded 0.0)" in text
     assert "pauses client 3 socket_full 1  |  cancels disconnect 1  |  rejected none" in text
+    assert "rejected none  |  preempted prio 5 x2  |  tokens" in text
     assert "tokens 53 generated, 62 prompt  |  TTFT p50 <= 0.05 s p90 <= 5 s" in text
 
 

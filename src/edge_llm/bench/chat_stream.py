@@ -65,7 +65,8 @@ class ChatStream:
     Call :meth:`open`, then :meth:`read_some` until it returns False, then
     :meth:`close`. Errors are recorded on :attr:`record`, never raised.
     ``rcvbuf``/``limit`` shape the socket for the slow-consumer probe; ``headers`` are
-    sent besides the target's (a storm user's ``X-Session-Id``).
+    sent besides the target's (a storm user's ``X-Session-Id``), ``body`` fields
+    besides the request's own (a storm batch job's ``priority``).
     """
 
     def __init__(
@@ -79,9 +80,11 @@ class ChatStream:
         rcvbuf: int | None = None,
         limit: int = DEFAULT_LIMIT,
         headers: dict[str, str] | None = None,
+        body: dict[str, Any] | None = None,
     ) -> None:
         self.target = target
         self.extra_headers = headers or {}
+        self.extra_body = body or {}
         self.prompt = prompt
         self.options = options
         self.record = record
@@ -104,7 +107,8 @@ class ChatStream:
         start on the same clock, for :attr:`RequestRecord.started_at`."""
         self.start = self.clock()
         self.record.started_at = self.start - epoch
-        body = json.dumps(request_body(self.target, self.prompt, self.options)).encode()
+        fields = request_body(self.target, self.prompt, self.options) | self.extra_body
+        body = json.dumps(fields).encode()
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",

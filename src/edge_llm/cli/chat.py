@@ -10,9 +10,11 @@ Output is rendered at the config's ``chunk_interval_ms`` cadence (everything
 queued is written each tick). ``--render-delay-ms N`` instead renders one chunk
 every N ms, a slow renderer that fills the render queue so the watermarks,
 PAUSE/RESUME (``--ws``) or socket read pauses (SSE) really happen;
-``--no-pause`` keeps the renderer slow but never pauses the server. Before the
-first token a spinner on stderr (when it is a terminal) shows the engine's
-prefill progress from WebSocket heartbeats, or just "waiting" over SSE.
+``--no-pause`` keeps the renderer slow but never pauses the server. ``--priority``
+sets the request's class (lower runs first). Before the first token a spinner on
+stderr, when it is a terminal, shows where the request stands: "queued 3rd, ~2 s",
+a prefill bar, "preempted" (it asks edge-llm for progress events then; over SSE
+another server just shows "waiting"). Nothing of it reaches stdout.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from edge_llm.client.config import load_client
 from edge_llm.observability.events import EventLog
 
 PROG = "edge-llm chat"
+BAR_WIDTH = 20
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 
@@ -68,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--max-tokens", type=int, help="max_tokens of each answer")
     parser.add_argument("--temperature", type=float, help="sampling temperature")
+    parser.add_argument(
+        "--priority", type=int, help="the request's class, -10..10 (lower runs first)"
+    )
     parser.add_argument("--system", help="system prompt")
     parser.add_argument("--stats", action="store_true", help="print timings to stderr")
     parser.set_defaults(func=run)
@@ -116,6 +122,7 @@ async def _main(
         show_stats=args.stats,
         out=sys.stdout,
         err=sys.stderr,
+        priority=args.priority,
     )
     conversation = Conversation(budget_tokens=config.max_prompt_tokens, system=args.system)
     sink = event_log.emit if event_log is not None else None
@@ -190,6 +197,10 @@ class Spinner:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def shown(self) -> bool:
+        return self._status is not None
+
     def heartbeat(self, beat: Heartbeat) -> None:
         if self._status is not None:
             self._status.update(_progress_text(beat))
@@ -201,13 +212,35 @@ class Spinner:
 
 
 def _progress_text(beat: Heartbeat) -> str:
-    if beat.prefill_total:
+    """The spinner's line for one progress event."""
+    wait = "" if beat.predicted_wait_ms is None else f", ~{_seconds(beat.predicted_wait_ms)}"
+    if beat.state == "queued":
+        place = "" if beat.queue_position is None else f" {_ordinal(beat.queue_position)}"
+        return f"queued{place}{wait}"
+    if beat.state == "preempted":
+        return "preempted by a more urgent request (it resumes by itself)"
+    if beat.state == "prefill" and beat.prefill_total:
         done = beat.prefill_done or 0
-        percent = 100 * done // beat.prefill_total
-        return f"{beat.state or 'prefill'}: {done}/{beat.prefill_total} prompt tokens ({percent}%)"
+        fraction = done / beat.prefill_total
+        filled = round(fraction * BAR_WIDTH)
+        bar = "█" * filled + "░" * (BAR_WIDTH - filled)
+        return f"prefill {bar} {fraction:.0%} of {beat.prefill_total} prompt tokens{wait}"
     if beat.state:
-        return f"waiting for the first token (engine: {beat.state})"
+        return f"waiting for the first token (engine: {beat.state}{wait})"
     return "waiting for the first token (server alive)"
+
+
+def _seconds(ms: int) -> str:
+    """``0.4 s``, ``2 s``, ``12 s``: a tenth of a second only while it matters."""
+    text = f"{ms / 1000:.1f}" if ms < 10_000 else f"{ms / 1000:.0f}"
+    return text.removesuffix(".0") + " s"
+
+
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    teen = 10 <= n % 100 <= 20
+    suffix = "th" if teen else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 @dataclass
@@ -221,6 +254,7 @@ class Chat:
     show_stats: bool
     out: IO[str]
     err: IO[str]
+    priority: int | None = None
 
     async def turn(self, client: StreamClient, conversation: Conversation) -> bool:
         """Stream one answer; True on success (the answer joins the conversation)."""
@@ -243,6 +277,8 @@ class Chat:
                 conversation.messages(),
                 transport="ws" if self.transport == "ws" else "sse",
                 on_heartbeat=spinner.heartbeat,
+                priority=self.priority,
+                progress=spinner.shown,  # asked for only where someone sees it
             ) as stream:
                 await self._render(stream, spinner.stop)
         return stream.result

@@ -5,6 +5,11 @@ Example::
     edge-llm storm --target edge=http://127.0.0.1:8000 \\
         --target llama=http://127.0.0.1:8080 --pid edge=1234 --pid llama=5678 \\
         --users 16 --duration 60 --json storm.json --report storm.html
+
+Beside the interactive users, ``--batch-users`` (default 2) run a background batch with
+``priority: --batch-priority``; ``--no-priorities`` runs the same load in one class.
+Without ``--prompt-tokens`` the prompts stay within the smallest ``max_prompt_tokens``
+an edge-llm target reports.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from edge_llm.bench.storm import (
     StormResult,
     StormSettings,
     StormSettingsError,
+    class_table,
     run_storm,
     storm_table,
     write_html,
@@ -36,19 +42,23 @@ from edge_llm.bench.targets import (
     add_target_arguments,
     targets_from_args,
 )
+from edge_llm.config import show_default
 from edge_llm.observability.units import MIB, mib
 
 WIDE_OUTPUT = 220
+BATCH_USERS = 2  # the command's default; the library's StormSettings has none
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "storm",
         help="regenerate storm: users who lose patience, abandon and read slowly",
-        description="Simulated users send prompts of 128-1,024 tokens; a user whose first "
+        description="Simulated users send prompts of 128-1,024 tokens (fewer where a target "
+        "admits less); a user whose first "
         "token does not come within its patience presses regenerate (same prompt, same "
         "X-Session-Id); some abandon streams mid-way, some read slowly through a small "
-        "receive buffer. Targets take turns under the same seeded load.",
+        "receive buffer. Beside them a background batch runs one job after another at a "
+        "less urgent priority. Targets take turns under the same seeded load.",
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -85,8 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs per target, order rotating")
     parser.add_argument("--seed", type=int, default=d.seed, help="seed of users and prompts")
     load = parser.add_argument_group("load model")
-    load.add_argument("--prompt-tokens", type=parse_range(int), default=d.prompt_tokens,
-                      metavar="LOW-HIGH", help="prompt length range (tokens)")  # fmt: skip
+    load.add_argument("--prompt-tokens", type=parse_range(int), metavar="LOW-HIGH",
+                      help="prompt length range (tokens), by default lowered to the smallest "
+                      "max_prompt_tokens an edge-llm target reports (default: "
+                      f"{show_default(d.prompt_tokens, 'LOW-HIGH')})")  # fmt: skip
     load.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per request")
     load.add_argument("--patience", type=parse_range(float), default=d.patience_s,
                       metavar="LOW-HIGH", help="seconds before a regenerate")  # fmt: skip
@@ -105,6 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--think", type=parse_range(float), default=d.think_s, metavar="LOW-HIGH",
                       help="seconds between a user's turns")  # fmt: skip
     load.add_argument("--timeout", type=float, default=d.timeout_s, help="per request (s)")
+    load.add_argument("--batch-users", type=int, default=BATCH_USERS,
+                      help="background jobs run one after another, beside the users")  # fmt: skip
+    load.add_argument("--batch-priority", type=int, default=d.batch_priority,
+                      help="the batch's priority (lower first; users send none: 0)")  # fmt: skip
+    load.add_argument("--priorities", action=argparse.BooleanOptionalAction,
+                      default=d.priorities,
+                      help="send the batch's priority (no: same load, one class)")  # fmt: skip
     parser.add_argument("--ttft-slo-ms", type=float, default=d.ttft_slo_ms,
                         help="goodput counts completed requests with TTFT within this")  # fmt: skip
     parser.add_argument("--sample-interval", type=float, default=0.5,
@@ -125,7 +144,11 @@ def build_config(args: argparse.Namespace) -> StormConfig:
     settings = StormSettings(
         users=args.users,
         duration_s=args.duration,
-        prompt_tokens=args.prompt_tokens,
+        prompt_tokens=args.prompt_tokens or StormSettings().prompt_tokens,
+        fit_prompts=args.prompt_tokens is None,
+        batch_users=args.batch_users,
+        batch_priority=args.batch_priority,
+        priorities=args.priorities,
         max_tokens=args.max_tokens,
         patience_s=args.patience,
         max_regenerates=args.max_regenerates,
@@ -156,6 +179,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"edge-llm storm: {exc}", file=sys.stderr)
         return 1
     console.print(storm_table(result))
+    if config.settings.batch_users:
+        console.print(class_table(result))
+    fitted = result.config.settings.prompt_tokens
+    if fitted != config.settings.prompt_tokens:
+        low, high = fitted
+        console.print(f"prompts of {low}-{high} tokens: within the targets' max_prompt_tokens")
     try:
         if args.json:
             result.write_json(args.json)

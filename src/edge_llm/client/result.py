@@ -8,12 +8,31 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """A sign of life while no token flows. Over WebSocket it carries the engine's
-    ``state`` and prefill progress; over SSE (a bare ``: ping``) all fields are None."""
+    """A progress event while no token flows. From edge-llm over WebSocket, and over
+    SSE when the stream asked for progress, it carries the engine's ``state``
+    (``queued``, ``prefill``, ``preempted``, ``decoding``, ...), prefill progress, the
+    place in the queue (1: next) and the predicted wait for the first token; a bare
+    ``: ping`` leaves every field None. A ``paused`` frame with cause ``preempted``
+    (a more urgent request took the slot; the stream resumes by itself) comes as
+    state ``preempted``."""
 
     state: str | None = None
     prefill_done: int | None = None
     prefill_total: int | None = None
+    queue_position: int | None = None
+    predicted_wait_ms: int | None = None
+
+    @classmethod
+    def of(cls, progress: dict[str, Any]) -> Heartbeat:
+        """From a progress object or heartbeat frame; fields of the wrong type are None."""
+        state = progress.get("state")
+        return cls(
+            state=state if isinstance(state, str) else None,
+            prefill_done=_int_or_none(progress.get("prefill_done")),
+            prefill_total=_int_or_none(progress.get("prefill_total")),
+            queue_position=_int_or_none(progress.get("queue_position")),
+            predicted_wait_ms=_int_or_none(progress.get("predicted_wait_ms")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +65,7 @@ class StreamResult:
     pauses: int
     server_pauses: tuple[str, ...] = ()
     server_stats: dict[str, Any] | None = None
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -6,17 +6,29 @@ stops reading the socket (``read_paused``) until the queue drains to its low
 watermark (``read_resumed``); with the small socket buffers from
 :mod:`edge_llm.client.connection` the server's writes then block. Cancelling
 means closing the connection.
+
+A stream that asked for progress (``return_progress``) gets progress chunks (no
+choices, a ``progress`` object) from edge-llm while no token flows: each is a
+:class:`~edge_llm.client.result.Heartbeat`. A server that refuses the field as
+unknown (a 400 naming it, as OpenAI's API does) is asked again without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import replace
 
 import aiohttp
 
-from edge_llm.client.attempt import Attempt
+from edge_llm.client.attempt import LOGGER_NAME, Attempt
 from edge_llm.client.connection import read_bounded, status_error, transport_error
-from edge_llm.client.errors import NotStreamingError, ReadError, TtftTimeoutError
+from edge_llm.client.errors import (
+    HTTPStatusError,
+    NotStreamingError,
+    ReadError,
+    TtftTimeoutError,
+)
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
 from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
@@ -24,6 +36,7 @@ from edge_llm.client.stream_request import StreamRequest
 from edge_llm.observability.events import Event
 
 EVENT_STREAM = "text/event-stream"
+PROGRESS_FIELD = "return_progress"
 NOT_STREAMING_PREVIEW_BYTES = 4096
 
 
@@ -66,7 +79,7 @@ class SSETransport:
         response = None
         try:
             response = await attempt.read(self._post)
-            await self._check(response, attempt)
+            response = await self._checked(response, attempt)
             attempt.flow = ReadPause(attempt, self._request.queue)
             await self._read_events(response, attempt)
         except TtftTimeoutError:
@@ -86,6 +99,26 @@ class SSETransport:
         return await self._request.session.post(
             self._request.url, json=self._request.body, headers=self._request.headers
         )
+
+    async def _checked(
+        self, response: aiohttp.ClientResponse, attempt: Attempt
+    ) -> aiohttp.ClientResponse:
+        """The response once it is a 200 event stream; a refusal of the progress
+        field makes the request again without it (once)."""
+        try:
+            await self._check(response, attempt)
+        except HTTPStatusError as exc:
+            if not _refuses_progress(exc, self._request.body):
+                raise
+            response.close()
+            body = {k: v for k, v in self._request.body.items() if k != PROGRESS_FIELD}
+            self._request = replace(self._request, body=body)
+            logging.getLogger(LOGGER_NAME).info(
+                "%s refuses %s: asked again without", exc, PROGRESS_FIELD
+            )
+            response = await attempt.read(self._post)
+            await self._check(response, attempt)
+        return response
 
     async def _check(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
         attempt.set_request_id(response.headers.get("X-Request-Id"))
@@ -127,7 +160,16 @@ class SSETransport:
         if chunk is None:
             return True
         attempt.set_request_id(chunk.id)
+        progress = chunk.raw.get("progress")
+        if isinstance(progress, dict) and not chunk.raw.get("choices"):
+            attempt.on_heartbeat(Heartbeat.of(progress))
         attempt.on_usage(chunk.usage)
         attempt.on_finish(chunk.finish_reason)
         await attempt.on_content(chunk.content)
         return False
+
+
+def _refuses_progress(error: HTTPStatusError, body: dict[str, object]) -> bool:
+    """A 400 that names the progress field the request carried (an unknown field)."""
+    named = error.error.get("param") == PROGRESS_FIELD or PROGRESS_FIELD in str(error)
+    return error.status == 400 and PROGRESS_FIELD in body and named

@@ -91,14 +91,24 @@ class StreamClient:
         session_id: str | None = None,
         on_heartbeat: HeartbeatCallback | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        priority: int | None = None,
+        progress: bool = False,
     ) -> ChatStream:
         """A stream for ``messages``; it starts on ``async with`` or first iteration.
 
-        ``on_heartbeat`` is called with each :class:`~edge_llm.client.result.Heartbeat`
-        (prefill progress over WebSocket). Must be called inside a running loop.
+        ``on_heartbeat`` is called with each :class:`~edge_llm.client.result.Heartbeat`:
+        progress events (state, queue position, predicted wait, prefill) while no
+        token flows. Over SSE they need ``progress`` (the body's ``return_progress``;
+        a server that refuses the field is asked again without it); WebSocket
+        heartbeats always carry them. ``priority`` is the request's class (lower runs
+        first, -10..10). Must be called inside a running loop.
         """
         log = RequestLog(self._event_log)
         body = self._body(messages, max_tokens, temperature, extra_body)
+        if priority is not None:
+            body["priority"] = priority
+        if progress:
+            body["return_progress"] = True
         headers = request_headers(
             self.config, client_request_id=log.client_request_id, session_id=session_id
         )

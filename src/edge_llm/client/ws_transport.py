@@ -142,12 +142,15 @@ class WSTransport:
             n_tokens = frame.get("n_tokens")
             await attempt.on_content(str(frame.get("text") or ""), _int(n_tokens))
         elif kind == "heartbeat":
-            attempt.on_heartbeat(_heartbeat(frame))
+            attempt.on_heartbeat(Heartbeat.of(frame))
         elif kind == "started":
             attempt.on_data()
             attempt.set_request_id(frame.get("id"))
         elif kind == "paused":
-            attempt.on_server_paused(str(frame.get("cause") or "unknown"))
+            cause = str(frame.get("cause") or "unknown")
+            attempt.on_server_paused(cause)
+            if cause == "preempted":
+                attempt.on_heartbeat(Heartbeat(state=cause))
         elif kind == "done":
             _finish(frame, attempt)
             return True
@@ -176,18 +179,5 @@ def _finish(frame: dict[str, Any], attempt: Attempt) -> None:
     attempt.server_stats = stats if isinstance(stats, dict) else None
 
 
-def _heartbeat(frame: dict[str, Any]) -> Heartbeat:
-    state = frame.get("state")
-    return Heartbeat(
-        state=state if isinstance(state, str) else None,
-        prefill_done=_int_or_none(frame.get("prefill_done")),
-        prefill_total=_int_or_none(frame.get("prefill_total")),
-    )
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _int(value: object) -> int:
-    return _int_or_none(value) or 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -4,9 +4,9 @@ to a rich renderable (no I/O, no clock: the caller passes the sample times).
 One frame shows the engine header (alive, steps, running/waiting/paused, tok/s
 between refreshes, backpressure and its peak, KV used against its capacity; a narrow
 terminal wraps it between fields, never inside one), one row per
-stream (state, pause cause, tokens, prefill, outbound ring fill as a bar with its
-write/read cursors, KV cursor, pauses, paused time, tok/s, age) and the engine's
-totals from its Prometheus counters and histograms.
+stream (priority class and times preempted, state, pause cause, tokens, prefill,
+outbound ring fill as a bar with its write/read cursors, KV cursor, pauses, paused
+time, tok/s, age) and the engine's totals from its Prometheus counters and histograms.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ STATE_STYLES = {
     "prefill": "cyan",
     "decoding": "green",
     "paused": "yellow",
+    "preempted": "bold yellow",
     "offloaded": "blue",
     "done": "dim",
     "cancelled": "magenta",
@@ -208,6 +209,15 @@ def _cause(stream: Mapping[str, Any]) -> str:
     )
 
 
+def _priority(stream: Mapping[str, Any]) -> str:
+    """The class, and how often it was preempted (``5 x2``); ``-`` when relayed."""
+    priority = stream.get("priority")
+    if priority is None:
+        return "-"
+    preemptions = stream.get("preemptions") or 0
+    return f"{priority} x{preemptions}" if preemptions else str(priority)
+
+
 def _ring(stream: Mapping[str, Any]) -> Text:
     cursors = f" {stream.get('ring_write')}/{stream.get('ring_read')}/{stream.get('ring_capacity')}"
     return bar(ring_fill(stream)) + Text(cursors)
@@ -218,6 +228,7 @@ def stream_row(stream: Mapping[str, Any], rates: Rates) -> list[RenderableType]:
     return [
         stream_id[:ID_WIDTH],
         str(stream.get("session") or "-"),
+        _priority(stream),
         _state(stream),
         _cause(stream),
         f"{stream.get('n_generated')}/{stream.get('max_tokens')}",
@@ -235,6 +246,7 @@ def stream_row(stream: Mapping[str, Any], rates: Rates) -> list[RenderableType]:
 STREAM_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
     ("ID", "left"),
     ("SESSION", "left"),
+    ("PRIO", "right"),
     ("STATE", "left"),
     ("WHY", "left"),
     ("TOKENS", "right"),
@@ -274,6 +286,13 @@ def _labelled(metrics: Metrics, name: str, *, zeros: bool) -> str:
     return " ".join(shown) or "none"
 
 
+def _by_priority(metrics: Metrics, name: str) -> str:
+    """``prio 5 x2`` per class with a count, or ``none``."""
+    values = metrics.get(name, {})
+    shown = [f"prio {label} x{value:.0f}" for label, value in sorted(values.items()) if value]
+    return " ".join(shown) or "none"
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:g} s"
 
@@ -288,6 +307,7 @@ def totals_line(metrics: Metrics) -> Text:
         f"pauses {_labelled(metrics, 'backpressure_pauses_total', zeros=False)}"
         f"  |  cancels {_labelled(metrics, 'cancellations_total', zeros=False)}"
         f"  |  rejected {_labelled(metrics, 'admission_rejections_total', zeros=False)}"
+        f"  |  preempted {_by_priority(metrics, 'preemptions_total')}"
         f"  |  tokens {generated:.0f} generated, {prompt:.0f} prompt"
         f"  |  TTFT p50 <= {_seconds(histogram_quantile(metrics, ttft, 0.5))}"
         f" p90 <= {_seconds(histogram_quantile(metrics, ttft, 0.9))}"

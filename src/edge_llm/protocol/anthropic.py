@@ -27,13 +27,15 @@ What ``POST /v1/messages`` accepts, beyond what the engine does with it:
 - A trailing ``assistant`` message is a prefill: the answer continues it.
 - Fields of Anthropic's API that do not change what this engine generates are
   accepted and have no effect: ``thinking``, ``cache_control`` (top
-  level and on blocks), ``citations`` on blocks, ``service_tier``, ``speed``,
+  level and on blocks), ``citations`` on blocks, ``speed``,
   ``container``, ``context_management``, ``mcp_servers``, ``diagnostics``,
   ``inference_geo``, ``user_profile_id``, ``workspace_id``, ``output_config``
   (its ``effort``); the response header ``X-Edge-LLM-Ignored`` lists those given.
 - ``output_config.format`` (``{"type": "json_schema", "schema": {...}}``,
   structured output) is enforced by a grammar built from the schema, as OpenAI's
   ``response_format``; a schema that cannot be converted is a 400.
+- ``service_tier`` (``auto``, ``standard_only``) and this engine's ``priority``
+  set the request's class (:mod:`edge_llm.protocol.priority`).
 - ``temperature``, ``top_p`` and ``top_k`` are honoured (recent SDKs send them
   only through ``extra_body``).
 - Unknown fields, wrong types and out-of-range numbers: 400 naming the field.
@@ -62,6 +64,7 @@ from edge_llm.errors import (
     TtftTimeout,
 )
 from edge_llm.protocol.openai import parse_request as _parse
+from edge_llm.protocol.priority import ANTHROPIC_TIERS, AnthropicTier, Priority, body_priority
 from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.tools import (
     CallStarted,
@@ -79,7 +82,6 @@ MAX_STOP_SEQUENCE_CHARS = 256
 IGNORED_FIELDS = (
     "thinking",
     "cache_control",
-    "service_tier",
     "speed",
     "container",
     "context_management",
@@ -256,10 +258,11 @@ class MessagesRequest(_Strict):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: ToolChoiceParam | None = None
     output_config: dict[str, Any] | None = None
+    priority: Priority | None = None  # vLLM's field (see edge_llm.protocol.priority)
+    service_tier: AnthropicTier | None = None
     # Accepted, no effect here (see the module docstring); any JSON value.
     thinking: Thinking | None = None
     cache_control: Any = None
-    service_tier: Any = None
     speed: Any = None
     container: Any = None
     context_management: Any = None
@@ -329,6 +332,11 @@ class MessagesRequest(_Strict):
         """The JSON schema of ``output_config.format`` (structured output), if any."""
         fmt = (self.output_config or {}).get("format")
         return dict(fmt["schema"]) if fmt else None
+
+    @property
+    def explicit_priority(self) -> int | None:
+        """The class the body asks for: ``priority``, else its service tier's."""
+        return body_priority(self.priority, self.service_tier, ANTHROPIC_TIERS)
 
     @property
     def stops(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from edge_llm.errors import InvalidRequest
+from edge_llm.protocol.priority import OPENAI_TIERS, OpenAITier, Priority, body_priority
 from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams, TokenLogprob
 from edge_llm.protocol.tools import (
     ArgumentsOut,
@@ -169,6 +170,7 @@ class NamedToolChoice(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    include_progress: bool = False  # this engine's: progress chunks while no token flows
 
 
 class TextFormat(Strict):
@@ -214,6 +216,10 @@ class _Sampling(Strict):
     frequency_penalty: _Penalty | None = None
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     response_format: ResponseFormat | None = None
+    # Scheduling (see edge_llm.protocol.priority): vLLM's field, OpenAI's tiers mapped.
+    priority: Priority | None = None
+    service_tier: OpenAITier | None = None
+    return_progress: bool = False  # llama-server's name for include_progress
 
     @field_validator("logit_bias")
     @classmethod
@@ -269,6 +275,17 @@ class _Sampling(Strict):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def include_progress(self) -> bool:
+        """Progress chunks asked for (``return_progress`` or the stream option)."""
+        option = bool(self.stream_options and self.stream_options.include_progress)
+        return self.return_progress or option
+
+    @property
+    def explicit_priority(self) -> int | None:
+        """The class the body asks for: ``priority``, else its service tier's."""
+        return body_priority(self.priority, self.service_tier, OPENAI_TIERS)
+
 
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
@@ -279,7 +296,6 @@ class ChatCompletionRequest(_Sampling):
     # Accepted, no effect on this engine (see the compatibility tables in docs/http-api.md).
     store: bool | None = None
     metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None
-    service_tier: str | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
     prediction: dict[str, Any] | None = None
@@ -469,6 +485,15 @@ def usage_chunk(
 ) -> dict[str, Any]:
     kind = "chat.completion.chunk" if chat else "text_completion"
     return _response(kind, request_id, model, created, []) | {"usage": usage}
+
+
+def progress_chunk(
+    request_id: str, model: str, created: int, progress: dict[str, Any], *, chat: bool
+) -> dict[str, Any]:
+    """A chunk without choices that tells a client waiting for its first token where
+    its request stands (sent only to a request that asked: ``include_progress``)."""
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    return _response(kind, request_id, model, created, []) | {"progress": progress}
 
 
 def chat_completion(

@@ -13,13 +13,14 @@ What a request may hold:
   tools OpenAI hosts, such as ``web_search``, are accepted and not offered to the
   model, and the ``X-Edge-LLM-Ignored`` header names them), ``tool_choice``,
   ``parallel_tool_calls``, ``text.format`` (``text``, ``json_object``,
-  ``json_schema``: enforced by a grammar), ``stream``.
+  ``json_schema``: enforced by a grammar), ``stream``, ``priority`` and
+  ``service_tier`` (the request's class: :mod:`edge_llm.protocol.priority`).
 - ``previous_response_id``: the conversation of a stored response continues
   (``store`` defaults to true; a bounded in-memory store, oldest dropped first);
   an unknown or dropped id is a 404.
 - Accepted with no effect: ``store`` (beyond the above), ``metadata``,
   ``reasoning``, ``include``, ``prompt_cache_key``, ``client_metadata``,
-  ``service_tier``, ``user`` (it names the session, as on chat completions),
+  ``user`` (it names the session, as on chat completions),
   ``truncation``, ``safety_identifier``, ``stream_options``, ``top_logprobs``,
   ``max_tool_calls``, ``text.verbosity``. ``background: true`` and the
   ``prompt``/``conversation`` objects cannot be honoured: 400.
@@ -43,6 +44,7 @@ from edge_llm.protocol.openai import (
     check_content_parts,
     parse_request,
 )
+from edge_llm.protocol.priority import OPENAI_TIERS, OpenAITier, Priority, body_priority
 from edge_llm.protocol.tools import (
     ArgumentsOut,
     CallStarted,
@@ -205,13 +207,14 @@ class ResponsesRequest(Strict):
     previous_response_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     store: bool | None = None
     background: Literal[False] | None = None
+    priority: Priority | None = None  # vLLM's field (see edge_llm.protocol.priority)
+    service_tier: OpenAITier | None = None
     # Accepted, no effect here (see the module docstring).
     metadata: dict[str, str] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
     prompt_cache_key: str | None = None
     client_metadata: dict[str, Any] | None = None
-    service_tier: str | None = None
     user: Annotated[str, Field(max_length=256)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     safety_identifier: str | None = None
@@ -294,6 +297,11 @@ class ResponsesRequest(Strict):
     @property
     def stores(self) -> bool:
         return self.store is not False
+
+    @property
+    def explicit_priority(self) -> int | None:
+        """The class the body asks for: ``priority``, else its service tier's."""
+        return body_priority(self.priority, self.service_tier, OPENAI_TIERS)
 
 
 def parse(body: object) -> ResponsesRequest:

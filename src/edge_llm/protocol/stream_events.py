@@ -9,7 +9,7 @@ relay nor the engine has to import the server to speak about a stream.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from edge_llm.errors import EdgeLLMError
 from edge_llm.protocol.sampling import TokenLogprob
@@ -25,9 +25,26 @@ class Delta:
 
 @dataclass(frozen=True)
 class Heartbeat:
+    """A sign of life while no token flows, with the stream's progress: its state
+    (queued, prefill, preempted, decoding, paused, ...), prompt tokens prefilled, its
+    place in the queue (1: next; None when not waiting) and the predicted wait for
+    its first token (None once it came, or when the backend cannot tell)."""
+
     state: str
     prefill_done: int
     prefill_total: int
+    queue_position: int | None = None
+    predicted_wait_ms: int | None = None
+
+    def progress(self) -> dict[str, Any]:
+        """The ``progress`` object of an SSE progress chunk."""
+        return {
+            "state": self.state,
+            "queue_position": self.queue_position,
+            "prefill_done": self.prefill_done,
+            "prefill_total": self.prefill_total,
+            "predicted_wait_ms": self.predicted_wait_ms,
+        }
 
 
 @dataclass(frozen=True)

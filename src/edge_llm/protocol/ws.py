@@ -19,6 +19,7 @@ from typing import Any
 
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol.json_body import decode_json
+from edge_llm.protocol.stream_events import Heartbeat
 
 
 class State(enum.Enum):
@@ -146,17 +147,14 @@ class StreamProtocol:
             {"type": "delta", "id": self.stream_id, "seq": seq, "text": text, "n_tokens": n_tokens}
         )
 
-    def on_heartbeat(self, state: str, prefill_done: int, prefill_total: int) -> None:
-        self._out.append(
-            {
-                "type": "heartbeat",
-                "state": state,
-                "prefill_done": prefill_done,
-                "prefill_total": prefill_total,
-            }
-        )
+    def on_heartbeat(self, heartbeat: Heartbeat) -> None:
+        """While no token flows: the stream's state, prefill progress, place in the
+        queue and predicted wait for its first token."""
+        self._out.append({"type": "heartbeat", **heartbeat.progress()})
 
     def on_paused(self, cause: str) -> None:
+        """Cause ``client``, ``socket_full`` or ``preempted`` (a more urgent request
+        took its place; it resumes by itself, ``resumed`` follows)."""
         self._out.append({"type": "paused", "cause": cause})
 
     def on_resumed(self) -> None:

@@ -73,10 +73,11 @@ async def messages(request: web.Request) -> web.StreamResponse:
     req = anthropic.parse_request(body)
     setup = req.tool_setup()
     session = session_of(request, None)
+    priority = ctx.priorities.resolve(request, req.explicit_priority)
     job = Job(
         req.model,
         session,
-        start_local=lambda service: _start(service, req, session, setup),
+        start_local=lambda service: _start(service, req, session, setup, priority),
         relay=lambda: Relay(CHAT_PATH, messages_chat_body(req, session)),
         any_model_runs_locally=True,
     )
@@ -95,6 +96,7 @@ async def _start(
     req: anthropic.MessagesRequest,
     session: str | None,
     setup: ToolSetup | None,
+    priority: int,
 ) -> StreamHandle:
     sampling = req.sampling(service.sampling_defaults)
     if req.output_schema is not None:
@@ -107,6 +109,7 @@ async def _start(
         session=session,
         tools=setup,
         prefill=req.prefill or "",
+        priority=priority,
     )
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -30,14 +28,11 @@ from edge_llm.server import (
     ws_route,
 )
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
-from edge_llm.server.http import error_response
+from edge_llm.server.http import error_response, presented_key
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = frozenset({"/health"})
 _DEBUG_PATHS = frozenset({"/metrics", "/debug/streams"})
-# Browsers cannot set headers on a WebSocket: the key may come as a subprotocol
-# ``edge-llm.key.<base64url(key)>``, offered beside ``edge-llm`` (see ws_route).
-_KEY_SUBPROTOCOL = "edge-llm.key."
 _log = logging.getLogger("edge_llm.server")
 
 
@@ -125,7 +120,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     keys = context_of(request).config.server.api_key
     if not keys or not _needs_key(request):
         return await handler(request)
-    presented = _presented_key(request)
+    presented = presented_key(request)
     if presented is None or not _matches_any(presented, keys):
         raise AuthenticationFailed(
             "missing or wrong API key: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
@@ -141,31 +136,6 @@ def _needs_key(request: web.Request) -> bool:
     if request.path in _DEBUG_PATHS:
         return context_of(request).config.server.protect_debug
     return True
-
-
-def _presented_key(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() == "bearer" and token:
-        return token.strip()
-    return request.headers.get("x-api-key") or _subprotocol_key(request)
-
-
-def _subprotocol_key(request: web.Request) -> str | None:
-    offered = request.headers.get("Sec-WebSocket-Protocol", "")
-    for protocol in offered.split(","):
-        encoded = protocol.strip()
-        if encoded.startswith(_KEY_SUBPROTOCOL):
-            return _decode_base64url(encoded.removeprefix(_KEY_SUBPROTOCOL))
-    return None
-
-
-def _decode_base64url(text: str) -> str | None:
-    try:
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        return raw.decode()
-    except (binascii.Error, ValueError):
-        return None
 
 
 def _matches_any(presented: str, keys: list[str]) -> bool:
@@ -188,7 +158,7 @@ async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
     if not response.prepared:
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Allow-Headers"] = (
-            "Authorization, Content-Type, X-Session-Id, x-api-key"
+            "Authorization, Content-Type, X-Priority, X-Session-Id, x-api-key"
         )
         response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
     return response

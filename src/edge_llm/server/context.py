@@ -14,6 +14,7 @@ from edge_llm.models.pool import LoadedModel, ModelPool
 from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
+from edge_llm.server.priority import PriorityDefaults
 from edge_llm.server.pump import PumpSettings
 from edge_llm.upstream.router import UpstreamRouter
 
@@ -37,6 +38,8 @@ class ServerContext:
     count_connections: Callable[[], int] = lambda: 0
     # Conversations behind the Responses API's previous_response_id.
     responses: ResponseStore = field(default_factory=ResponseStore)
+    # route_priority and key_priority: the class of a request that names none.
+    priorities: PriorityDefaults = field(default_factory=PriorityDefaults)
 
     def default_model(self) -> LoadedModel | None:
         """The default model, if loaded (it is, unless unloaded on purpose)."""

@@ -46,7 +46,9 @@ async def metrics(request: web.Request) -> web.Response:
 async def streams(request: web.Request) -> web.Response:
     """The default model's totals at the top level (as with one model), every local
     stream (``backend: local``, its ``model``), then those relayed from upstreams;
-    ``models``: each served model's state, memory and (loaded) totals."""
+    ``models``: each served model's state, memory and (loaded) totals;
+    ``max_prompt_tokens``: the longest prompt the default model admits (a load
+    generator keeps its prompts within it)."""
     ctx = context_of(request)
     pool = ctx.pool
     document: dict[str, Any] = {}
@@ -61,6 +63,8 @@ async def streams(request: web.Request) -> web.Response:
         models[name] = {**pool.describe(name), **snapshot}
         if name == pool.default:
             document.update(snapshot)
+            if loaded:
+                document["max_prompt_tokens"] = loaded.service.prompt_limit()[1]
     document["streams"] = [*local, *ctx.router.snapshot()]
     document["models"] = models
     document["model_memory_used_bytes"] = pool.used_bytes()

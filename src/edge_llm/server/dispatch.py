@@ -69,6 +69,8 @@ class Job:
     # Anthropic's endpoint: clients send their own model ids, which run locally
     # unless an upstream lists them.
     any_model_runs_locally: bool = False
+    # A heartbeat at each change of the local stream's state too (the client opted in).
+    progress: bool = False
 
 
 class Answer(ABC):
@@ -154,12 +156,15 @@ class Answer(ABC):
 
 
 class LocalAnswer(Answer):
-    def __init__(self, lease: Lease, handle: StreamHandle, settings: PumpSettings) -> None:
+    def __init__(
+        self, lease: Lease, handle: StreamHandle, settings: PumpSettings, *, progress: bool = False
+    ) -> None:
         self.lease = lease
         self.service = lease.model.service
         self.engine = lease.model.engine
         self.handle = handle
         self.settings = settings
+        self.progress = progress
         self.id = handle.id
         self.relayed = False
         self.model = lease.name
@@ -179,7 +184,7 @@ class LocalAnswer(Answer):
         return self.handle.outcome
 
     def events(self) -> AsyncIterator[AnswerEvent]:
-        return pump(self.engine, self.handle, self.settings)
+        return pump(self.engine, self.handle, self.settings, progress=self.progress)
 
     def usage(self) -> dict[str, Any]:
         return self.handle.usage()
@@ -277,7 +282,7 @@ class Dispatcher:
             lease.release()
             raise
         self.router.note_local(handle.seq.session)
-        return LocalAnswer(lease, handle, self.settings)
+        return LocalAnswer(lease, handle, self.settings, progress=job.progress)
 
     def local_name(self, job: Job) -> str:
         """The local model that runs ``job`` (Anthropic's unknown ids: the default)."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import socket
 from dataclasses import dataclass
@@ -22,6 +24,9 @@ from edge_llm.protocol.json_body import decode_json
 from edge_llm.server.access_log import mark_error
 
 _DECODE_IN_THREAD_BYTES = 64 * 1024
+# Browsers cannot set headers on a WebSocket: the key may come as a subprotocol
+# ``edge-llm.key.<base64url(key)>``, offered beside ``edge-llm`` (see ws_route).
+_KEY_SUBPROTOCOL = "edge-llm.key."
 ANTHROPIC_PATH = "/v1/messages"
 OLLAMA_PATH = "/api/"
 
@@ -88,3 +93,29 @@ def tune_connection(request: web.Request, settings: ConnectionSettings) -> None:
 
 def session_of(request: web.Request, user: str | None) -> str | None:
     return request.headers.get("X-Session-Id") or user
+
+
+def presented_key(request: web.Request) -> str | None:
+    """The API key the client sent: Bearer, ``x-api-key`` or the WebSocket subprotocol."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() == "bearer" and token:
+        return token.strip()
+    return request.headers.get("x-api-key") or _subprotocol_key(request)
+
+
+def _subprotocol_key(request: web.Request) -> str | None:
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    for protocol in offered.split(","):
+        encoded = protocol.strip()
+        if encoded.startswith(_KEY_SUBPROTOCOL):
+            return _decode_base64url(encoded.removeprefix(_KEY_SUBPROTOCOL))
+    return None
+
+
+def _decode_base64url(text: str) -> str | None:
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        return raw.decode()
+    except (binascii.Error, ValueError):
+        return None

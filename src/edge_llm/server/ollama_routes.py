@@ -64,13 +64,16 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _load_or_unload(ctx.pool, name, unload=keep == 0.0, chat=chat)
     setup = req.tool_setup() if isinstance(req, ollama.ChatRequest) else None
     session = session_of(request, None)
+    priority = ctx.priorities.resolve(request, None)  # X-Priority, key or route default
     # A model without a chat template (a base model) completes the prompt as written,
     # as Ollama's default template ({{ .Prompt }}) does.
     templated = bool((await ctx.pool.metadata(name)).get("tokenizer.chat_template"))
     job = Job(
         name,
         session,
-        start_local=lambda service: _start(service, req, setup, session, templated=templated),
+        start_local=lambda service: _start(
+            service, req, setup, session, templated=templated, priority=priority
+        ),
         relay=_not_relayed,
     )
     answer = await ctx.dispatcher.start(job)
@@ -121,6 +124,7 @@ async def _start(
     session: str | None,
     *,
     templated: bool,
+    priority: int,
 ) -> StreamHandle:
     opts = ollama.options(req.options, service.sampling_defaults, service.limits.max_tokens_cap)
     sampling = opts.sampling
@@ -130,14 +134,14 @@ async def _start(
     if isinstance(req, ollama.GenerateRequest) and (req.raw or not templated):
         return await service.start_text(
             req.prompt, max_tokens=opts.max_tokens, sampling=sampling, session=session,
-            context=opts.num_ctx,
+            context=opts.num_ctx, priority=priority,
         )  # fmt: skip
     messages = (
         req.template_messages() if isinstance(req, ollama.ChatRequest) else req.chat_messages()
     )
     return await service.start_chat(
         messages, max_tokens=opts.max_tokens, sampling=sampling, session=session,
-        tools=setup, context=opts.num_ctx,
+        tools=setup, context=opts.num_ctx, priority=priority,
     )  # fmt: skip
 
 

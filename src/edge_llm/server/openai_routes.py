@@ -80,11 +80,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, ctx.connection)
     req = openai.parse_request(openai.ChatCompletionRequest, body)
     session = session_of(request, req.user)
+    priority = ctx.priorities.resolve(request, req.explicit_priority)
     job = Job(
         req.model,
         session,
-        start_local=lambda service: _start_chat(service, req, session),
+        start_local=lambda service: _start_chat(service, req, session, priority),
         relay=lambda: Relay(request.path, body),
+        progress=req.stream and req.include_progress,
     )
     answer = await ctx.dispatcher.start(job)
     with answer, answering(request, answer):
@@ -101,6 +103,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, ctx.connection)
     req = openai.parse_request(openai.CompletionRequest, body)
     session = session_of(request, req.user)
+    priority = ctx.priorities.resolve(request, req.explicit_priority)
     job = Job(
         req.model,
         session,
@@ -109,8 +112,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
             max_tokens=req.requested_max_tokens,
             sampling=request_sampling(service, req),
             session=session,
+            priority=priority,
         ),
         relay=lambda: Relay(request.path, body),
+        progress=req.stream and req.include_progress,
     )
     answer = await ctx.dispatcher.start(job)
     with answer, answering(request, answer):
@@ -120,7 +125,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _start_chat(
-    service: GenerationService, req: openai.ChatCompletionRequest, session: str | None
+    service: GenerationService,
+    req: openai.ChatCompletionRequest,
+    session: str | None,
+    priority: int,
 ) -> StreamHandle:
     setup = req.tool_setup()
     if setup is not None and setup.active and req.n_logprobs is not None:
@@ -131,6 +139,7 @@ async def _start_chat(
         sampling=request_sampling(service, req),
         session=session,
         tools=setup,
+        priority=priority,
     )
 
 
@@ -161,7 +170,7 @@ async def _respond(
 ) -> web.StreamResponse:
     ids: _Ids = (answer.id, answer.model, int(time.time()))
     if req.stream:
-        return await _stream_sse(request, ctx, answer, ids, shape, include_usage=req.include_usage)
+        return await _stream_sse(request, ctx, answer, ids, shape, req=req)
     records: list[TokenLogprob] = []
     text, outcome = await answer.collect(records)
     whole = shape.whole(ids, text, outcome.finish_reason or "stop", answer.usage(), records)
@@ -192,7 +201,7 @@ async def _stream_sse(
     ids: _Ids,
     shape: _Shape,
     *,
-    include_usage: bool,
+    req: openai.ChatCompletionRequest | openai.CompletionRequest,
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, answer.id, answer.headers)
     first = shape.first(ids)
@@ -204,16 +213,29 @@ async def _stream_sse(
             chunk = shape.chunk(ids, event.text, None, event.logprobs)
             await writer.send(prefix + sse.encode_data(chunk))
         elif isinstance(event, Heartbeat):
-            await writer.send(sse.PING)
+            await writer.send(_beat(ids, event, req, chat=shape.chat))
         elif isinstance(event, Finished):
             outcome = event.outcome
             if outcome.error is not None:
                 return await writer.fail(outcome.error, sse.encode_data(outcome.error.to_dict()))
             tail = [shape.chunk(ids, "", outcome.finish_reason or "stop")]
-            if include_usage:
+            if req.include_usage:
                 tail.append(openai.usage_chunk(*ids, answer.usage(), chat=shape.chat))
             await writer.send(b"".join(sse.encode_data(c) for c in tail) + sse.DONE)
     return await writer.finish()
+
+
+def _beat(
+    ids: _Ids,
+    heartbeat: Heartbeat,
+    req: openai.ChatCompletionRequest | openai.CompletionRequest,
+    *,
+    chat: bool,
+) -> bytes:
+    """A ``: ping`` comment, or a progress chunk for a request that asked for them."""
+    if not req.include_progress:
+        return sse.PING
+    return sse.encode_data(openai.progress_chunk(*ids, heartbeat.progress(), chat=chat))
 
 
 # -- chat with tools: the answer goes through the tool-call parser ----------------------
@@ -229,9 +251,7 @@ async def _respond_with_tools(
     ids: _Ids = (answer.id, answer.model, int(time.time()))
     parser = ToolOutputParser(setup, openai.new_call_id)
     if req.stream:
-        return await _stream_tools(
-            request, ctx, answer, ids, parser, include_usage=req.include_usage
-        )
+        return await _stream_tools(request, ctx, answer, ids, parser, req=req)
     reason = "stop"
     async for event in answer.events():
         if isinstance(event, Delta):
@@ -254,7 +274,7 @@ async def _stream_tools(
     ids: _Ids,
     parser: ToolOutputParser,
     *,
-    include_usage: bool,
+    req: openai.ChatCompletionRequest,
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, answer.id, answer.headers)
     first = sse.encode_data(openai.chat_chunk(*ids, role="assistant", content=""))
@@ -265,7 +285,8 @@ async def _stream_tools(
                 await writer.send(first + chunks)
                 first = b""
         elif isinstance(event, Heartbeat):
-            await writer.send(first or sse.PING)
+            beat = _beat(ids, event, req, chat=True)
+            await writer.send(first + beat if req.include_progress else first or beat)
             first = b""
         elif isinstance(event, Finished):
             outcome = event.outcome
@@ -274,7 +295,7 @@ async def _stream_tools(
             tail = _tool_chunks(ids, parser.finish())
             reason = _finish_reason(parser, outcome.finish_reason)
             tail += sse.encode_data(openai.chat_chunk(*ids, finish_reason=reason))
-            if include_usage:
+            if req.include_usage:
                 tail += sse.encode_data(openai.usage_chunk(*ids, answer.usage(), chat=True))
             await writer.send(first + tail + sse.DONE)
     return await writer.finish()

@@ -4,6 +4,11 @@ The pump is an async generator: the adapter writes each event to its socket and
 only then asks for the next one. Tokens of a delta are committed to the ring
 (``Engine.consumed``) after that write returned, so a socket that stops draining
 stops the pump, the ring fills, and the engine pauses that sequence alone.
+
+While no token flows a :class:`Heartbeat` carries the stream's progress
+(``Engine.progress``) every ``heartbeat_interval_s``; with ``progress`` on, one
+also comes whenever the stream's state or prefill count changes (queued, prefill
+chunk by chunk, preempted, decoding again), so a client can show each step.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ class PumpSettings:
 
 
 async def pump(
-    engine: Engine, handle: StreamHandle, settings: PumpSettings
+    engine: Engine, handle: StreamHandle, settings: PumpSettings, *, progress: bool = False
 ) -> AsyncIterator[StreamEvent]:
     """Yield the stream's events until (and including) :class:`Finished`."""
     reported_cause: str | None = None
+    reported_step: tuple[str, int] | None = None
     last_sent = time.monotonic()
     held_since: float | None = None
     carried_tokens = 0
@@ -69,13 +75,32 @@ async def pump(
                 yield Delta(handle.outcome.tail, carried_tokens, n_deltas, tuple(carried_logprobs))
             yield Finished(handle.outcome)
             return
+        step = _step(handle.seq.public_state(), handle.seq.n_prefilled)
         idle = time.monotonic() - last_sent
-        if idle >= settings.heartbeat_interval_s:
-            seq = handle.seq
-            yield Heartbeat(seq.public_state(), seq.n_prefilled, seq.n_prompt)
+        if idle >= settings.heartbeat_interval_s or (progress and step != reported_step):
+            beat = _heartbeat(engine, handle)
+            reported_step = _step(beat.state, beat.prefill_done)  # as read under the lock
+            yield beat
             last_sent = time.monotonic()
             continue
         await handle.wait_changed(settings.heartbeat_interval_s - idle)
+
+
+def _step(state: str, prefill_done: int) -> tuple[str, int]:
+    """What a progress heartbeat reports a change of: the state, and the prompt tokens
+    prefilled while in prefill (the last one may be computed with the first token)."""
+    return state, prefill_done if state == "prefill" else 0
+
+
+def _heartbeat(engine: Engine, handle: StreamHandle) -> Heartbeat:
+    now = engine.progress(handle)
+    return Heartbeat(
+        now["state"],
+        now["prefill_done"],
+        now["prefill_total"],
+        now["queue_position"],
+        now["predicted_wait_ms"],
+    )
 
 
 def _cause(handle: StreamHandle) -> str | None:

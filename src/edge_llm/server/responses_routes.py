@@ -55,6 +55,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     history = _conversation(ctx, req)
     setup = req.tool_setup()  # refuses a bad tool_choice before anything runs
     session = session_of(request, req.user)
+    priority = ctx.priorities.resolve(request, req.explicit_priority)
     job = Job(
         req.model,
         session,
@@ -64,6 +65,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             sampling=_sampling(service, req),
             session=session,
             tools=setup,
+            priority=priority,
         ),
         relay=lambda: Relay(CHAT_PATH, responses_chat_body(req, _with_instructions(req, history))),
     )

@@ -40,6 +40,7 @@ from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
 from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
+from edge_llm.server.priority import PriorityDefaults
 from edge_llm.server.pump import PumpSettings
 from edge_llm.server.service import GenerationService, Limits
 from edge_llm.upstream.metrics import BackendMetrics
@@ -323,6 +324,7 @@ def build_context(
             write_buffer_bytes=server.write_buffer_bytes,
             body_timeout_s=server.body_timeout_ms / 1000.0,
         ),
+        priorities=PriorityDefaults.of(server),
     )
 
 

@@ -115,6 +115,7 @@ class GenerationService:
         tools: ToolSetup | None = None,
         prefill: str = "",
         context: int | None = None,
+        priority: int = 0,
     ) -> StreamHandle:
         """Render the conversation (with its tools) and start it; ``prefill`` is
         text the answer continues (a trailing assistant turn)."""
@@ -123,7 +124,12 @@ class GenerationService:
         if tools is not None and tools.forced:
             sampling = self._tool_grammar(sampling, tools)
         return await self.start_text(
-            prompt, max_tokens=max_tokens, sampling=sampling, session=session, context=context
+            prompt,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            session=session,
+            context=context,
+            priority=priority,
         )
 
     def check_messages(self, count: int) -> None:
@@ -157,10 +163,11 @@ class GenerationService:
         sampling: SamplingParams,
         session: str | None,
         context: int | None = None,
+        priority: int = 0,
     ) -> StreamHandle:
-        """Tokenize, enforce the prompt and max_tokens limits, and submit.
-        ``context``: the request's own bound on prompt and answer together
-        (Ollama's ``num_ctx``), named ``num_ctx`` when it is the one that binds."""
+        """Tokenize, enforce the prompt and max_tokens limits, and submit in class
+        ``priority`` (lower runs first). ``context``: the request's own bound on prompt
+        and answer together (Ollama's ``num_ctx``), named ``num_ctx`` when it binds."""
         self._check_sampling(sampling)
         tokens = await self._tokenize(prompt)
         if not tokens:
@@ -173,6 +180,7 @@ class GenerationService:
             sampling=sampling,
             session=session,
             request_id=self.engine.new_request_id(),
+            priority=priority,
             max_tokens_limited_by=budget.limit,
         )
         handle = self.engine.submit(request)
@@ -193,14 +201,19 @@ class GenerationService:
             return self.backend.tokenize(text, add_special=True)
         return await asyncio.to_thread(self.backend.tokenize, text, add_special=True)
 
-    def _check_prompt_fits(self, n_prompt: int, context: int | None = None) -> None:
-        """A prompt over the configured limit, or with no room left for one token.
-        The refusal names the limit and the server setting that raises it."""
+    def prompt_limit(self, context: int | None = None) -> tuple[str, int]:
+        """The longest prompt admitted, and what sets it: ``max_prompt_tokens``, the
+        model's ``context``, one sequence's ``kv`` share or ``num_ctx`` (each leaves
+        room for a token)."""
         limits = self._context_limits(
             0, context, ("max_prompt_tokens", self.limits.max_prompt_tokens + 1)
         )
-        limits = tuple((name, bound - 1) for name, bound in limits)
-        limited_by, limit = min(limits, key=lambda item: item[1])
+        return min(((name, bound - 1) for name, bound in limits), key=lambda item: item[1])
+
+    def _check_prompt_fits(self, n_prompt: int, context: int | None = None) -> None:
+        """A prompt over the configured limit, or with no room left for one token.
+        The refusal names the limit and the server setting that raises it."""
+        limited_by, limit = self.prompt_limit(context)
         if n_prompt > limit:
             self.engine.metrics.rejections.labels("prompt_too_long").inc()
             fix = _server_fix(limited_by)

@@ -155,6 +155,7 @@ class _Connection:
                 "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
             )
         session = session_of(self.request, req.user)
+        priority = self.ctx.priorities.resolve(self.request, req.explicit_priority)
         return Job(
             req.model,
             session,
@@ -163,8 +164,10 @@ class _Connection:
                 max_tokens=req.requested_max_tokens,
                 sampling=request_sampling(service, req),
                 session=session,
+                priority=priority,
             ),
             relay=lambda: Relay(CHAT_PATH, body),
+            progress=req.include_progress,
         )
 
     async def _pump(self, answer: Answer) -> None:
@@ -185,7 +188,7 @@ class _Connection:
         if isinstance(event, Delta):
             protocol.on_delta(event.text, event.n_tokens, event.seq)
         elif isinstance(event, Heartbeat):
-            protocol.on_heartbeat(event.state, event.prefill_done, event.prefill_total)
+            protocol.on_heartbeat(event)
         elif isinstance(event, PauseChanged):
             if event.cause is None:
                 protocol.on_resumed()
@@ -237,6 +240,7 @@ def _check_origin(request: web.Request, ctx: ServerContext) -> None:
 async def stream_socket(request: web.Request) -> web.WebSocketResponse:
     ctx = context_of(request)
     _check_origin(request, ctx)
+    ctx.priorities.resolve(request, None)  # a bad X-Priority is a 400 before the upgrade
     connection = _Connection(ctx, request)
     try:
         with contextlib.suppress(ConnectionResetError):

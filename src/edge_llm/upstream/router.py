@@ -168,12 +168,12 @@ class UpstreamRouter:
 
 def upstream_body(body: dict[str, Any]) -> dict[str, Any]:
     """The client's request as the upstream gets it: streamed, with usage (each
-    attempt sets ``model`` to what that upstream calls it)."""
-    forwarded = dict(body)
+    attempt sets ``model`` to what that upstream calls it), without the progress
+    opt-in, which is between the client and this server (an upstream such as
+    OpenAI's refuses fields it does not know); ``priority`` goes on."""
+    forwarded = {k: v for k, v in body.items() if k != "return_progress"}
     forwarded["stream"] = True
-    options = forwarded.get("stream_options")
-    forwarded["stream_options"] = {
-        **(options if isinstance(options, dict) else {}),
-        "include_usage": True,
-    }
+    given = forwarded.get("stream_options")
+    options = {k: v for k, v in given.items() if k != "include_progress"} if given else {}
+    forwarded["stream_options"] = {**options, "include_usage": True}
     return forwarded

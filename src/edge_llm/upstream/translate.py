@@ -44,6 +44,8 @@ def responses_chat_body(
     _put(body, "temperature", req.temperature)
     _put(body, "top_p", req.top_p)
     _put(body, "user", req.user)
+    _put(body, "priority", req.priority)  # vLLM's; the tiers are chat's too
+    _put(body, "service_tier", req.service_tier)
     body.update(_tools(req.tool_setup()))
     _put(body, "response_format", _responses_format(req))
     return body
@@ -67,6 +69,7 @@ def messages_chat_body(req: anthropic.MessagesRequest, session: str | None) -> d
     _put(body, "top_p", req.top_p)
     _put(body, "top_k", req.top_k)  # not OpenAI's, but vLLM, llama-server, edge-llm take it
     _put(body, "stop", list(req.stops) or None)
+    _put(body, "priority", req.priority)  # vLLM's; Anthropic's tiers are not chat's
     # metadata.user_id names a user, whose requests run side by side (Claude Code's
     # subagents share one); the session that supersedes is X-Session-Id.
     _put(body, "user", session)

@@ -8,7 +8,7 @@ storm against several targets, interleaved) and ``report`` (table and HTML).
 """
 
 from edge_llm.bench.storm.load import StormSettings, StormSettingsError
-from edge_llm.bench.storm.report import storm_table, summary_row, write_html
+from edge_llm.bench.storm.report import class_table, storm_table, summary_row, write_html
 from edge_llm.bench.storm.run import LiveState, StormConfig, StormResult, run_storm
 from edge_llm.bench.storm.user import OUTCOMES
 
@@ -19,6 +19,7 @@ __all__ = [
     "StormResult",
     "StormSettings",
     "StormSettingsError",
+    "class_table",
     "run_storm",
     "storm_table",
     "summary_row",

@@ -9,17 +9,24 @@ the same users and prompts, and a re-run gives the same load again.
 
 Prompt lengths are in tokens, approximated by words (``words_per_token``: about 0.75 for
 English prose with a GPT-style BPE); the server's ``usage.prompt_tokens`` is recorded
-beside the requested length.
+beside the requested length. With ``fit_prompts`` the range is lowered to what the
+targets accept (:func:`fitted`), so that the default load is not refused as too long.
+
+Besides the interactive users, ``batch_users`` run a background batch: one job after
+another, no think time, never regenerated, never abandoned, read at once. With
+``priorities`` their requests carry ``priority: batch_priority`` (less urgent than the
+interactive users' default 0); without, the same load runs in one class.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from edge_llm.bench.prompts import Prompt
 from edge_llm.bench.storm.corpus import corpus_words
+from edge_llm.protocol.priority import MAX_PRIORITY, MIN_PRIORITY
 
 QUESTION = "Summarise the passage above in two sentences."
 
@@ -48,6 +55,10 @@ class StormSettings:
     timeout_s: float = 120.0
     seed: int = 0
     words_per_token: float = 0.75
+    batch_users: int = 0
+    batch_priority: int = 5
+    priorities: bool = True
+    fit_prompts: bool = False
 
     def check(self) -> None:
         """Raise :class:`StormSettingsError` naming the first bad setting."""
@@ -66,6 +77,15 @@ class StormSettings:
         _require(self.ttft_slo_ms > 0, "ttft_slo_ms must be > 0")
         _require(self.timeout_s > 0, "timeout must be > 0")
         _require(0.1 <= self.words_per_token <= 4.0, "words_per_token must be within 0.1..4")
+        _require(self.batch_users >= 0, "batch_users must be >= 0")
+        _require(
+            MIN_PRIORITY <= self.batch_priority <= MAX_PRIORITY,
+            f"batch_priority must be within {MIN_PRIORITY}..{MAX_PRIORITY}",
+        )
+
+    def priority_of(self, profile: UserProfile) -> int | None:
+        """The ``priority`` field a user's requests carry (None: none, the default)."""
+        return self.batch_priority if profile.batch and self.priorities else None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,6 +103,14 @@ def _require_range(pair: tuple[float, float], name: str, minimum: float) -> None
     )
 
 
+INTERACTIVE, BATCH = "interactive", "batch"
+# Prompt tokens a fitted range leaves for the chat template, the tag and the question,
+# and the factor for a tokenizer that splits the text finer than ``words_per_token``
+# says (SmolLM2's: 0.91-1.16 tokens per requested token with the tag and question).
+FIT_OVERHEAD_TOKENS = 64
+FIT_MARGIN = 1.2
+
+
 @dataclass(frozen=True, slots=True)
 class UserProfile:
     """What a user is like for the whole run."""
@@ -90,11 +118,16 @@ class UserProfile:
     user: int
     patience_s: float
     slow: bool
+    batch: bool = False  # a background job runner, not an interactive user
 
     @property
     def session(self) -> str:
         """The ``X-Session-Id`` of this user's requests (regenerates share it)."""
         return f"storm-user-{self.user}"
+
+    @property
+    def kind(self) -> str:
+        return BATCH if self.batch else INTERACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +151,17 @@ class Turn:
         return Prompt.user(f"u{self.user}-t{self.index}", text, settings.max_tokens)
 
 
+def profiles(settings: StormSettings) -> list[UserProfile]:
+    """Users ``0 .. users - 1`` are interactive, the next ``batch_users`` run the batch
+    (each waits for its answer up to ``timeout_s`` and reads at full speed)."""
+    batch = range(settings.users, settings.users + settings.batch_users)
+    return [user_profile(settings, u) for u in range(settings.users)] + [
+        UserProfile(u, settings.timeout_s, slow=False, batch=True) for u in batch
+    ]
+
+
 def user_profile(settings: StormSettings, user: int) -> UserProfile:
+    """An interactive user's profile."""
     rng = random.Random(f"{settings.seed}/user/{user}")
     return UserProfile(
         user=user,
@@ -127,15 +170,28 @@ def user_profile(settings: StormSettings, user: int) -> UserProfile:
     )
 
 
-def user_turn(settings: StormSettings, user: int, index: int) -> Turn:
+def user_turn(settings: StormSettings, user: int, index: int, *, batch: bool = False) -> Turn:
+    """A turn of a user; a batch job is never abandoned and the next follows at once."""
     rng = random.Random(f"{settings.seed}/user/{user}/turn/{index}")
     prompt_tokens = rng.randint(*settings.prompt_tokens)
     window_start = rng.randrange(len(corpus_words()))
     abandon = rng.random() < settings.abandon_share
     abandon_after = rng.randint(*settings.abandon_after_tokens) if abandon else None
-    return Turn(
-        user, index, prompt_tokens, window_start, abandon_after, rng.uniform(*settings.think_s)
-    )
+    think = rng.uniform(*settings.think_s)
+    if batch:
+        abandon_after, think = None, 0.0
+    return Turn(user, index, prompt_tokens, window_start, abandon_after, think)
+
+
+def fitted(settings: StormSettings, max_prompt_tokens: int | None) -> StormSettings:
+    """With ``fit_prompts``, the prompt range lowered so that every prompt stays within
+    the smallest ``max_prompt_tokens`` of the targets (None: none says)."""
+    if not settings.fit_prompts or max_prompt_tokens is None:
+        return settings
+    high = int((max_prompt_tokens - FIT_OVERHEAD_TOKENS) / FIT_MARGIN)
+    low, wanted = settings.prompt_tokens
+    high = max(1, min(wanted, high))
+    return replace(settings, prompt_tokens=(min(low, high), high))
 
 
 def start_offset(settings: StormSettings, user: int) -> float:

@@ -1,4 +1,5 @@
-"""A storm's output: the per-target table (terminal and HTML) and the HTML report.
+"""A storm's output: the per-target and per-class tables (terminal and HTML) and the
+HTML report.
 
 The report is one self-contained page (inline SVG, no scripts): the table, then per
 target over time the KV bytes in use, live sequences (running, waiting, paused) and RSS,
@@ -45,6 +46,20 @@ COLUMNS = (
 )
 
 
+CLASS_COLUMNS = (
+    "target",
+    "class",
+    "priority",
+    "requests",
+    "completed",
+    "failed",
+    "TTFT p50 / p99 ms",
+    "goodput",
+    "tokens lost",
+    "preemptions",
+)
+
+
 def _ms(dist: Distribution | None) -> str:
     if dist is None:
         return DASH
@@ -78,6 +93,31 @@ def summary_row(s: StormSummary) -> tuple[str, ...]:
         _num(s.peak_rss_bytes, MIB),
         errors,
     )
+
+
+def class_rows(s: StormSummary) -> list[tuple[str, ...]]:
+    """One row per class of one target (interactive users, the batch), as text."""
+    rows: list[tuple[str, ...]] = []
+    for c in s.classes:
+        ttft = DASH if c.ttft is None else f"{c.ttft.p50 * 1000:.0f} / {c.ttft.p99 * 1000:.0f}"
+        share = f" ({c.goodput / c.n_requests:.0%})" if c.n_requests else ""
+        rows.append((
+            s.target, c.kind, DASH if c.priority is None else str(c.priority), str(c.n_requests),
+            str(c.outcomes.get("completed", 0)), str(c.outcomes.get("failed", 0)), ttft,
+            f"{c.goodput}{share}", _num(c.tokens_lost), _num(c.preemptions),
+        ))  # fmt: skip
+    return rows
+
+
+def class_table(result: StormResult) -> Table:
+    """Each target's classes side by side: what the batch cost the interactive users."""
+    table = Table(title="storm by class (priority: the field sent)", title_justify="left")
+    for header in CLASS_COLUMNS:
+        table.add_column(header, justify="left" if header in ("target", "class") else "right")
+    for summary in result.summaries:
+        for row in class_rows(summary):
+            table.add_row(*row)
+    return table
 
 
 def storm_table(result: StormResult) -> Table:
@@ -118,6 +158,7 @@ def render_html(result: StormResult) -> str:
         + escape(json.dumps(result.config.to_json(), indent=1))
         + "</pre></details>",
         _table_html(result),
+        _class_table_html(result),
         _over_time(result, names),
         _ttft_scatter(result, names),
         _user_timelines(result, names),
@@ -143,6 +184,15 @@ def _table_html(result: StormResult) -> str:
         body = "".join(f"<td>{escape(c)}</td>" for c in cells[:-1])
         rows.append(f"<tr>{body}<td class='text'>{escape(cells[-1])}</td></tr>")
     return "<h2>Per target</h2><table>" + "".join(rows) + "</table>"
+
+
+def _class_table_html(result: StormResult) -> str:
+    head = "".join(f"<th>{escape(c)}</th>" for c in CLASS_COLUMNS)
+    rows = [f"<tr>{head}</tr>"]
+    for summary in result.summaries:
+        for cells in class_rows(summary):
+            rows.append("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+    return "<h2>Per class</h2><table>" + "".join(rows) + "</table>"
 
 
 def _kv_mib(s: ServerSample) -> float | None:
@@ -255,7 +305,11 @@ def _definitions() -> str:
         "within the timeout). TTFT: first content chunk after the request's own start, over "
         "completed and abandoned requests. Goodput: completed requests whose TTFT is within "
         "the SLO. Tokens unread: the server's generated-token counter over the run minus "
-        "the tokens users read. Wasted prefill: prompt tokens the server prefilled for "
+        "the tokens users read; per class, tokens lost: the tokens the server generated "
+        "for the class's requests (edge-llm /debug/streams) minus those its users read. "
+        "Classes: interactive users, and the background batch (jobs one after another, "
+        "never regenerated nor abandoned), sent with its priority unless --no-priorities. "
+        "Wasted prefill: prompt tokens the server prefilled for "
         "superseded or failed requests (edge-llm /debug/streams). Peaks are of samples taken "
         "every sample interval. Percentiles by linear interpolation.</p>"
     )

@@ -4,7 +4,9 @@ Targets take turns, never overlapping (two servers on one small machine would st
 each other's CPU): round 1 runs the whole storm against A, then B; round 2 against B,
 then A; and so on. Every run uses the same seeded users and prompts, so each target sees
 the same load. Before each run the target is given time to become idle (nothing running
-or waiting), so leftovers of the previous run do not count against it.
+or waiting), so leftovers of the previous run do not count against it. With
+``fit_prompts`` the prompt range is first lowered to the smallest ``max_prompt_tokens``
+a target reports; the result's config holds the range that ran.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from edge_llm.bench.chat_stream import Clock
 from edge_llm.bench.runner import discover_model, host_info
-from edge_llm.bench.storm.load import StormSettings
+from edge_llm.bench.storm.load import StormSettings, fitted
 from edge_llm.bench.storm.stats import StormSummary, TargetRunData, summarize_storm
 from edge_llm.bench.storm.user import Counters, StormRecord, TargetRun
 from edge_llm.bench.storm.watch import ServerSample, ServerWatch
@@ -124,9 +126,13 @@ async def run_storm(
     """Run every round against every target; failures are recorded, never raised."""
     config.settings.check()
     targets = tuple(await asyncio.gather(*(discover_model(t) for t in config.targets)))
-    storm = _Storm(replace(config, targets=targets), on_update or (lambda _: None), clock)
-    for watch in storm.watches.values():
+    watches = {t.name: ServerWatch(t, config.pids.get(t.name)) for t in targets}
+    for watch in watches.values():
         await watch.detect()
+    limits = [w.max_prompt_tokens for w in watches.values() if w.max_prompt_tokens is not None]
+    settings = fitted(config.settings, min(limits, default=None))
+    config = replace(config, targets=targets, settings=settings)
+    storm = _Storm(config, watches, on_update or (lambda _: None), clock)
     for round_index in range(config.rounds):
         for target in round_order(targets, round_index):
             storm.result.runs.append(await storm.run_target(target, round_index))
@@ -143,7 +149,11 @@ class _Storm:
     """A storm in progress: the config, the growing result and the live state."""
 
     def __init__(
-        self, config: StormConfig, notify: Callable[[LiveState], None], clock: Clock
+        self,
+        config: StormConfig,
+        watches: dict[str, ServerWatch],
+        notify: Callable[[LiveState], None],
+        clock: Clock,
     ) -> None:
         self.config = config
         self.notify = notify
@@ -151,7 +161,7 @@ class _Storm:
         started = datetime.now(UTC).isoformat(timespec="seconds")
         self.result = StormResult(config, started, host_info(), secrets.token_hex(3))
         self.live = LiveState(counters={t.name: Counters() for t in config.targets})
-        self.watches = {t.name: ServerWatch(t, config.pids.get(t.name)) for t in config.targets}
+        self.watches = watches
 
     async def run_target(self, target: Target, round_index: int) -> TargetRunResult:
         """One target's run of one round, with the server sampled while it lasts."""

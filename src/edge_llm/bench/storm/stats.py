@@ -9,17 +9,21 @@
   tokens users read (completed: ``usage.completion_tokens``; abandoned: chunks read);
 - wasted prefill (edge-llm): prompt tokens prefilled for requests that no user read
   (superseded or failed), joined by ``X-Request-Id`` with ``/debug/streams``;
-- peaks of the sampled KV bytes, running / waiting / paused sequences and RSS.
+- peaks of the sampled KV bytes, running / waiting / paused sequences and RSS;
+- per class (interactive users, the background batch): TTFT, goodput, tokens lost
+  (generated for the class's requests and not read, from ``/debug/streams``) and how
+  often its streams were preempted.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from edge_llm.bench.stats import Distribution
+from edge_llm.bench.storm.load import BATCH, INTERACTIVE
 from edge_llm.bench.storm.user import OUTCOMES, StormRecord
 from edge_llm.bench.storm.watch import CounterReading, ServerSample
 
@@ -36,6 +40,23 @@ class TargetRunData:
     before: CounterReading = field(default_factory=CounterReading)
     after: CounterReading = field(default_factory=CounterReading)
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSummary:
+    """One class of requests (``interactive`` or ``batch``) of one target."""
+
+    kind: str
+    priority: int | None  # the priority field its requests carried (None: none)
+    n_requests: int
+    outcomes: dict[str, int]
+    ttft: Distribution | None
+    goodput: int
+    tokens_lost: int | None  # None: the server does not list its streams
+    preemptions: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +84,7 @@ class StormSummary:
     peak_paused: int | None
     peak_rss_bytes: int | None
     server_unreachable_samples: int
+    classes: tuple[ClassSummary, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,7 +133,51 @@ def summarize_storm(
         peak_paused=_peak_int(s.paused for s in samples),
         peak_rss_bytes=_peak_int(s.rss_bytes for s in samples),
         server_unreachable_samples=sum(1 for s in samples if not s.alive),
+        classes=tuple(_classes(records, runs, ttft_slo_ms)),
     )
+
+
+def _classes(
+    records: Sequence[StormRecord], runs: Sequence[TargetRunData], slo_ms: float
+) -> Iterable[ClassSummary]:
+    streams = _streams(runs)
+    for kind in sorted({r.kind for r in records}, key=(INTERACTIVE, BATCH).index):
+        mine = [r for r in records if r.kind == kind]
+        read = [r for r in mine if r.outcome in READ_OUTCOMES]
+        outcomes = Counter(r.outcome for r in mine if r.outcome)
+        yield ClassSummary(
+            kind=kind,
+            priority=mine[0].priority,
+            n_requests=len(mine),
+            outcomes={name: outcomes.get(name, 0) for name in OUTCOMES},
+            ttft=Distribution.of([r.ttft for r in read if r.ttft is not None]),
+            goodput=sum(1 for r in mine if _good(r, slo_ms)),
+            tokens_lost=_summed(mine, streams, _lost) if streams else None,
+            preemptions=_summed(mine, streams, _preemptions) if streams else None,
+        )
+
+
+def _streams(runs: Sequence[TargetRunData]) -> dict[str, dict[str, Any]]:
+    return {sid: entry for run in runs for sid, entry in run.streams.items()}
+
+
+def _summed(
+    records: Sequence[StormRecord],
+    streams: dict[str, dict[str, Any]],
+    figure: Callable[[StormRecord, dict[str, Any]], int],
+) -> int:
+    """``figure`` of each record and its stream, summed over the records listed."""
+    entries = ((r, streams.get(r.request.stream_id or "")) for r in records)
+    return sum(figure(r, entry) for r, entry in entries if entry is not None)
+
+
+def _lost(record: StormRecord, stream: dict[str, Any]) -> int:
+    """Tokens generated for the request and not read by its user."""
+    return max(0, int(stream.get("n_generated") or 0) - record.tokens_read)
+
+
+def _preemptions(_: StormRecord, stream: dict[str, Any]) -> int:
+    return int(stream.get("preemptions") or 0)
 
 
 def _good(record: StormRecord, slo_ms: float) -> bool:
@@ -138,7 +204,7 @@ def _delta(runs: Sequence[TargetRunData], name: str) -> float | None:
 
 
 def _wasted_prefill(records: Sequence[StormRecord], runs: Sequence[TargetRunData]) -> int | None:
-    streams = {sid: entry for run in runs for sid, entry in run.streams.items()}
+    streams = _streams(runs)
     if not streams:
         return None
     wasted = 0

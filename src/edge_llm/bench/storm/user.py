@@ -11,6 +11,9 @@ Each request ends in exactly one outcome, decided by the user:
 - ``failed``: an error (status and code, an error inside the stream, no answer within
   ``timeout_s``). A 503 with ``Retry-After`` is retried once that time has passed (as the
   SDK's retry policy does), as a new attempt of the same turn.
+
+A batch user (see :mod:`~edge_llm.bench.storm.load`) never regenerates: its one attempt
+waits up to ``timeout_s``; its requests carry the batch's ``priority`` when asked.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from edge_llm.bench.connection import SMALL_LIMIT
 from edge_llm.bench.prompts import Prompt
 from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.storm.load import (
+    INTERACTIVE,
     StormSettings,
     Turn,
     UserProfile,
+    profiles,
     start_offset,
-    user_profile,
     user_turn,
 )
 from edge_llm.bench.targets import Target
@@ -56,6 +60,8 @@ class StormRecord:
     outcome: str | None = None
     tokens_read: int = 0
     user_done_at: float | None = None  # when the user was done with it (rendered, closed)
+    kind: str = INTERACTIVE  # or batch
+    priority: int | None = None  # the priority field sent (None: none)
 
     @property
     def started_at(self) -> float:
@@ -82,6 +88,8 @@ class StormRecord:
             "turn": self.turn,
             "attempt": self.attempt,
             "slow": self.slow,
+            "kind": self.kind,
+            "priority": self.priority,
             "prompt_tokens_requested": self.prompt_tokens_requested,
             "turn_started_at": self.turn_started_at,
             "outcome": self.outcome,
@@ -135,17 +143,15 @@ class TargetRun:
     async def run(self) -> list[StormRecord]:
         """All users until ``duration_s``; turns under way then are finished, not cut."""
         self.epoch = self.clock()
-        users = range(self.settings.users)
-        await asyncio.gather(*(self.user(u) for u in users))
+        await asyncio.gather(*(self.user(profile) for profile in profiles(self.settings)))
         return self.records
 
-    async def user(self, user: int) -> None:
+    async def user(self, profile: UserProfile) -> None:
         settings = self.settings
-        profile = user_profile(settings, user)
-        await asyncio.sleep(start_offset(settings, user))
+        await asyncio.sleep(start_offset(settings, profile.user))
         index = 0
         while self.now() < settings.duration_s:
-            turn = user_turn(settings, user, index)
+            turn = user_turn(settings, profile.user, index, batch=profile.batch)
             await self.turn(profile, turn)
             index += 1
             await asyncio.sleep(min(turn.think_s, max(0.0, settings.duration_s - self.now())))
@@ -154,9 +160,10 @@ class TargetRun:
         prompt = turn.prompt(self.settings, f"{self.tag}-r{self.round}-u{turn.user}-t{turn.index}")
         held: list[tuple[ChatStream, asyncio.Task[None]]] = []
         turn_start = self.now()
+        regenerates = 0 if profile.batch else self.settings.max_regenerates
         try:
-            for attempt in range(self.settings.max_regenerates + 1):
-                last = attempt == self.settings.max_regenerates
+            for attempt in range(regenerates + 1):
+                last = attempt == regenerates
                 record = self._new_record(profile, turn, attempt, turn_start)
                 stream = self._stream(profile, prompt, record)
                 waiter = asyncio.create_task(_until_first_token(stream, self.epoch))
@@ -191,6 +198,8 @@ class TargetRun:
             turn=turn.index,
             attempt=attempt,
             slow=profile.slow,
+            kind=profile.kind,
+            priority=self.settings.priority_of(profile),
             prompt_tokens_requested=turn.prompt_tokens,
             turn_started_at=turn_start,
             request=request,
@@ -203,6 +212,7 @@ class TargetRun:
 
     def _stream(self, profile: UserProfile, prompt: Prompt, record: StormRecord) -> ChatStream:
         slow = profile.slow
+        priority = {} if record.priority is None else {"priority": record.priority}
         return ChatStream(
             self.target,
             prompt,
@@ -212,6 +222,7 @@ class TargetRun:
             rcvbuf=self.settings.slow_rcvbuf if slow else None,
             limit=SMALL_LIMIT if slow else 64 * 1024,
             headers={"X-Session-Id": f"{self.tag}-r{self.round}-{profile.session}"},
+            body=priority,
         )
 
     async def _read(

@@ -71,11 +71,14 @@ class ServerWatch:
         self.inspector = ServerInspector(target)
         self.kind: str | None = None
         self.streams: dict[str, dict[str, Any]] = {}
+        self.max_prompt_tokens: int | None = None  # the longest prompt it admits, if it says
 
     async def detect(self) -> str | None:
         """``edge-llm``, ``llama.cpp`` or None (an endpoint with neither)."""
-        if await self.inspector.debug_streams() is not None:
+        document = await self.inspector.debug_streams()
+        if document is not None:
             self.kind = "edge-llm"
+            self.max_prompt_tokens = _int(document.get("max_prompt_tokens"))
         elif await self.inspector.slots() is not None or await self._metrics() is not None:
             self.kind = "llama.cpp"
         return self.kind

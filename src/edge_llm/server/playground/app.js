@@ -205,12 +205,17 @@ class Pane {
   buildRequest() {
     const maxTokens = parseInt(this.el["max-tokens"].value, 10);
     const temperature = parseFloat(this.el.temperature.value);
+    const priority = parseInt(this.el.priority.value, 10);
     return {
       messages: [{ role: "user", content: this.el.prompt.value }],
       max_tokens: Number.isFinite(maxTokens) ? maxTokens : 160,
       temperature: Number.isFinite(temperature) ? temperature : 0,
       // The session: a new request of the same session supersedes a running one.
       user: this.el.session.value.trim() || undefined,
+      // Its class (lower first); empty: the server's default for this key or route.
+      priority: Number.isFinite(priority) ? priority : undefined,
+      // A heartbeat at each change of state too (queued, prefill, preempted).
+      return_progress: true,
     };
   }
 
@@ -280,10 +285,7 @@ class Pane {
         break;
       case "heartbeat":
         if (!run.serverPause) this.setState(frame.state);
-        if (frame.state === "prefill" || frame.state === "queued") {
-          this.el.stats.textContent =
-            "prefill " + frame.prefill_done + "/" + frame.prefill_total + " prompt tokens";
-        }
+        if (run.firstTokenMs === null) this.el.stats.textContent = progressText(frame);
         break;
       case "delta":
         this.onDelta(run, frame);
@@ -292,7 +294,8 @@ class Pane {
         run.serverPause = frame.cause;
         this.root.dataset.pauseCause = frame.cause;
         this.log(run, "paused (" + frame.cause + ")");
-        this.setState("paused");
+        // Preempted: a more urgent request took the slot; it resumes by itself.
+        this.setState(frame.cause === "preempted" ? "preempted" : "paused");
         break;
       case "resumed":
         run.serverPause = null;
@@ -471,6 +474,21 @@ class Pane {
   }
 }
 
+function ordinal(n) {
+  const teen = n % 100 >= 10 && n % 100 <= 20;
+  return n + (teen ? "th" : { 1: "st", 2: "nd", 3: "rd" }[n % 10] || "th");
+}
+
+// A heartbeat before the first token: where the request stands, as `edge-llm chat` says it.
+function progressText(frame) {
+  const wait = frame.predicted_wait_ms == null ? "" : ", ~" + (frame.predicted_wait_ms / 1000).toFixed(1) + " s";
+  if (frame.state === "queued") {
+    return "queued" + (frame.queue_position == null ? "" : " " + ordinal(frame.queue_position)) + wait;
+  }
+  if (frame.state === "preempted") return "preempted by a more urgent request";
+  return frame.state + ": " + frame.prefill_done + "/" + frame.prefill_total + " prompt tokens" + wait;
+}
+
 function addPane() {
   const template = document.getElementById("pane-template");
   const root = template.content.firstElementChild.cloneNode(true);
@@ -536,6 +554,7 @@ function streamRow(stream) {
     cell(String(stream.pauses), "num"),
     cell(ms(stream.paused_ms), "num"),
     cell(ms(stream.ttft_ms), "num"),
+    cell(priorityText(stream), "num"),
     cell(end),
   );
   tr.cells[2].dataset.col = "state";
@@ -543,7 +562,13 @@ function streamRow(stream) {
   return tr;
 }
 
-const LIVE_ORDER = { decoding: 0, prefill: 1, paused: 2, offloaded: 3, queued: 4 };
+// The class, and how often the stream was preempted ("5 ×2"); "–" when relayed.
+function priorityText(stream) {
+  if (stream.priority == null) return "–";
+  return stream.preemptions ? stream.priority + " ×" + stream.preemptions : String(stream.priority);
+}
+
+const LIVE_ORDER = { decoding: 0, prefill: 1, paused: 2, preempted: 3, offloaded: 4, queued: 5 };
 
 function showStreams(doc) {
   const used = doc.kv_used_bytes;
