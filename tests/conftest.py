@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
+from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.server.app import create_app
+from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
 
@@ -182,4 +186,28 @@ async def engine_of() -> AsyncIterator[object]:
     for engine in engines:
         if engine.backend.gate is not None:  # type: ignore[attr-defined]
             engine.backend.gate.release(10_000)  # type: ignore[attr-defined]
+        await asyncio.to_thread(engine.stop)
+
+
+@pytest.fixture
+async def client_of() -> AsyncIterator[Callable[..., Any]]:
+    """``make(backend=None, **config_keys)``: the whole HTTP server in-process on
+    127.0.0.1 over the fake backend (a test client), closed after the test."""
+    made: list[tuple[TestClient, Engine]] = []
+
+    async def make(backend: FakeBackend | None = None, **overrides: object) -> TestClient:
+        config = load_config(None, env={}, overrides=overrides)
+        backend = backend or FakeBackend()
+        engine = Engine(backend, engine_settings(config))
+        engine.start(asyncio.get_running_loop())
+        ctx = build_context(config, engine, backend, lambda *a, **k: None)
+        await ctx.router.registry.start()
+        client = TestClient(TestServer(create_app(ctx)))
+        await client.start_server()
+        made.append((client, engine))
+        return client
+
+    yield make
+    for client, engine in made:
+        await client.close()
         await asyncio.to_thread(engine.stop)

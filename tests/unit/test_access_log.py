@@ -7,18 +7,14 @@ import json
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiohttp import WSMsgType, web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestServer
 
-from edge_llm.config import load_config
-from edge_llm.engine.engine import Engine
 from edge_llm.server.access_log import LOGGER_NAME
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
 
@@ -29,28 +25,6 @@ LINE = re.compile(
 )
 
 ClientFactory = Callable[..., Any]
-
-
-@pytest.fixture
-async def client_of() -> AsyncIterator[ClientFactory]:
-    made: list[tuple[TestClient, Engine]] = []
-
-    async def make(backend: FakeBackend | None = None, **overrides: object) -> TestClient:
-        config = load_config(None, env={}, overrides=overrides)
-        backend = backend or FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        ctx = build_context(config, engine, backend, lambda *a, **k: None)
-        await ctx.router.registry.start()
-        client = TestClient(TestServer(create_app(ctx)))
-        await client.start_server()
-        made.append((client, engine))
-        return client
-
-    yield make
-    for client, engine in made:
-        await client.close()
-        await asyncio.to_thread(engine.stop)
 
 
 def lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[dict[str, str]]:

@@ -6,43 +6,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config import add_config_flags, flag_overrides, load_config
-from edge_llm.engine.engine import Engine
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
-
-from fakes import FakeBackend
 
 ClientFactory = Callable[..., Any]
 START = {"type": "start", "request": {"messages": [{"role": "user", "content": "hi"}]}}
-
-
-@pytest.fixture
-async def client_of() -> AsyncIterator[ClientFactory]:
-    made: list[tuple[TestClient, Engine]] = []
-
-    async def make(**overrides: object) -> TestClient:
-        config = load_config(None, env={}, overrides=overrides)
-        backend = FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        app = create_app(build_context(config, engine, backend, lambda *a, **k: None))
-        client = TestClient(TestServer(app))
-        await client.start_server()
-        made.append((client, engine))
-        return client
-
-    yield make
-    for client, engine in made:
-        await client.close()
-        await asyncio.to_thread(engine.stop)
 
 
 def key_subprotocol(key: str) -> str:

@@ -2,44 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
-
-import pytest
-from aiohttp.test_utils import TestClient, TestServer
-
-from edge_llm.config import load_config
-from edge_llm.engine.engine import Engine
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
 
 ClientFactory = Callable[..., Any]
-
-
-@pytest.fixture
-async def client_of() -> AsyncIterator[ClientFactory]:
-    made: list[tuple[TestClient, Engine]] = []
-
-    async def make(backend: FakeBackend | None = None, **overrides: object) -> TestClient:
-        config = load_config(None, env={}, overrides=overrides)
-        backend = backend or FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        app = create_app(build_context(config, engine, backend, lambda *a, **k: None))
-        client = TestClient(TestServer(app))
-        await client.start_server()
-        made.append((client, engine))
-        return client
-
-    yield make
-    for client, engine in made:
-        await client.close()
-        await asyncio.to_thread(engine.stop)
 
 
 async def test_api_key_is_required_everywhere_but_health(client_of) -> None:
