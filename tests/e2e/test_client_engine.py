@@ -13,23 +13,13 @@ import pytest
 from edge_llm.client import ClientConfig, StreamClient, TtftTimeoutError
 from edge_llm.observability.events import read_events
 
+from helpers import Recorder
 from support import wait_until
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake."}]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-
-    def __call__(self, event: str, request_id: str | None = None, **fields: Any) -> None:
-        self.lines.append({"event": event, "request_id": request_id, **fields})
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] == event]
 
 
 def config(engine: Any, **fields: Any) -> ClientConfig:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import pytest
 
 from edge_llm.client import ClientConfig, ConnectError, RetryConfig, StreamClient
 
+from helpers import free_port
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -60,12 +60,6 @@ def post_json(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(request, timeout=240) as response:
         result: dict[str, Any] = json.loads(response.read())
         return result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def test_a_frozen_reader_is_paused_then_timed_out_and_its_kv_freed(engine_factory) -> None:

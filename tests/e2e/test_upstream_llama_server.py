@@ -7,7 +7,6 @@ import asyncio
 import importlib.util
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -22,6 +21,7 @@ import pytest
 from edge_llm.engine.llama_backend import default_model_path
 
 from conftest import EngineProcess, start_engine
+from helpers import free_port
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -39,15 +39,9 @@ def _binary() -> str | None:
     return shutil.which("llama-server")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class LlamaServer:
     def __init__(self, binary: str, log: Path) -> None:
-        self.url = f"http://127.0.0.1:{_free_port()}"
+        self.url = f"http://127.0.0.1:{free_port()}"
         port = self.url.rsplit(":", 1)[1]
         cmd = [
             binary, "-m", str(default_model_path()), "--alias", ALIAS, "-t", "1",

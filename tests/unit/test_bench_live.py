@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,8 @@ from edge_llm.bench.slow_consumer import SlowConsumerSettings, probe
 from edge_llm.bench.stats import percentile
 from edge_llm.bench.targets import Target, parse_target
 from edge_llm.cli import bench as bench_cli
+
+from helpers import free_port
 
 CHUNK_PAD = "x" * 100  # makes each SSE event about 200 bytes, like real servers
 
@@ -194,9 +195,7 @@ async def test_failures_become_error_kinds(serve: Serve, text: str, kind: str) -
 
 
 async def test_refused_connection_and_timeout_are_error_kinds(serve: Serve) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     record = await one(Target("dead", f"http://127.0.0.1:{port}"), "hi")
     assert record.error_kind == "connect_error"
 

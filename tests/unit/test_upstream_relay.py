@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -39,6 +38,7 @@ from edge_llm.upstream.translate import (
 )
 
 from fakes import FakeBackend
+from helpers import free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -162,12 +162,6 @@ async def registry() -> AsyncIterator[UpstreamRegistry]:
     await reg.close()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _upstream(name: str, url: str) -> Upstream:
     return Upstream(name, UpstreamConfig(url=url, models=["m"]))
 
@@ -201,7 +195,7 @@ async def _drain(stream: UpstreamStream) -> tuple[str, Finished]:
 
 async def test_refused_connection_fails_over_to_the_next(servers, registry) -> None:
     good = await servers(["a", "b"])
-    dead = _upstream("dead", f"http://127.0.0.1:{_closed_port()}")
+    dead = _upstream("dead", f"http://127.0.0.1:{free_port()}")
     stream = _stream(registry, dead, _upstream("good", good.url))
     text, finished = await asyncio.wait_for(_drain(stream), 30)
     assert text == "ab"
@@ -255,7 +249,7 @@ async def test_busy_upstream_is_skipped_but_stays_healthy(servers, registry) -> 
 
 
 async def test_no_upstream_left_is_503(registry) -> None:
-    dead = _upstream("dead", f"http://127.0.0.1:{_closed_port()}")
+    dead = _upstream("dead", f"http://127.0.0.1:{free_port()}")
     _, finished = await asyncio.wait_for(_drain(_stream(registry, dead)), 30)
     assert isinstance(finished.outcome.error, UpstreamUnavailable)
     assert finished.outcome.error.status == 503
