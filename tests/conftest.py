@@ -27,6 +27,7 @@ from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
+from helpers import metric
 
 _START_TIMEOUT_S = 120.0
 
@@ -78,11 +79,22 @@ class EngineProcess:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
             return str(response.read().decode())
 
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of /metrics now (summed over the samples with ``labels``)."""
+        return metric(self.metrics_text(), name, **labels)
+
     def events(self) -> list[dict[str, Any]]:
         if not self.event_log.exists():
             return []
         lines = self.event_log.read_text(encoding="utf-8").splitlines()
         return [json.loads(line) for line in lines if line.strip()]
+
+    def events_of(self, event: str, request_id: str | None = None) -> list[dict[str, Any]]:
+        """The lines of the event log so far named ``event`` (of ``request_id``)."""
+        return [
+            line for line in self.events()
+            if line["event"] == event and request_id in (None, line.get("request_id"))
+        ]  # fmt: skip
 
     def stop(self) -> int:
         if self.proc.poll() is None:

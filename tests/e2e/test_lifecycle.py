@@ -4,7 +4,6 @@ timeout, KV-budget admission, queue limit, regenerate storms."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import aiohttp
 import psutil
@@ -18,19 +17,13 @@ STORY = "Write a very long story about a dragon and a knight."
 LONG_PROMPT = "The history of the river and its towns. " * 110  # about 1,000 tokens
 
 
-def counter(metrics: str, name: str, label: str) -> float:
-    match = re.search(rf'^edge_llm_{name}_total\{{\w+="{label}"\}} (\S+)$', metrics, re.M)
-    assert match, f"{name}{{{label}}} missing from /metrics"
-    return float(match.group(1))
-
-
 def kv_idle(engine) -> bool:
     return engine.debug_streams()["kv_used_bytes"] == 0
 
 
 async def test_ws_cancel_frees_kv_and_is_counted(engine_server) -> None:
     await wait_until(lambda: kv_idle(engine_server), what="an idle engine")
-    before = counter(engine_server.metrics_text(), "cancellations", "client")
+    before = engine_server.metric("edge_llm_cancellations_total", reason="client")
     url = engine_server.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=200)})
@@ -48,7 +41,7 @@ async def test_ws_cancel_frees_kv_and_is_counted(engine_server) -> None:
         while (frame := await ws.receive_json())["type"] not in ("done", "error"):
             pass
         assert frame["type"] == "done"
-    assert counter(engine_server.metrics_text(), "cancellations", "client") == before + 1
+    assert engine_server.metric("edge_llm_cancellations_total", reason="client") == before + 1
 
 
 async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
@@ -72,7 +65,7 @@ async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
     assert stream["cancel_reason"] == "disconnect"
     assert stream["prefill_done"] < stream["n_prompt_tokens"]  # interrupted, not finished first
     await wait_until(lambda: kv_idle(engine), timeout=5, what="KV freed after disconnect")
-    assert counter(engine.metrics_text(), "cancellations", "disconnect") == 1
+    assert engine.metric("edge_llm_cancellations_total", reason="disconnect") == 1
 
 
 async def test_ttft_timeout_is_504_before_any_byte_and_an_sse_error_after(engine_factory) -> None:
@@ -93,7 +86,7 @@ async def test_ttft_timeout_is_504_before_any_byte_and_an_sse_error_after(engine
     assert '"code":"ttft_timeout"' in text
     assert "[DONE]" not in text
     await wait_until(lambda: kv_idle(engine), timeout=5, what="KV freed after the timeout")
-    assert counter(engine.metrics_text(), "cancellations", "ttft_timeout") == 2
+    assert engine.metric("edge_llm_cancellations_total", reason="ttft_timeout") == 2
 
 
 async def test_kv_budget_admission_in_the_pool(engine_factory) -> None:
@@ -172,7 +165,7 @@ async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
         running.close()
         if queued is not None:
             queued.close()
-    assert counter(engine.metrics_text(), "admission_rejections", "queue_full") == 1
+    assert engine.metric("edge_llm_admission_rejections_total", reason="queue_full") == 1
 
 
 async def test_regenerate_storm_leaves_one_live_sequence(engine_server) -> None:

@@ -4,8 +4,6 @@ cells shared by live streams and eviction for admission."""
 
 from __future__ import annotations
 
-import asyncio
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +13,7 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
+from helpers import next_frame
 from support import chat_body
 
 pytestmark = pytest.mark.e2e
@@ -63,12 +62,6 @@ async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 def cached(result: dict[str, Any]) -> int:
     return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
-
-
-def counter(metrics: str, name: str) -> float:
-    match = re.search(rf"^edge_llm_{name}_total (\S+)$", metrics, re.M)
-    assert match, f"{name} missing from /metrics"
-    return float(match.group(1))
 
 
 def unique(text: str) -> str:
@@ -144,12 +137,12 @@ async def test_in_the_pool_two_live_streams_hold_their_common_prefix_once(
     async with aiohttp.ClientSession() as session:
         first = await session.ws_connect(url)
         await first.send_json({"type": "start", "request": chat_body(prompt, max_tokens=400)})
-        await wait_for_frame(first, "delta")
+        await next_frame(first, "delta")
         await first.send_json({"type": "pause"})  # both stay live, holding their cells
         second = await session.ws_connect(url)
         body = chat_body(prompt + " Answer in French.", max_tokens=400)
         await second.send_json({"type": "start", "request": body})
-        await wait_for_frame(second, "delta")
+        await next_frame(second, "delta")
         await second.send_json({"type": "pause"})
         snapshot = engine.debug_streams()
         live = [s for s in snapshot["streams"] if s["state"] in ("decoding", "paused")]
@@ -160,14 +153,6 @@ async def test_in_the_pool_two_live_streams_hold_their_common_prefix_once(
         assert snapshot["kv_used_bytes"] == held * snapshot["kv_bytes_per_token"]
         await first.close()
         await second.close()
-
-
-async def wait_for_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    while True:
-        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == kind:
-            return frame
-        assert frame["type"] != "error", frame
 
 
 async def test_in_the_pool_cache_is_evicted_so_a_new_request_fits(tmp_path: Path) -> None:
@@ -188,7 +173,7 @@ async def test_in_the_pool_cache_is_evicted_so_a_new_request_fits(tmp_path: Path
             chat_body(unique(ESSAY.replace("river", "glacier")), max_tokens=20, stream=False),
         )
         assert other["usage"]["completion_tokens"] > 0
-        assert counter(small.metrics_text(), "kv_cache_evictions") > 0
+        assert small.metric("edge_llm_kv_cache_evictions_total") > 0
         assert any(e["event"] == "cache_evicted" for e in small.events())
     finally:
         small.stop()

@@ -15,6 +15,7 @@ import pytest
 
 from edge_llm.engine.llama_backend import default_model_path
 
+from helpers import next_frame
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -230,10 +231,10 @@ async def test_pause_and_cancel_hold_with_a_grammar(engine_server) -> None:
     url = engine_server.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
-        stream_id = await _frame(ws, "started", "id")
-        await _frame(ws, "delta", "text")
+        stream_id = (await next_frame(ws, "started"))["id"]
+        (await next_frame(ws, "delta"))["text"]
         await ws.send_json({"type": "pause"})
-        await _frame(ws, "paused", "cause")
+        (await next_frame(ws, "paused"))["cause"]
         paused = engine_server.stream(stream_id)
         received = await wait_until(
             lambda: [
@@ -246,15 +247,7 @@ async def test_pause_and_cancel_hold_with_a_grammar(engine_server) -> None:
         assert paused["n_generated"] <= received[0]["n_generated"] + 1
         assert paused["tokens_while_paused"] <= 1
         await ws.send_json({"type": "cancel"})
-        assert await _frame(ws, "error", "code") == "cancelled"
+        assert (await next_frame(ws, "error"))["code"] == "cancelled"
     await wait_until(
         lambda: engine_server.debug_streams()["kv_used_bytes"] == 0, timeout=30, what="KV freed"
     )
-
-
-async def _frame(ws: aiohttp.ClientWebSocketResponse, kind: str, key: str) -> Any:
-    while True:
-        frame = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == kind:
-            return frame[key]
-        assert frame["type"] != "error", frame

@@ -19,6 +19,7 @@ import jsonschema
 import pytest
 
 from conftest import EngineProcess, start_engine
+from helpers import next_frame
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -67,13 +68,6 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engi
             engine.stop()
 
 
-def accepted(engine: EngineProcess) -> float:
-    for line in engine.metrics_text().splitlines():
-        if line.startswith("edge_llm_spec_accepted_tokens_total "):
-            return float(line.split()[-1])
-    raise AssertionError("no spec_accepted_tokens_total metric")
-
-
 async def complete(engine: EngineProcess, body: dict[str, Any]) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
         async with session.post(
@@ -93,13 +87,15 @@ async def both(engines: dict[str, EngineProcess], body: dict[str, Any]) -> list[
 
 
 async def test_alone_the_copied_text_is_identical_and_drafts_are_accepted(engines) -> None:
-    before = accepted(engines["on"])
+    before = engines["on"].metric("edge_llm_spec_accepted_tokens_total")
     off, on = await both(engines, chat_body(COPY, max_tokens=120))
     assert text_of(on) == text_of(off)
     assert "twelve steps to the lamp room" in text_of(on)
     assert on["usage"]["completion_tokens"] == off["usage"]["completion_tokens"]
-    assert accepted(engines["on"]) - before > 20  # most of the copy came from drafts
-    assert accepted(engines["off"]) == 0
+    assert (
+        engines["on"].metric("edge_llm_spec_accepted_tokens_total") - before > 20
+    )  # most of the copy came from drafts
+    assert engines["off"].metric("edge_llm_spec_accepted_tokens_total") == 0
 
 
 async def test_beside_three_other_streams_every_text_is_identical(engines) -> None:
@@ -125,11 +121,13 @@ async def test_stop_strings_and_max_tokens_inside_accepted_runs(engines) -> None
 async def test_a_json_schema_grammar_holds_with_drafts(engines) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     prompt = "Tom is 31 and lives in Paris. Describe Tom, 31, who lives in Paris, as JSON."
-    before = accepted(engines["on"])
+    before = engines["on"].metric("edge_llm_spec_accepted_tokens_total")
     off, on = await both(engines, chat_body(prompt, max_tokens=60, response_format=fmt))
     jsonschema.validate(json.loads(text_of(on)), PERSON)
     assert text_of(on) == text_of(off)
-    assert accepted(engines["on"]) > before  # some drafts were checked by the grammar
+    assert (
+        engines["on"].metric("edge_llm_spec_accepted_tokens_total") > before
+    )  # some drafts were checked by the grammar
 
 
 async def test_pause_inside_a_run_lets_through_at_most_that_step(engines) -> None:
@@ -168,11 +166,3 @@ async def test_pause_inside_a_run_lets_through_at_most_that_step(engines) -> Non
     await wait_until(
         lambda: engine.debug_streams()["kv_used_bytes"] == 0, timeout=30, what="KV freed"
     )
-
-
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
-    while True:
-        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] in kinds:
-            return frame
-        assert frame["type"] != "error", frame

@@ -17,6 +17,7 @@ from edge_llm.doctor.result import Status
 from edge_llm.doctor.upstreams import check_upstreams
 
 from conftest import EngineProcess, start_engine
+from helpers import next_frame
 from support import STORY, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -85,19 +86,6 @@ def _by_session(engine: EngineProcess, session: str) -> dict[str, Any] | None:
         if stream["session"] == session:
             return dict(stream)
     return None
-
-
-def _metric(engine: EngineProcess, name: str) -> float:
-    lines = engine.metrics_text().splitlines()
-    return sum(float(x.split()[-1]) for x in lines if x.startswith("edge_llm_" + name))
-
-
-async def _next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    while True:
-        frame = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == kind:
-            return frame
-        assert frame["type"] != "error", frame
 
 
 async def _sse(url: str, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]], str]:
@@ -195,9 +183,9 @@ async def test_fallback_on_full_queue(front: EngineProcess) -> None:
         try:
             for ws in sockets:
                 await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=400)})
-                await _next_frame(ws, "delta")
+                await next_frame(ws, "delta")
                 await ws.send_json({"type": "pause"})
-                await _next_frame(ws, "paused")
+                await next_frame(ws, "paused")
             request_id, chunks, _ = await _sse(front.url, chat_body("Say hello.", max_tokens=8))
         finally:
             for ws in sockets:
@@ -211,13 +199,13 @@ async def test_cancel_closes_the_upstream_request_within_a_second(
     front: EngineProcess, upstream_one: EngineProcess, upstream_two: EngineProcess
 ) -> None:
     session = uuid.uuid4().hex
-    cancels_before = _metric(front, "backend_cancellations_total")
+    cancels_before = front.metric("edge_llm_backend_cancellations_total")
     body = chat_body(STORY, max_tokens=400, model=UP_MODEL, user=session)
     async with aiohttp.ClientSession() as client, client.ws_connect(_ws_url(front)) as ws:
         await ws.send_json({"type": "start", "request": body})
-        stream_id = (await _next_frame(ws, "started"))["id"]
+        stream_id = (await next_frame(ws, "started"))["id"]
         for _ in range(3):
-            await _next_frame(ws, "delta")
+            await next_frame(ws, "delta")
         upstream = _upstream_of(front, stream_id, {"one": upstream_one, "two": upstream_two})
         assert _by_session(upstream, session)["state"] == "decoding"  # type: ignore[index]
         await ws.send_json({"type": "cancel"})
@@ -228,12 +216,12 @@ async def test_cancel_closes_the_upstream_request_within_a_second(
             what="the upstream to cancel the request",
         )
         elapsed = time.monotonic() - sent_at
-        error = await _next_frame(ws, "error")
+        error = await next_frame(ws, "error")
     assert elapsed < 1.0, f"the upstream noticed the cancel after {elapsed:.2f} s"
     assert gone["cancel_reason"] == "disconnect"  # the connection was closed
     assert error["code"] == "cancelled"
     assert front.stream(stream_id)["cancel_reason"] == "client"
-    assert _metric(front, "backend_cancellations_total") == cancels_before + 1
+    assert front.metric("edge_llm_backend_cancellations_total") == cancels_before + 1
 
 
 # -- Responses and Messages over an upstream (relayed as chat completions) ----------------
@@ -417,10 +405,10 @@ async def test_pause_stops_reading_the_upstream_while_local_streams_run(
     body = chat_body(STORY, max_tokens=1000, model=UP_MODEL, user=session)
     async with aiohttp.ClientSession() as client, client.ws_connect(_ws_url(front)) as ws:
         await ws.send_json({"type": "start", "request": body})
-        stream_id = (await _next_frame(ws, "started"))["id"]
-        await _next_frame(ws, "delta")
+        stream_id = (await next_frame(ws, "started"))["id"]
+        await next_frame(ws, "delta")
         await ws.send_json({"type": "pause"})
-        assert (await _next_frame(ws, "paused"))["cause"] == "client"
+        assert (await next_frame(ws, "paused"))["cause"] == "client"
         upstream = _upstream_of(front, stream_id, {"one": upstream_one, "two": upstream_two})
         stalled = await wait_until(
             lambda: (s := _by_session(upstream, session)) and s["state"] == "paused" and s,
@@ -440,7 +428,7 @@ async def test_pause_stops_reading_the_upstream_while_local_streams_run(
         still = _by_session(upstream, session)
         assert still is not None and still["n_generated"] == stalled["n_generated"]
         await ws.send_json({"type": "resume"})
-        await _next_frame(ws, "resumed")
+        await next_frame(ws, "resumed")
         await wait_until(
             lambda: (
                 (s := _by_session(upstream, session)) and s["n_generated"] > still["n_generated"]

@@ -3,7 +3,6 @@ skipped with a message when it is not installed)."""
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import shutil
@@ -21,7 +20,7 @@ import pytest
 from edge_llm.engine.llama_backend import default_model_path
 
 from conftest import EngineProcess, start_engine
-from helpers import free_port
+from helpers import free_port, next_frame
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -121,11 +120,8 @@ async def test_cancel_frees_the_llama_server_slot_within_a_second(
     body = chat_body(STORY, max_tokens=1000, model=ALIAS)
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
-        deltas = 0
-        while deltas < 3:
-            frame = await asyncio.wait_for(ws.receive_json(), 120)
-            assert frame["type"] != "error", frame
-            deltas += frame["type"] == "delta"
+        for _ in range(3):
+            await next_frame(ws, "delta")
         assert llama_server.busy_slots() == 1
         await ws.send_json({"type": "cancel"})
         sent_at = time.monotonic()

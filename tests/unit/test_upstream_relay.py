@@ -38,7 +38,7 @@ from edge_llm.upstream.translate import (
 )
 
 from fakes import FakeBackend
-from helpers import free_port
+from helpers import delta_text, free_port, next_frame
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -750,13 +750,9 @@ async def _over_websocket(
     """The text of one stream started on ``/v1/stream``, and its last frame."""
     async with client.ws_connect("/v1/stream") as ws:
         await ws.send_json({"type": "start", "request": request})
-        text = []
-        while True:
-            frame = await asyncio.wait_for(ws.receive_json(), 30)
-            if frame["type"] == "delta":
-                text.append(frame["text"])
-            elif frame["type"] in ("done", "error"):
-                return "".join(text), frame
+        frames: list[dict[str, Any]] = []
+        last = await next_frame(ws, "done", "error", seen=frames, timeout=30)
+        return delta_text(frames), last
 
 
 @pytest.mark.parametrize("endpoint", [*LOCAL_BODIES, "/v1/stream"])
@@ -806,9 +802,8 @@ async def test_a_websocket_closed_mid_relay_cancels_the_upstream_once(servers, f
     client = await front_of(upstream=[f"u={slow.url}"])
     ws = await client.ws_connect("/v1/stream")
     await ws.send_json({"type": "start", "request": _body("hi", model="m")})
-    started = await asyncio.wait_for(ws.receive_json(), 30)
-    while (await asyncio.wait_for(ws.receive_json(), 30))["type"] != "delta":
-        pass
+    started = await next_frame(ws, "started", timeout=30)
+    await next_frame(ws, "delta", timeout=30)
     await ws.close()  # the client goes away mid-stream
     await asyncio.wait_for(slow.closed_by_client.wait(), 30)
     streams = (await (await client.get("/debug/streams")).json())["streams"]
