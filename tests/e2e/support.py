@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
+
 POLL_S = 0.02
 
 # A prose prompt with near-ties between next tokens (top two log-probabilities 0.001
@@ -43,6 +45,28 @@ def chat_body(
         "stream": stream,
         **extra,
     }
+
+
+async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The non-streamed chat completion of ``body`` from the engine at ``url`` (its
+    root); fails unless the answer is a 200."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/v1/chat/completions", json={**body, "stream": False}
+        ) as response:
+            assert response.status == 200, await response.text()
+            result: dict[str, Any] = await response.json()
+            return result
+
+
+def text_of(result: dict[str, Any]) -> str:
+    """The message text of a non-streamed chat completion."""
+    return str(result["choices"][0]["message"]["content"])
+
+
+def cached(result: dict[str, Any]) -> int:
+    """Prompt tokens a chat completion reports as read from the cache."""
+    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 class RawSseClient:

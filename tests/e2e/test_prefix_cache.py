@@ -7,14 +7,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
 from helpers import next_frame
-from support import chat_body
+from support import cached, chat_body, complete
 
 pytestmark = pytest.mark.e2e
 
@@ -50,18 +49,6 @@ def pool_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc
     )  # fmt: skip
     yield process
     process.stop()
-
-
-async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url + "/v1/chat/completions", json=body) as response:
-            assert response.status == 200, await response.text()
-            result: dict[str, Any] = await response.json()
-            return result
-
-
-def cached(result: dict[str, Any]) -> int:
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 def unique(text: str) -> str:

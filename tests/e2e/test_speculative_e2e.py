@@ -20,7 +20,7 @@ import pytest
 
 from conftest import EngineProcess, start_engine
 from helpers import next_frame
-from support import chat_body, wait_until
+from support import chat_body, complete, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -68,22 +68,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engi
             engine.stop()
 
 
-async def complete(engine: EngineProcess, body: dict[str, Any]) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            engine.base_url + "/chat/completions", json={**body, "stream": False}
-        ) as response:
-            assert response.status == 200, await response.text()
-            reply: dict[str, Any] = await response.json()
-            return reply
-
-
-def text_of(reply: dict[str, Any]) -> str:
-    return str(reply["choices"][0]["message"]["content"])
-
-
 async def both(engines: dict[str, EngineProcess], body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [await complete(engines[name], body) for name in ("off", "on")]
+    return [await complete(engines[name].url, body) for name in ("off", "on")]
 
 
 async def test_alone_the_copied_text_is_identical_and_drafts_are_accepted(engines) -> None:
@@ -102,7 +88,7 @@ async def test_beside_three_other_streams_every_text_is_identical(engines) -> No
     bodies = [chat_body(COPY, max_tokens=120)] + [chat_body(p, max_tokens=60) for p in OTHERS]
     results = {}
     for name in ("off", "on"):
-        replies = await asyncio.gather(*(complete(engines[name], b) for b in bodies))
+        replies = await asyncio.gather(*(complete(engines[name].url, b) for b in bodies))
         results[name] = [text_of(r) for r in replies]
     assert results["on"] == results["off"]
 
@@ -133,7 +119,7 @@ async def test_a_json_schema_grammar_holds_with_drafts(engines) -> None:
 async def test_pause_inside_a_run_lets_through_at_most_that_step(engines) -> None:
     engine = engines["on"]
     body = chat_body(COPY, max_tokens=100)
-    reference = text_of(await complete(engine, body))
+    reference = text_of(await complete(engine.url, body))
     url = engine.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
