@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from edge_llm.config import load_config
+from edge_llm.config import EngineConfig, load_config
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.server.app import create_app
+from edge_llm.server.context import CONTEXT
 from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
@@ -201,25 +204,50 @@ async def engine_of() -> AsyncIterator[object]:
         await asyncio.to_thread(engine.stop)
 
 
+def app_over(
+    backend: FakeBackend, config: EngineConfig, events: EventSink = null_sink
+) -> web.Application:
+    """The whole application over ``backend``, its engine started on the running loop
+    (``app[CONTEXT].engine``; stop it with :func:`stop_app_engine`)."""
+    engine = Engine(backend, engine_settings(config))
+    engine.start(asyncio.get_running_loop())
+    return create_app(build_context(config, engine, backend, events))
+
+
+async def stop_app_engine(app: web.Application) -> None:
+    """Stop the engine of :func:`app_over` (its fake backend's gate opened first)."""
+    ctx = app[CONTEXT]
+    await ctx.router.registry.close()
+    gate = ctx.engine.backend.gate  # type: ignore[attr-defined]
+    if gate is not None:
+        gate.release(10_000)
+    await asyncio.to_thread(ctx.engine.stop)
+
+
 @pytest.fixture
 async def client_of() -> AsyncIterator[Callable[..., Any]]:
-    """``make(backend=None, **config_keys)``: the whole HTTP server in-process on
-    127.0.0.1 over the fake backend (a test client), closed after the test."""
-    made: list[tuple[TestClient, Engine]] = []
+    """``make(backend=None, *, config_path=None, events=None, **config_keys)``: the
+    whole HTTP server in-process on 127.0.0.1 over the fake backend (a test client;
+    ``client.app[CONTEXT]`` holds its engine), closed after the test. ``events``
+    receives the engine's event-log lines."""
+    made: list[TestClient] = []
 
-    async def make(backend: FakeBackend | None = None, **overrides: object) -> TestClient:
-        config = load_config(None, env={}, overrides=overrides)
-        backend = backend or FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        ctx = build_context(config, engine, backend, lambda *a, **k: None)
-        await ctx.router.registry.start()
-        client = TestClient(TestServer(create_app(ctx)))
+    async def make(
+        backend: FakeBackend | None = None,
+        *,
+        config_path: Path | None = None,
+        events: EventSink = null_sink,
+        **overrides: object,
+    ) -> TestClient:
+        config = load_config(config_path, env={}, overrides=overrides)
+        app = app_over(backend or FakeBackend(), config, events)
+        await app[CONTEXT].router.registry.start()
+        client = TestClient(TestServer(app))
         await client.start_server()
-        made.append((client, engine))
+        made.append(client)
         return client
 
     yield make
-    for client, engine in made:
+    for client in made:
         await client.close()
-        await asyncio.to_thread(engine.stop)
+        await stop_app_engine(client.app)

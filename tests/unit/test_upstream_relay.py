@@ -16,15 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config import ConfigError, load_config
-from edge_llm.engine.engine import Engine
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
 from edge_llm.protocol import anthropic, responses
 from edge_llm.protocol.sse import SSEParser
 from edge_llm.protocol.stream_events import Finished
 from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
-from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.runtime import build_context, engine_settings
 from edge_llm.server.upstream_routes import _Merged
 from edge_llm.upstream.config import UpstreamConfig
 from edge_llm.upstream.metrics import BackendMetrics
@@ -37,7 +34,6 @@ from edge_llm.upstream.translate import (
     usage_counts,
 )
 
-from fakes import FakeBackend
 from helpers import delta_text, free_port, next_frame
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -359,26 +355,14 @@ def test_config_errors_name_the_problem(tmp_path, toml: str, flag: str | None, m
 
 
 @pytest.fixture
-async def front_of() -> AsyncIterator[Callable[..., Awaitable[TestClient]]]:
-    made: list[tuple[TestClient, Engine, UpstreamRegistry]] = []
+def front_of(client_of) -> Callable[..., Awaitable[TestClient]]:
+    """The server over the fake backend, configured from ``path`` and keys."""
 
     async def make(path: Path | None = None, **overrides: object) -> TestClient:
-        config = load_config(path, env={}, overrides=overrides)
-        backend = FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        ctx = build_context(config, engine, backend, lambda *a, **k: None)
-        await ctx.router.registry.start()
-        client = TestClient(TestServer(create_app(ctx)))
-        await client.start_server()
-        made.append((client, engine, ctx.router.registry))
+        client: TestClient = await client_of(config_path=path, **overrides)
         return client
 
-    yield make
-    for client, engine, reg in made:
-        await client.close()
-        await reg.close()
-        await asyncio.to_thread(engine.stop)
+    return make
 
 
 def _body(content: str, **extra: Any) -> dict[str, Any]:
