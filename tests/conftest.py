@@ -18,15 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from edge_llm.config import load_config
+from edge_llm.config import EngineConfig, load_config
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.server.app import create_app
+from edge_llm.server.context import CONTEXT
 from edge_llm.server.runtime import build_context, engine_settings
 
-from fakes import FakeBackend
+from fakes import FakeBackend, fake_loader
+from helpers import metric
 
 _START_TIMEOUT_S = 120.0
 
@@ -78,11 +82,22 @@ class EngineProcess:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
             return str(response.read().decode())
 
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample of /metrics now (summed over the samples with ``labels``)."""
+        return metric(self.metrics_text(), name, **labels)
+
     def events(self) -> list[dict[str, Any]]:
         if not self.event_log.exists():
             return []
         lines = self.event_log.read_text(encoding="utf-8").splitlines()
         return [json.loads(line) for line in lines if line.strip()]
+
+    def events_of(self, event: str, request_id: str | None = None) -> list[dict[str, Any]]:
+        """The lines of the event log so far named ``event`` (of ``request_id``)."""
+        return [
+            line for line in self.events()
+            if line["event"] == event and request_id in (None, line.get("request_id"))
+        ]  # fmt: skip
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -189,25 +204,54 @@ async def engine_of() -> AsyncIterator[object]:
         await asyncio.to_thread(engine.stop)
 
 
+def app_over(
+    backend: FakeBackend, config: EngineConfig, events: EventSink = null_sink
+) -> web.Application:
+    """The whole application over ``backend``, its engine started on the running loop
+    (``app[CONTEXT].engine``; stop it with :func:`stop_app_engine`)."""
+    engine = Engine(backend, engine_settings(config))
+    engine.start(asyncio.get_running_loop())
+    ctx = build_context(config, engine, backend, events, loader=fake_loader(config))
+    return create_app(ctx)
+
+
+async def stop_app_engine(app: web.Application) -> None:
+    """Stop the engines of :func:`app_over`: the default model's and any a request
+    loaded (their fake backends' gates opened first)."""
+    ctx = app[CONTEXT]
+    await ctx.router.registry.close()
+    for name in ctx.pool.names:
+        loaded = ctx.pool.loaded(name)
+        gate = loaded.engine.backend.gate if loaded else None  # type: ignore[attr-defined]
+        if gate is not None:
+            gate.release(10_000)
+    await ctx.pool.unload_all()
+
+
 @pytest.fixture
 async def client_of() -> AsyncIterator[Callable[..., Any]]:
-    """``make(backend=None, **config_keys)``: the whole HTTP server in-process on
-    127.0.0.1 over the fake backend (a test client), closed after the test."""
-    made: list[tuple[TestClient, Engine]] = []
+    """``make(backend=None, *, config_path=None, events=None, **config_keys)``: the
+    whole HTTP server in-process on 127.0.0.1 over the fake backend (a test client;
+    ``client.app[CONTEXT]`` holds its engine), closed after the test. ``events``
+    receives the engine's event-log lines."""
+    made: list[TestClient] = []
 
-    async def make(backend: FakeBackend | None = None, **overrides: object) -> TestClient:
-        config = load_config(None, env={}, overrides=overrides)
-        backend = backend or FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        ctx = build_context(config, engine, backend, lambda *a, **k: None)
-        await ctx.router.registry.start()
-        client = TestClient(TestServer(create_app(ctx)))
+    async def make(
+        backend: FakeBackend | None = None,
+        *,
+        config_path: Path | None = None,
+        events: EventSink = null_sink,
+        **overrides: object,
+    ) -> TestClient:
+        config = load_config(config_path, env={}, overrides=overrides)
+        app = app_over(backend or FakeBackend(), config, events)
+        await app[CONTEXT].router.registry.start()
+        client = TestClient(TestServer(app))
         await client.start_server()
-        made.append((client, engine))
+        made.append(client)
         return client
 
     yield make
-    for client, engine in made:
+    for client in made:
         await client.close()
-        await asyncio.to_thread(engine.stop)
+        await stop_app_engine(client.app)

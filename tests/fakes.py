@@ -45,7 +45,9 @@ class FakeBackend:
 
     ``gate`` (when set) makes each decode wait until the test releases it, so a
     test can act between steps; ``step_delay_s`` makes each decode take time;
-    ``fail_slots`` makes decoding those slots fail.
+    ``fail_slots`` makes decoding those slots fail; ``after_sampling`` (when set) is
+    called on the engine thread once a decode's runs are sampled, before the engine
+    records them: where a PAUSE or CANCEL from the event loop can land.
 
     KV is modelled as llama.cpp's unified pool, or with ``per_slot`` its per-slot
     layout (each slot a share of its own): each slot sees a list of cell ids (one per
@@ -91,6 +93,7 @@ class FakeBackend:
         self.fail_slots: set[int] = set()
         self.gate: threading.Semaphore | None = None
         self.at_gate = threading.Event()  # a decode, its batch fixed, waits at the gate
+        self.after_sampling: Callable[[], None] | None = None
         self.step_delay_s = 0.0
         self.kv: dict[int, list[int]] = {}  # slot -> cell id per position
         self.kernel: dict[int, str] = {}  # cell id -> how its row was computed
@@ -181,7 +184,10 @@ class FakeBackend:
                 cells.append(self._next_cell)
                 self._next_cell += 1
         self.drafts.extend(item.n_draft for item in items if item.n_draft)
-        return [self._verify(item, drafting) for item in items if item.sample]
+        runs = [self._verify(item, drafting) for item in items if item.sample]
+        if self.after_sampling is not None:
+            self.after_sampling()
+        return runs
 
     def _kernels(self, items: Sequence[BatchItem]) -> dict[int, str]:
         """How llama.cpp would compute each item's rows (see the class docstring)."""

@@ -16,7 +16,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -26,6 +25,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+
+from helpers import free_port
 
 FIXTURES = Path(__file__).resolve().parents[1] / "data" / "agents"
 REFRESH_ENV = "EDGE_LLM_REFRESH_AGENT_FIXTURES"
@@ -60,15 +61,9 @@ def cli_path(name: str) -> Path:
     pytest.skip(f"{name} CLI unavailable: {reason} (`make agent-clis` installs it from npm)")
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def sealed_env(home: Path, **extra: str) -> dict[str, str]:
     """Only what the CLIs need: PATH (node), a temp HOME, no way out."""
-    dead_proxy = f"http://127.0.0.1:{_closed_port()}"
+    dead_proxy = f"http://127.0.0.1:{free_port()}"
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),

@@ -6,8 +6,14 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
+
+import aiohttp
+
+from conftest import EngineProcess
+from helpers import delta_text, next_frame
 
 POLL_S = 0.02
 
@@ -17,6 +23,17 @@ POLL_S = 0.02
 # compare a paused, restored, cached or batched stream's text with a lone uninterrupted
 # run use it (engine/kv_slots.py says why the texts are equal).
 STORY = "Write a very long story about a dragon and a knight."
+
+# A copy task: prompt-lookup speculation drafts most of the answer (runs of up to
+# max_draft_tokens + 1 tokens per step), and the model is confident throughout.
+PASSAGE = (
+    "The lighthouse stood on a narrow spit of rock at the mouth of the bay. Every evening "
+    "the keeper climbed the one hundred and twelve steps to the lamp room, trimmed the "
+    "wick, polished the great lens and wound the clockwork that turned it. Ships passing "
+    "in the night saw its beam sweep across the water every ten seconds, and they knew "
+    "where the reef lay hidden beneath the waves."
+)
+COPY = "Repeat the following text exactly, word for word:\n\n" + PASSAGE
 
 
 async def wait_until(
@@ -43,6 +60,28 @@ def chat_body(
         "stream": stream,
         **extra,
     }
+
+
+async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The non-streamed chat completion of ``body`` from the engine at ``url`` (its
+    root); fails unless the answer is a 200."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/v1/chat/completions", json={**body, "stream": False}
+        ) as response:
+            assert response.status == 200, await response.text()
+            result: dict[str, Any] = await response.json()
+            return result
+
+
+def text_of(result: dict[str, Any]) -> str:
+    """The message text of a non-streamed chat completion."""
+    return str(result["choices"][0]["message"]["content"])
+
+
+def cached(result: dict[str, Any]) -> int:
+    """Prompt tokens a chat completion reports as read from the cache."""
+    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
 class RawSseClient:
@@ -99,3 +138,58 @@ class RawSseClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+@dataclass
+class Pause:
+    """What one PAUSE over the WebSocket let through, from both sides."""
+
+    text_before: str  # deltas that arrived before the ``paused`` frame
+    text_after: str  # deltas between the ``paused`` frame and the end of the pause
+    n_after: int  # tokens of those deltas
+    n_generated_after: int  # tokens the engine generated after it received the PAUSE
+    tokens_while_paused: int  # what the engine counted for this pause
+
+    def assert_within_one_token(self) -> None:
+        """SPEC section 6: at most one more token (the step in flight), both as the
+        client received it and as the engine generated it."""
+        assert self.n_after <= 1, f"{self.n_after} tokens arrived after the paused frame"
+        assert self.n_generated_after <= 1, f"{self.n_generated_after} tokens after PAUSE"
+        assert self.tokens_while_paused <= 1, f"{self.tokens_while_paused} tokens while paused"
+
+
+async def pause_stream(
+    engine: EngineProcess,
+    ws: aiohttp.ClientWebSocketResponse,
+    stream_id: str,
+    meanwhile: Callable[[], Awaitable[Any]],
+    *,
+    end: str = "resume",
+) -> Pause:
+    """PAUSE the running stream ``stream_id`` on ``ws``, run ``meanwhile`` (another
+    request to its end: the engine steps on, so a step in flight has been recorded
+    and sent), then ``end`` the pause (``resume``: until the ``resumed`` frame;
+    ``cancel``: until the ``error`` frame). Fails unless the engine reports the stream
+    paused by the client in between."""
+    n_pauses = len(engine.events_of("pause_received", stream_id))
+    counted = engine.stream(stream_id)["tokens_while_paused"]
+    before: list[dict[str, Any]] = []
+    await ws.send_json({"type": "pause"})
+    assert (await next_frame(ws, "paused", seen=before))["cause"] == "client"
+    received = await wait_until(
+        lambda: engine.events_of("pause_received", stream_id)[n_pauses:],
+        what="pause_received in the engine log",
+    )
+    await meanwhile()
+    paused = engine.stream(stream_id)
+    assert (paused["state"], paused["pause_cause"]) == ("paused", "client"), paused
+    after: list[dict[str, Any]] = []
+    await ws.send_json({"type": end})
+    await next_frame(ws, "resumed" if end == "resume" else "error", seen=after)
+    return Pause(
+        text_before=delta_text(before),
+        text_after=delta_text(after),
+        n_after=sum(frame["n_tokens"] for frame in after if frame["type"] == "delta"),
+        n_generated_after=paused["n_generated"] - received[0]["n_generated"],
+        tokens_while_paused=paused["tokens_while_paused"] - counted,
+    )

@@ -1,5 +1,6 @@
-"""Token backpressure with the real model: PAUSE/RESUME over WebSocket and a
-slow SSE reader that really fills its socket."""
+"""Token backpressure with the real model, in the default configuration (speculation
+on): PAUSE/RESUME over WebSocket lets through at most one token, and a slow SSE reader
+that really fills its socket is paused alone."""
 
 from __future__ import annotations
 
@@ -9,82 +10,44 @@ from typing import Any
 import aiohttp
 import pytest
 
-from support import STORY, RawSseClient, chat_body, wait_until
+from conftest import EngineProcess
+from helpers import delta_text, metric, next_frame
+from support import COPY, STORY, RawSseClient, chat_body, complete, pause_stream, wait_until
 
 pytestmark = pytest.mark.e2e
 
 
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    while True:
-        frame = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == kind:
-            return frame
-        assert frame["type"] != "error", frame
-
-
-async def collect_text(ws: aiohttp.ClientWebSocketResponse) -> tuple[str, dict[str, Any]]:
-    parts = []
-    while True:
-        frame = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == "delta":
-            parts.append(frame["text"])
-        elif frame["type"] == "done":
-            return "".join(parts), frame
-        assert frame["type"] != "error", frame
-
-
-def metric(text: str, name: str) -> float:
-    line = next(x for x in text.splitlines() if x.startswith("edge_llm_" + name + " "))
-    return float(line.split()[-1])
+def busy(engine: EngineProcess) -> Any:
+    """Another request run to its end while a stream is paused: the engine steps on."""
+    return lambda: complete(engine.url, chat_body(STORY, max_tokens=40))
 
 
 async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None:
+    """A copy task, so that the step in flight at PAUSE may carry a draft run."""
     metrics_before = engine_server.metrics_text()
     url = engine_server.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
-        await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=120)})
+        await ws.send_json({"type": "start", "request": chat_body(COPY, max_tokens=120)})
         stream_id = (await next_frame(ws, "started"))["id"]
-        await next_frame(ws, "delta")
-        await ws.send_json({"type": "pause"})
-        assert (await next_frame(ws, "paused"))["cause"] == "client"
-        # Keep the engine busy with another stream while this one is paused.
-        async with session.post(
-            engine_server.base_url + "/chat/completions", json=chat_body(STORY, max_tokens=40)
-        ) as other:
-            assert other.status == 200
-            await other.read()
-        stream = engine_server.stream(stream_id)
-        assert stream["state"] == "paused"
-        assert stream["pause_cause"] == "client"
-        received = await wait_until(
-            lambda: [
-                e
-                for e in engine_server.events()
-                if e["event"] == "pause_received" and e["request_id"] == stream_id
-            ],
-            what="pause_received in the engine log",
-        )
-        assert stream["n_generated"] <= received[0]["n_generated"] + 1
-        assert stream["tokens_while_paused"] <= 1
-        await ws.send_json({"type": "resume"})
-        await next_frame(ws, "resumed")
-        _, done = await collect_text(ws)
+        for _ in range(8):  # into the copied passage, where drafts are accepted
+            await next_frame(ws, "delta")
+        pause = await pause_stream(engine_server, ws, stream_id, busy(engine_server))
+        seen: list[dict[str, Any]] = []
+        done = await next_frame(ws, "done", seen=seen)
+    pause.assert_within_one_token()
     assert done["stats"]["pauses"] == 1
     assert done["stats"]["paused_ms"] > 0
-    assert done["usage"]["completion_tokens"] > stream["n_generated"]
     metrics = engine_server.metrics_text()
-    pauses = 'backpressure_pauses_total{cause="client"}'
-    paused_s = 'stream_paused_seconds_total{cause="client"}'
-    assert metric(metrics, pauses) == metric(metrics_before, pauses) + 1
-    assert metric(metrics, paused_s) > metric(metrics_before, paused_s)
-    assert metric(metrics, "backpressure_peak") >= 1
+    assert metric(metrics, "edge_llm_backpressure_pauses_total", cause="client") == (
+        metric(metrics_before, "edge_llm_backpressure_pauses_total", cause="client") + 1
+    )
+    paused_s = "edge_llm_stream_paused_seconds_total"
+    assert metric(metrics, paused_s, cause="client") > metric(
+        metrics_before, paused_s, cause="client"
+    )
+    assert metric(metrics, "edge_llm_backpressure_peak") >= 1
     end = await wait_until(
-        lambda: [
-            e
-            for e in engine_server.events()
-            if e["event"] == "end" and e["request_id"] == stream_id
-        ],
-        what="the end event with the stream's counters",
+        lambda: engine_server.events_of("end", stream_id), what="the stream's end event"
     )
     assert end[0]["backpressure_peak"] == 1
     assert end[0]["pauses"] == 1
@@ -92,26 +55,18 @@ async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None
 
 async def test_paused_and_resumed_text_equals_uninterrupted(engine_server) -> None:
     body = chat_body(STORY, max_tokens=500)  # past 512 cells: llama.cpp's split rows apply
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            engine_server.base_url + "/chat/completions", json={**body, "stream": False}
-        ) as response:
-            reference = (await response.json())["choices"][0]["message"]["content"]
-        url = engine_server.base_url.replace("http", "ws") + "/stream"
-        async with session.ws_connect(url) as ws:
-            await ws.send_json({"type": "start", "request": body})
-            first = await next_frame(ws, "delta")
-            await ws.send_json({"type": "pause"})
-            before_pause = [first["text"]]
-            while True:  # the in-flight token may still arrive before "paused"
-                frame = await asyncio.wait_for(ws.receive_json(), 120)
-                if frame["type"] == "paused":
-                    break
-                if frame["type"] == "delta":
-                    before_pause.append(frame["text"])
-            await ws.send_json({"type": "resume"})
-            rest, _ = await collect_text(ws)
-    assert "".join(before_pause) + rest == reference
+    reference = (await complete(engine_server.url, body))["choices"][0]["message"]["content"]
+    url = engine_server.base_url.replace("http", "ws") + "/stream"
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+        await ws.send_json({"type": "start", "request": body})
+        stream_id = (await next_frame(ws, "started"))["id"]
+        first = await next_frame(ws, "delta")
+        pause = await pause_stream(engine_server, ws, stream_id, busy(engine_server))
+        rest: list[dict[str, Any]] = []
+        await next_frame(ws, "done", seen=rest)
+    pause.assert_within_one_token()
+    text = first["text"] + pause.text_before + pause.text_after + delta_text(rest)
+    assert text == reference
 
 
 async def test_slow_sse_reader_is_paused_alone_and_gets_everything(engine_server) -> None:
@@ -123,12 +78,8 @@ async def test_slow_sse_reader_is_paused_alone_and_gets_everything(engine_server
             what="the unread stream to pause",
         )
         assert stalled["pause_cause"] == "socket_full"
-        async with aiohttp.ClientSession() as session:
-            async with session.post(
-                engine_server.base_url + "/chat/completions",
-                json=chat_body(STORY, max_tokens=48, stream=False),
-            ) as other:
-                assert (await other.json())["usage"]["completion_tokens"] == 48
+        other = await complete(engine_server.url, chat_body(STORY, max_tokens=48))
+        assert other["usage"]["completion_tokens"] == 48
         still = engine_server.stream(stream_id)
         assert still["state"] == "paused"
         assert still["n_generated"] == stalled["n_generated"]  # no compute while paused
@@ -139,6 +90,7 @@ async def test_slow_sse_reader_is_paused_alone_and_gets_everything(engine_server
     final = engine_server.stream(stream_id)
     assert final["state"] == "done"
     assert final["pauses"] >= 1
+    assert final["tokens_while_paused"] <= 1
     text = "".join(slow.contents())
     assert len(text.split()) > 100
     assert (
@@ -146,6 +98,14 @@ async def test_slow_sse_reader_is_paused_alone_and_gets_everything(engine_server
         == final["ring_write"]
         == final["n_generated"] - (final["finish_reason"] == "stop")
     )
+    # Every pause of the stream, from the engine's log: at most one token between the
+    # paused event and the resumed one.
+    await wait_until(lambda: engine_server.events_of("end", stream_id), what="the end event")
+    paused = engine_server.events_of("paused", stream_id)
+    resumed = engine_server.events_of("resumed", stream_id)
+    assert len(paused) == len(resumed) == final["pauses"]
+    for pause, resume in zip(paused, resumed, strict=True):
+        assert resume["n_generated"] - pause["n_generated"] <= 1
 
 
 async def test_heartbeats_report_prefill_progress(engine_factory) -> None:
@@ -158,7 +118,7 @@ async def test_heartbeats_report_prefill_progress(engine_factory) -> None:
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
         heartbeat = await next_frame(ws, "heartbeat")
-        await collect_text(ws)
+        await next_frame(ws, "done")
     assert heartbeat["state"] in ("queued", "prefill")
     assert heartbeat["prefill_total"] > 900
     assert heartbeat["prefill_done"] < heartbeat["prefill_total"]

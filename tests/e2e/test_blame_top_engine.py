@@ -16,6 +16,7 @@ from edge_llm.cli import top as top_cli
 from edge_llm.client import ClientConfig, StreamClient
 from edge_llm.observability.events import Event, EventLog, read_events
 
+from helpers import next_frame
 from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -131,19 +132,16 @@ async def test_top_once_shows_a_paused_stream(
     url = engine_server.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": chat_body("Tell a story.", max_tokens=64)})
-        frames = [await asyncio.wait_for(ws.receive_json(), 120)]
-        while frames[-1]["type"] != "delta":
-            frames.append(await asyncio.wait_for(ws.receive_json(), 120))
+        stream_id = (await next_frame(ws, "started"))["id"]
+        await next_frame(ws, "delta")
         await ws.send_json({"type": "pause"})
-        while frames[-1]["type"] != "paused":
-            frames.append(await asyncio.wait_for(ws.receive_json(), 120))
+        await next_frame(ws, "paused")
         parser = argparse.ArgumentParser()
         top_cli.register(parser.add_subparsers())
         args = parser.parse_args(["top", "--base-url", engine_server.url, "--once"])
         assert await asyncio.to_thread(top_cli.run, args) == 0
         await ws.send_json({"type": "cancel"})
     out = capsys.readouterr().out
-    stream_id = frames[0]["id"]
     row = next(line for line in out.splitlines() if line.startswith(stream_id[:17]))
     assert row.split()[2:4] == ["paused", "client"]
     assert "engine alive" in out

@@ -8,28 +8,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from edge_llm.client import ClientConfig, StreamClient, TtftTimeoutError
 from edge_llm.observability.events import read_events
 
-from support import wait_until
+from helpers import Recorder, next_frame
+from support import chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = [{"role": "user", "content": "Name the capital of France."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to bake."}]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-
-    def __call__(self, event: str, request_id: str | None = None, **fields: Any) -> None:
-        self.lines.append({"event": event, "request_id": request_id, **fields})
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] == event]
 
 
 def config(engine: Any, **fields: Any) -> ClientConfig:
@@ -66,26 +57,39 @@ async def test_sse_and_ws_give_the_same_answer_with_server_ids(engine_server: An
         await wait_until(lambda rid=rid: "end" in engine_events(engine_server, rid), what="end")
 
 
-async def test_ttft_timeout_cancels_on_the_engine(engine_server: Any) -> None:
-    long_prompt = [{"role": "user", "content": "Summarise this. " + "The sea is wide. " * 90}]
+async def test_ttft_timeout_cancels_on_the_engine(engine_factory: Any) -> None:
+    """The engine's only slot is held by a paused stream (offload off), so the
+    client's request waits in the queue: no first token can come, however fast the
+    machine, and both attempts end in the client's TTFT time-out and a cancel."""
+    engine = engine_factory(
+        "--max-sequences", "1", "--host-offload-mb", "0", "--max-pause-ms", "600000"
+    )
+    url = engine.base_url.replace("http", "ws") + "/stream"
     events = Recorder()
     cfg = config(
-        engine_server,
+        engine,
         ttft_warn_ms=0,
-        ttft_hard_timeout_ms=150,
+        ttft_hard_timeout_ms=300,
         retry={"max_attempts": 2, "backoff_ms": 50, "retry_on": ["ttft_timeout"]},
     )
-    async with StreamClient(cfg, event_log=events) as client:
-        with pytest.raises(TtftTimeoutError):
-            await client.complete(long_prompt, max_tokens=8, transport="ws")
+    async with aiohttp.ClientSession() as session, session.ws_connect(url) as holder:
+        await holder.send_json({"type": "start", "request": chat_body("Hi", max_tokens=64)})
+        await next_frame(holder, "delta")
+        await holder.send_json({"type": "pause"})
+        await next_frame(holder, "paused")
+        async with StreamClient(cfg, event_log=events) as client:
+            with pytest.raises(TtftTimeoutError):
+                await client.complete(QUESTION, max_tokens=8, transport="ws")
     cancels = events.of("cancel_sent")
     assert [c["reason"] for c in cancels] == ["ttft_timeout", "ttft_timeout"]
     ids = [c["request_id"] for c in cancels]
     assert all(ids) and ids[0] != ids[1]
     for rid in ids:
-        await wait_until(
-            lambda rid=rid: "cancel" in engine_events(engine_server, rid), what="engine cancel"
-        )
+        cancel = await wait_until(lambda rid=rid: engine.events_of("cancel", rid), what="cancel")
+        assert cancel[0]["reason"] == "client"
+    assert not engine.events_of("first_token", ids[0]) and not engine.events_of(
+        "first_token", ids[1]
+    )
 
 
 async def test_sse_slow_renderer_stops_reading(engine_server: Any) -> None:
@@ -113,12 +117,19 @@ def run_cli(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str
 
 
 def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_path: Path) -> None:
+    """A render queue of two chunks and a renderer of one chunk a second: two tokens
+    arriving while one is rendered reach the high watermark, on any machine that
+    runs these tests (the engine makes dozens a second), and the queue drains to the
+    low watermark (empty) before the end."""
     log = tmp_path / "client.jsonl"
     model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    config_path = tmp_path / "client.json"
+    section = {"base_url": engine_server.base_url, "api_key": "", "model_id": model_id,
+               "render_queue_capacity": 2}  # fmt: skip
+    config_path.write_text(json.dumps({"edge_llm_client": section}), encoding="utf-8")
     proc = run_cli(
-        "--base-url", engine_server.base_url, "--model", model_id, "--ws",
-        "--render-delay-ms", "200", "--max-tokens", "40", "--event-log", str(log),
-        STORY[0]["content"],
+        "--config", str(config_path), "--ws", "--render-delay-ms", "1000",
+        "--max-tokens", "8", "--event-log", str(log), STORY[0]["content"],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip()

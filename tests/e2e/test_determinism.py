@@ -8,15 +8,13 @@ any difference in how a cell was computed shows in the text."""
 from __future__ import annotations
 
 import asyncio
-import re
 import uuid
 from typing import Any
 
-import aiohttp
 import pytest
 
 from conftest import EngineFactory, EngineProcess
-from support import STORY, chat_body
+from support import STORY, cached, chat_body, complete, text_of
 
 pytestmark = pytest.mark.e2e
 
@@ -28,28 +26,8 @@ OTHERS = (
 )
 
 
-async def complete(engine: EngineProcess, content: str, **extra: Any) -> dict[str, Any]:
-    body = chat_body(content, max_tokens=MAX_TOKENS, stream=False, **extra)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(engine.url + "/v1/chat/completions", json=body) as response:
-            assert response.status == 200, await response.text()
-            result: dict[str, Any] = await response.json()
-            return result
-
-
-def text(result: dict[str, Any]) -> str:
-    return str(result["choices"][0]["message"]["content"])
-
-
-def cached(result: dict[str, Any]) -> int:
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
-
-
-def host_hits(engine: EngineProcess) -> float:
-    found = re.search(r'^edge_llm_prompt_cache_hits_total\{tier="host"\} (\S+)$',
-                      engine.metrics_text(), re.M)  # fmt: skip
-    assert found, "prompt_cache_hits_total missing from /metrics"
-    return float(found.group(1))
+async def answer(engine: EngineProcess, content: str) -> dict[str, Any]:
+    return await complete(engine.url, chat_body(content, max_tokens=MAX_TOKENS))
 
 
 async def test_a_story_is_the_same_cached_in_its_slot_in_the_host_tier_or_not(
@@ -57,33 +35,34 @@ async def test_a_story_is_the_same_cached_in_its_slot_in_the_host_tier_or_not(
 ) -> None:
     engine = engine_factory("--ttft-timeout-ms", "0")
     story = f"[{uuid.uuid4().hex[:8]}] {STORY}"
-    first = await complete(engine, story)
-    again = await complete(engine, story)
+    first = await answer(engine, story)
+    again = await answer(engine, story)
     assert cached(first) == 0 and cached(again) == again["usage"]["prompt_tokens"]
     # Four other prompts take every slot in turn: the story's cells go to the host tier.
-    await asyncio.gather(*(complete(engine, other) for other in [*OTHERS, STORY]))
+    await asyncio.gather(*(answer(engine, other) for other in [*OTHERS, STORY]))
     assert engine.debug_streams()["kv_host_cache_entries"] >= 1
-    before = host_hits(engine)
-    restored = await complete(engine, story)
-    assert cached(restored) > 0 and host_hits(engine) == before + 1
-    assert len(text(first)) > 1000
-    assert text(again) == text(first)
-    assert text(restored) == text(first)
+    before = engine.metric("edge_llm_prompt_cache_hits_total", tier="host")
+    restored = await answer(engine, story)
+    assert (
+        cached(restored) > 0
+        and engine.metric("edge_llm_prompt_cache_hits_total", tier="host") == before + 1
+    )
+    assert len(text_of(first)) > 1000
+    assert text_of(again) == text_of(first)
+    assert text_of(restored) == text_of(first)
 
 
 async def test_deterministic_a_story_is_the_same_beside_others_and_without_speculation(
     engine_factory: EngineFactory,
 ) -> None:
     flags = ("--ttft-timeout-ms", "0", "--deterministic")
-    alone = await complete(engine_factory(*flags), STORY)
-    unspeculated = await complete(engine_factory(*flags, "--speculative", "off"), STORY)
+    alone = await answer(engine_factory(*flags), STORY)
+    unspeculated = await answer(engine_factory(*flags, "--speculative", "off"), STORY)
     busy = engine_factory(*flags)
-    results = await asyncio.gather(
-        *(complete(busy, other) for other in OTHERS), complete(busy, STORY)
-    )
+    results = await asyncio.gather(*(answer(busy, other) for other in OTHERS), answer(busy, STORY))
     assert cached(results[-1]) == 0  # computed beside the others, not copied from them
-    assert text(unspeculated) == text(alone)
-    assert text(results[-1]) == text(alone)
+    assert text_of(unspeculated) == text_of(alone)
+    assert text_of(results[-1]) == text_of(alone)
 
 
 async def test_the_next_turn_is_the_same_with_the_earlier_turn_cached_or_not(
@@ -92,19 +71,14 @@ async def test_the_next_turn_is_the_same_with_the_earlier_turn_cached_or_not(
     warm = engine_factory("--ttft-timeout-ms", "0")
     # Long enough to be prefilled in tiles: the next turn reuses it (kv_slots.py).
     opening = STORY + " " + " ".join(OTHERS) + " Use all of these as details."
-    first = await complete(warm, opening)
+    first = await answer(warm, opening)
     history = [
         {"role": "user", "content": opening},
-        {"role": "assistant", "content": text(first)[:600]},
+        {"role": "assistant", "content": text_of(first)[:600]},
         {"role": "user", "content": "Now tell what the dragon did the next morning."},
     ]
     body = {"messages": history, "max_tokens": 300, "temperature": 0}
-    async with aiohttp.ClientSession() as session:
-        answers = []
-        for engine in (warm, engine_factory("--ttft-timeout-ms", "0")):
-            async with session.post(engine.url + "/v1/chat/completions", json=body) as response:
-                assert response.status == 200, await response.text()
-                answers.append(await response.json())
-    hit, miss = answers
+    hit = await complete(warm.url, body)
+    miss = await complete(engine_factory("--ttft-timeout-ms", "0").url, body)
     assert cached(hit) > 0 and cached(miss) == 0
-    assert text(hit) == text(miss)
+    assert text_of(hit) == text_of(miss)

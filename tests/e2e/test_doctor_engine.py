@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+
+from helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -42,13 +43,6 @@ def check(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in report["checks"] if c["name"] == name)
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def test_healthy_engine_passes(engine_server: Any) -> None:
     # A generous TTFT threshold: this test is about the checks, not this machine's speed.
     code, report = doctor(
@@ -62,7 +56,7 @@ def test_healthy_engine_passes(engine_server: Any) -> None:
 
 
 def test_wrong_model_slash_and_dead_proxy(engine_server: Any) -> None:
-    dead = f"http://127.0.0.1:{closed_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     code, report = doctor(
         "--base-url",
         engine_server.base_url + "/",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jsonschema
 import llama_cpp as llama
@@ -13,6 +13,8 @@ from edge_llm.engine.backend import BatchItem, Sampled
 from edge_llm.engine.llama_backend import LlamaBackend
 from edge_llm.errors import BackendError, InvalidRequest
 from edge_llm.protocol.sampling import SamplingParams
+
+from support import STORY
 
 pytestmark = pytest.mark.e2e
 
@@ -301,3 +303,83 @@ def test_quantized_kv_stores_more_tokens_and_still_generates(kv_type: str) -> No
     finally:
         f16.close()
         quantized.close()
+
+
+@pytest.fixture(scope="module")
+def per_slot() -> Iterator[LlamaBackend]:
+    """The default KV layout: a share of the budget per slot."""
+    be = LlamaBackend(
+        None, kv_budget_bytes=32 << 20, max_sequences=2, max_batch_tokens=256, n_threads=2,
+        kv_unified=False,
+    )  # fmt: skip
+    yield be
+    be.close()
+
+
+STORY_TOKENS = 300  # enough for a near-tie in the story to go another way
+SAVED_AT = 40  # tokens generated before the state is saved
+Corruption = Callable[[int], int]  # damages a slot; returns how far positions moved
+
+
+def story_run(per_slot: LlamaBackend, corrupt: Corruption | None = None) -> list[int]:
+    """The story's greedy tokens, generated in slot 0, one decode per token; with
+    ``corrupt``, slot 0's state is saved after ``SAVED_AT`` tokens, loaded into slot
+    1, handed to ``corrupt(1)`` and the rest is generated there."""
+    prompt = per_slot.tokenize(
+        per_slot.render_chat([{"role": "user", "content": STORY}]), add_special=True
+    )
+    per_slot.start_sequence("greedy", SamplingParams())
+    try:
+        slot, shift, out = 0, 0, []
+        token = per_slot.decode([BatchItem(slot, prompt, 0, True, "greedy")])[0].token
+        while len(out) < STORY_TOKENS and not per_slot.is_end_of_generation(token):
+            out.append(token)
+            if corrupt is not None and len(out) == SAVED_AT:  # before it is fed back
+                state = per_slot.save_state(slot)
+                per_slot.truncate(slot, 0)
+                slot = 1
+                per_slot.load_state(slot, state)
+                shift = corrupt(slot)
+            position = len(prompt) + len(out) - 1 + shift
+            token = per_slot.decode([BatchItem(slot, [token], position, True, "greedy")])[0].token
+        return out
+    finally:
+        for used in range(2):
+            per_slot.truncate(used, 0)
+        per_slot.end_sequence("greedy")
+
+
+@pytest.fixture(scope="module")
+def story(per_slot: LlamaBackend) -> list[int]:
+    """The story told in one slot without interruption."""
+    tokens = story_run(per_slot)
+    assert len(tokens) == STORY_TOKENS
+    return tokens
+
+
+def test_a_story_restored_into_another_slot_continues_token_exact(
+    per_slot: LlamaBackend, story: list[int]
+) -> None:
+    assert story_run(per_slot, corrupt=lambda slot: 0) == story
+
+
+def test_a_corrupted_restore_changes_the_story(per_slot: LlamaBackend, story: list[int]) -> None:
+    """The comparison the restore, offload and cache tests make can fail: with one
+    cell of the restored prompt dropped (the model no longer sees one word of the
+    request), or dropped and the later cells shifted down to close the gap (as a
+    context shift does), the greedy story goes another way."""
+    memory = llama.llama_get_memory(per_slot._ctx)
+
+    def drop_one_cell(slot: int) -> int:
+        llama.llama_memory_seq_rm(memory, slot, 20, 21)
+        return 0
+
+    def drop_and_shift(slot: int) -> int:
+        drop_one_cell(slot)
+        llama.llama_memory_seq_add(memory, slot, 21, -1, -1)
+        return -1
+
+    for corrupt in (drop_one_cell, drop_and_shift):
+        corrupted = story_run(per_slot, corrupt)
+        assert corrupted[:SAVED_AT] == story[:SAVED_AT]
+        assert corrupted != story, corrupt.__name__

@@ -1,5 +1,11 @@
-"""Offload of paused streams with the real model: their KV goes to host memory so that
-waiting requests run, and they come back token-exact; the host bound is enforced."""
+"""Offload of paused streams with the real model, in the default configuration (four
+slots): their KV goes to host memory so that waiting requests run, and they come back
+token-exact; the host bound is enforced.
+
+Every slot is held by a paused stream before a request waits, and a waiting request
+that got its slot is paused in turn, so each waiting request can only run once a
+paused stream was offloaded for it (never in a slot another one left): the order of
+offloads is the order of the pauses, whatever the machine's speed."""
 
 from __future__ import annotations
 
@@ -12,19 +18,15 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import STORY, chat_body, wait_until
+from helpers import delta_text, next_frame
+from support import STORY, chat_body, complete, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
-# Two slots of 256 cells (12 MiB): two paused streams hold both, so each waiting
-# request needs one of them offloaded. Long prompts and short answers keep the test
-# quick: prefill is batched, decode is one token per step.
-BUDGET = (
-    "--max-kv-cache-mb", "12", "--max-sequences", "2", "--ttft-timeout-ms", "0",
-    "--offload-paused-after-ms", "200", "--max-pause-ms", "600000",
-)  # fmt: skip
-PAUSED_MAX_TOKENS = 20
-WAITING_MAX_TOKENS = PAUSED_MAX_TOKENS  # equal sizes: each waiting one needs a paused one out
+FLAGS = ("--max-pause-ms", "600000", "--offload-paused-after-ms", "200")  # time-outs only
+SLOTS = 4  # the default max_sequences
+TOLD_BEFORE_PAUSE = 16  # tokens a checked story streams before its pause
+STORY_TOKENS = 300  # enough for a wrong restore to show in the text
 TOPIC = (
     "Tell a story about a lighthouse keeper and a storm at sea. The keeper lives alone on a "
     "rock far from the coast, keeps a logbook, feeds a grey cat, repairs the lamp, and "
@@ -33,132 +35,126 @@ TOPIC = (
 )
 
 
-def prompt(n: int, topic: str = TOPIC) -> str:
-    return f"[{uuid.uuid4().hex[:8]}-{n}] {topic}"
+def prompt(text: str) -> str:
+    return f"[{uuid.uuid4().hex[:8]}] {text}"
 
 
 class WsStream:
-    """A WebSocket stream and the text it received."""
+    """A WebSocket stream, the frames it received and the engine's id for it."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse, stream_id: str) -> None:
         self.ws = ws
-        self.text: list[str] = []
+        self.id = stream_id
+        self.frames: list[dict[str, Any]] = []
 
-    async def frame_of(self, *kinds: str) -> dict[str, Any]:
-        while True:
-            frame: dict[str, Any] = await asyncio.wait_for(self.ws.receive_json(), 900)
-            if frame["type"] == "delta":
-                self.text.append(frame["text"])
-            if frame["type"] in kinds:
-                return frame
+    @property
+    def text(self) -> str:
+        return delta_text(self.frames)
 
-    async def finish(self) -> tuple[str, dict[str, Any]]:
-        """Resume and read to the end: (the whole text, the final frame)."""
+    async def frame(self, *kinds: str) -> dict[str, Any]:
+        frame = await next_frame(self.ws, *kinds, seen=self.frames, timeout=900)
+        self.frames.append(frame)
+        return frame
+
+    async def finish(self) -> dict[str, Any]:
+        """Resume and read to the end; the last frame."""
         await self.ws.send_json({"type": "resume"})
-        frame = await self.frame_of("done", "error")
-        return "".join(self.text), frame
+        return await self.frame("done", "error")
 
 
 async def start_paused(
-    session: aiohttp.ClientSession, engine: EngineProcess, text: str
+    session: aiohttp.ClientSession,
+    engine: EngineProcess,
+    text: str,
+    max_tokens: int = STORY_TOKENS,
+    deltas: int = 1,
 ) -> WsStream:
-    """A WebSocket stream paused after its first tokens, alone on the engine."""
+    """A WebSocket stream paused after its first ``deltas`` deltas."""
     ws = await session.ws_connect(engine.base_url.replace("http", "ws") + "/stream")
-    body = chat_body(text, max_tokens=PAUSED_MAX_TOKENS)
-    await ws.send_json({"type": "start", "request": body})
-    stream = WsStream(ws)
-    await stream.frame_of("delta")
+    await ws.send_json({"type": "start", "request": chat_body(text, max_tokens=max_tokens)})
+    stream = WsStream(ws, (await next_frame(ws, "started", timeout=900))["id"])
+    for _ in range(deltas):
+        await stream.frame("delta")
     await ws.send_json({"type": "pause"})
-    await stream.frame_of("paused")
+    await stream.frame("paused")
     return stream
 
 
-async def complete(url: str, text: str, max_tokens: int) -> tuple[str, str]:
-    """(request id, text) of a non-streamed request."""
-    body = chat_body(text, max_tokens=max_tokens, stream=False)
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url + "/v1/chat/completions", json=body) as response:
-            assert response.status == 200, await response.text()
-            result = await response.json()
-            return str(result["id"]), str(result["choices"][0]["message"]["content"])
-
-
-def logged(events: list[dict[str, Any]], event: str, request_id: str) -> bool:
-    return any(e["event"] == event and e["request_id"] == request_id for e in events)
-
-
-def ran_at_once(events: list[dict[str, Any]], waiting: list[str], paused: list[str]) -> bool:
-    """Both waiting requests were scheduled, and both paused streams offloaded, before
-    either waiting request ended."""
-    order = [(e["event"], e["request_id"]) for e in events]
-    first_end = min(order.index(("end", rid)) for rid in waiting)
-    scheduled = all(order.index(("scheduled", rid)) < first_end for rid in waiting)
-    return scheduled and all(order.index(("offloaded", rid)) < first_end for rid in paused)
+def order(engine: EngineProcess) -> list[tuple[str, str]]:
+    return [(e["event"], e["request_id"]) for e in engine.events()]
 
 
 async def test_paused_streams_are_offloaded_and_resume_token_exact(tmp_path: Path) -> None:
-    engine = start_engine(tmp_path, *BUDGET)
+    """Two stories paused mid-way (and two more streams paused to fill the slots) are
+    offloaded, one for each waiting request, in the order they paused, and come back
+    with the text of an uninterrupted run."""
+    engine = start_engine(tmp_path, *FLAGS)
     try:
-        texts = [prompt(1, STORY), prompt(2, STORY)]
-        # The uninterrupted runs first. The paused streams below are then regenerates
-        # (token-identical, see test_prefix_cache.py): a cold run of the same prompt
-        # after the cache was evicted could be computed in other batch shapes.
-        references = [(await complete(engine.url, t, PAUSED_MAX_TOKENS))[1] for t in texts]
+        stories = [prompt(STORY), prompt(STORY)]
+        references = [
+            text_of(await complete(engine.url, chat_body(s, max_tokens=STORY_TOKENS)))
+            for s in stories
+        ]
         async with aiohttp.ClientSession() as session:
-            paused = [await start_paused(session, engine, text) for text in texts]
-            paused_ids = [
-                s["id"] for s in engine.debug_streams()["streams"] if s["state"] == "paused"
+            told = [
+                await start_paused(session, engine, s, deltas=TOLD_BEFORE_PAUSE) for s in stories
             ]
-            waiting = [
-                asyncio.create_task(complete(engine.url, prompt(n), WAITING_MAX_TOKENS))
-                for n in (3, 4)
+            fillers = [
+                await start_paused(session, engine, prompt(TOPIC)) for _ in range(SLOTS - len(told))
             ]
+            # The first waiting request runs once the oldest pause is offloaded; paused
+            # in turn, it keeps its slot, so the second needs the next oldest offloaded.
+            first = await start_paused(session, engine, prompt(TOPIC))
+            second = await complete(engine.url, chat_body(prompt(TOPIC), max_tokens=20))
             await wait_until(
-                lambda: engine.debug_streams()["kv_offloaded_bytes"] > 0, what="an offload"
+                lambda: ("end", second["id"]) in order(engine), what="the second's end event"
             )
-            waiting_ids = [rid for rid, _ in await asyncio.gather(*waiting)]
-            # The event log is written by its own thread: wait for both "end" lines.
-            await wait_until(
-                lambda: all(logged(engine.events(), "end", rid) for rid in waiting_ids),
-                what="the waiting requests' end events",
-            )
-            # Both waiting requests ran at once while both paused streams were offloaded.
-            assert ran_at_once(engine.events(), waiting_ids, paused_ids)
-            results = [await stream.finish() for stream in paused]  # one at a time
-            for stream in paused:
+            seen = order(engine)
+            assert seen.index(("offloaded", told[0].id)) < seen.index(("scheduled", first.id))
+            assert seen.index(("offloaded", told[1].id)) < seen.index(("scheduled", second["id"]))
+            assert [rid for event, rid in seen if event == "offloaded"] == [s.id for s in told]
+            assert {engine.stream(s.id)["state"] for s in told} == {"offloaded"}
+            await first.ws.send_json({"type": "cancel"})  # two slots free: restores fit
+            await first.frame("error")
+            ends = [await stream.finish() for stream in told]  # one at a time, alone
+            for stream in [first, *told, *fillers]:
                 await stream.ws.close()
-        for (text, frame), reference in zip(results, references, strict=True):
-            assert frame["type"] == "done", frame
-            assert text == reference
-        for rid in paused_ids:  # the end line comes after the restore: all are written
-            await wait_until(lambda rid=rid: logged(engine.events(), "end", rid), what="end")
-        events = [e["event"] for e in engine.events()]
-        assert events.count("offloaded") == 2
-        assert events.count("restored") == 2
+        for stream, end, reference in zip(told, ends, references, strict=True):
+            assert end["type"] == "done", end
+            assert stream.text == reference
+        restored = [rid for event, rid in order(engine) if event == "restored"]
+        assert restored == [s.id for s in told]
     finally:
         engine.stop()
 
 
 async def test_the_host_bound_cancels_the_oldest_offloaded_stream(tmp_path: Path) -> None:
     # One paused stream's state (about 100 cells of 23 KB) fits in 3 MiB, two do not.
-    engine = start_engine(tmp_path, *BUDGET, "--host-offload-mb", "3")
+    engine = start_engine(tmp_path, *FLAGS, "--host-offload-mb", "3")
     try:
         async with aiohttp.ClientSession() as session:
-            oldest = await start_paused(session, engine, prompt(1))
-            newer = await start_paused(session, engine, prompt(2))
-            waiting = [
-                asyncio.create_task(complete(engine.url, prompt(n), WAITING_MAX_TOKENS))
-                for n in (3, 4)
+            paused = [
+                await start_paused(session, engine, prompt(TOPIC), max_tokens=20, deltas=10)
+                for _ in range(SLOTS)
             ]
-            error = await oldest.frame_of("error")
+            first = await start_paused(session, engine, prompt(TOPIC))
+            waiting = asyncio.create_task(
+                complete(engine.url, chat_body(prompt(TOPIC), max_tokens=20))
+            )
+            error = await paused[0].frame("error")
             assert error["code"] == "pause_timeout"
-            await asyncio.gather(*waiting)
-            text, done = await newer.finish()
-            assert done["type"] == "done" and text, done
-            await oldest.ws.close()
-            await newer.ws.close()
+            await waiting
+            assert (await paused[1].finish())["type"] == "done"
+            for stream in [first, *paused]:
+                await stream.ws.close()
+        assert [rid for event, rid in order(engine) if event == "offloaded"][:2] == [
+            paused[0].id,
+            paused[1].id,
+        ]
         streams = engine.debug_streams()
-        assert streams["kv_offloaded_bytes"] == 0
         assert streams["engine_alive"]
+        await wait_until(
+            lambda: engine.debug_streams()["kv_offloaded_bytes"] == 0, what="host memory freed"
+        )
     finally:
         engine.stop()

@@ -4,18 +4,16 @@ cells shared by live streams and eviction for admission."""
 
 from __future__ import annotations
 
-import asyncio
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import chat_body, wait_until
+from helpers import next_frame
+from support import cached, chat_body, complete, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -51,24 +49,6 @@ def pool_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProc
     )  # fmt: skip
     yield process
     process.stop()
-
-
-async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(url + "/v1/chat/completions", json=body) as response:
-            assert response.status == 200, await response.text()
-            result: dict[str, Any] = await response.json()
-            return result
-
-
-def cached(result: dict[str, Any]) -> int:
-    return int(result["usage"]["prompt_tokens_details"]["cached_tokens"])
-
-
-def counter(metrics: str, name: str) -> float:
-    match = re.search(rf"^edge_llm_{name}_total (\S+)$", metrics, re.M)
-    assert match, f"{name} missing from /metrics"
-    return float(match.group(1))
 
 
 def unique(text: str) -> str:
@@ -144,12 +124,12 @@ async def test_in_the_pool_two_live_streams_hold_their_common_prefix_once(
     async with aiohttp.ClientSession() as session:
         first = await session.ws_connect(url)
         await first.send_json({"type": "start", "request": chat_body(prompt, max_tokens=400)})
-        await wait_for_frame(first, "delta")
+        await next_frame(first, "delta")
         await first.send_json({"type": "pause"})  # both stay live, holding their cells
         second = await session.ws_connect(url)
         body = chat_body(prompt + " Answer in French.", max_tokens=400)
         await second.send_json({"type": "start", "request": body})
-        await wait_for_frame(second, "delta")
+        await next_frame(second, "delta")
         await second.send_json({"type": "pause"})
         snapshot = engine.debug_streams()
         live = [s for s in snapshot["streams"] if s["state"] in ("decoding", "paused")]
@@ -160,14 +140,6 @@ async def test_in_the_pool_two_live_streams_hold_their_common_prefix_once(
         assert snapshot["kv_used_bytes"] == held * snapshot["kv_bytes_per_token"]
         await first.close()
         await second.close()
-
-
-async def wait_for_frame(ws: aiohttp.ClientWebSocketResponse, kind: str) -> dict[str, Any]:
-    while True:
-        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == kind:
-            return frame
-        assert frame["type"] != "error", frame
 
 
 async def test_in_the_pool_cache_is_evicted_so_a_new_request_fits(tmp_path: Path) -> None:
@@ -188,7 +160,7 @@ async def test_in_the_pool_cache_is_evicted_so_a_new_request_fits(tmp_path: Path
             chat_body(unique(ESSAY.replace("river", "glacier")), max_tokens=20, stream=False),
         )
         assert other["usage"]["completion_tokens"] > 0
-        assert counter(small.metrics_text(), "kv_cache_evictions") > 0
+        assert small.metric("edge_llm_kv_cache_evictions_total") > 0
         assert any(e["event"] == "cache_evicted" for e in small.events())
     finally:
         small.stop()
@@ -236,11 +208,7 @@ async def test_a_restarted_engine_answers_a_known_prompt_from_its_disk_tier(
         )
         again = await complete(engine.url, body)
         assert cached(again) == again["usage"]["prompt_tokens"]  # nothing prefilled
-        assert (
-            again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-        )
-        hits = re.search(r'^edge_llm_prompt_cache_hits_total\{tier="disk"\} (\S+)$',
-                         engine.metrics_text(), re.M)  # fmt: skip
-        assert hits and float(hits.group(1)) == 1
+        assert text_of(again) == text_of(first)
+        assert engine.metric("edge_llm_prompt_cache_hits_total", tier="disk") == 1
     finally:
         engine.stop()

@@ -140,13 +140,6 @@ def assert_closed_without_answer(host: str, port: int, sent: bytes) -> None:
         assert sock.recv(4096) == b""  # closed by the server, nothing answered
 
 
-def dropped_log_lines(engine) -> float:
-    for line in engine.metrics_text().splitlines():
-        if line.startswith('edge_llm_event_log_dropped_total{reason="write_failed"}'):
-            return float(line.split()[-1])
-    raise AssertionError("edge_llm_event_log_dropped_total is not exported")
-
-
 async def test_a_full_disk_under_the_event_log_costs_lines_not_service(engine_factory) -> None:
     """Mid-run the event log's file stops growing (RLIMIT_FSIZE set on the running
     engine: every write fails with EFBIG, as on a full disk). The engine keeps
@@ -166,7 +159,12 @@ async def test_a_full_disk_under_the_event_log_costs_lines_not_service(engine_fa
         process.rlimit(psutil.RLIMIT_FSIZE, (size, hard))
         try:
             assert await read_sse(session, chat_url, chat_body("Two", max_tokens=2)) == "done"
-            await wait_until(lambda: dropped_log_lines(engine) > 0, what="lost lines counted")
+            await wait_until(
+                lambda: (
+                    engine.metric("edge_llm_event_log_dropped_total", reason="write_failed") > 0
+                ),
+                what="lost lines counted",
+            )
             assert engine.event_log.stat().st_size == size
         finally:
             process.rlimit(psutil.RLIMIT_FSIZE, (soft, hard))

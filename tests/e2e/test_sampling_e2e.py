@@ -15,7 +15,8 @@ import pytest
 
 from edge_llm.engine.llama_backend import default_model_path
 
-from support import chat_body, wait_until
+from helpers import next_frame
+from support import chat_body, complete, pause_stream, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -228,33 +229,16 @@ async def test_pause_and_cancel_hold_with_a_grammar(engine_server) -> None:
         "List many animal names as JSON.", max_tokens=300, response_format=person_format(long_list)
     )
     url = engine_server.base_url.replace("http", "ws") + "/stream"
+    other = chat_body("Name the capital of France.", max_tokens=12)  # while it is paused
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
-        stream_id = await _frame(ws, "started", "id")
-        await _frame(ws, "delta", "text")
-        await ws.send_json({"type": "pause"})
-        await _frame(ws, "paused", "cause")
-        paused = engine_server.stream(stream_id)
-        received = await wait_until(
-            lambda: [
-                e for e in engine_server.events()
-                if e["event"] == "pause_received" and e["request_id"] == stream_id
-            ],
-            what="pause_received in the engine log",
-        )  # fmt: skip
-        assert paused["state"] == "paused"
-        assert paused["n_generated"] <= received[0]["n_generated"] + 1
-        assert paused["tokens_while_paused"] <= 1
-        await ws.send_json({"type": "cancel"})
-        assert await _frame(ws, "error", "code") == "cancelled"
+        stream_id = (await next_frame(ws, "started"))["id"]
+        await next_frame(ws, "delta")
+        pause = await pause_stream(
+            engine_server, ws, stream_id, lambda: complete(engine_server.url, other), end="cancel"
+        )
+    pause.assert_within_one_token()
+    assert engine_server.stream(stream_id)["cancel_reason"] == "client"
     await wait_until(
         lambda: engine_server.debug_streams()["kv_used_bytes"] == 0, timeout=30, what="KV freed"
     )
-
-
-async def _frame(ws: aiohttp.ClientWebSocketResponse, kind: str, key: str) -> Any:
-    while True:
-        frame = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] == kind:
-            return frame[key]
-        assert frame["type"] != "error", frame

@@ -1,7 +1,7 @@
 """Prompt-lookup speculation with the real model: greedy text is the same with
 ``--speculative prompt_lookup`` as with ``off`` (alone, beside three other streams,
 with stop strings, a max_tokens cut, a JSON-schema grammar), drafts are really
-accepted, and PAUSE inside a run lets through at most that step's tokens.
+accepted, and PAUSE inside a run lets through at most one token.
 
 Prompts are copy and extraction tasks: the model is confident there, so the text
 does not hinge on the last bits llama.cpp's batched kernels may change
@@ -19,18 +19,11 @@ import jsonschema
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import chat_body, wait_until
+from helpers import delta_text, next_frame
+from support import COPY, chat_body, complete, pause_stream, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
-PASSAGE = (
-    "The lighthouse stood on a narrow spit of rock at the mouth of the bay. Every evening "
-    "the keeper climbed the one hundred and twelve steps to the lamp room, trimmed the "
-    "wick, polished the great lens and wound the clockwork that turned it. Ships passing "
-    "in the night saw its beam sweep across the water every ten seconds, and they knew "
-    "where the reef lay hidden beneath the waves."
-)
-COPY = "Repeat the following text exactly, word for word:\n\n" + PASSAGE
 OTHERS = (
     "Count from 1 to 40, separated by commas.",
     "Repeat the following sentence exactly: Ships passing in the night saw its beam sweep "
@@ -47,7 +40,7 @@ PERSON = {
     "required": ["name", "age", "city"],
     "additionalProperties": False,
 }
-MAX_DRAFT = 8
+ACCEPTED = "edge_llm_spec_accepted_tokens_total"
 
 
 @pytest.fixture(scope="module")
@@ -67,46 +60,25 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Engi
             engine.stop()
 
 
-def accepted(engine: EngineProcess) -> float:
-    for line in engine.metrics_text().splitlines():
-        if line.startswith("edge_llm_spec_accepted_tokens_total "):
-            return float(line.split()[-1])
-    raise AssertionError("no spec_accepted_tokens_total metric")
-
-
-async def complete(engine: EngineProcess, body: dict[str, Any]) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            engine.base_url + "/chat/completions", json={**body, "stream": False}
-        ) as response:
-            assert response.status == 200, await response.text()
-            reply: dict[str, Any] = await response.json()
-            return reply
-
-
-def text_of(reply: dict[str, Any]) -> str:
-    return str(reply["choices"][0]["message"]["content"])
-
-
 async def both(engines: dict[str, EngineProcess], body: dict[str, Any]) -> list[dict[str, Any]]:
-    return [await complete(engines[name], body) for name in ("off", "on")]
+    return [await complete(engines[name].url, body) for name in ("off", "on")]
 
 
 async def test_alone_the_copied_text_is_identical_and_drafts_are_accepted(engines) -> None:
-    before = accepted(engines["on"])
+    before = engines["on"].metric(ACCEPTED)
     off, on = await both(engines, chat_body(COPY, max_tokens=120))
     assert text_of(on) == text_of(off)
     assert "twelve steps to the lamp room" in text_of(on)
     assert on["usage"]["completion_tokens"] == off["usage"]["completion_tokens"]
-    assert accepted(engines["on"]) - before > 20  # most of the copy came from drafts
-    assert accepted(engines["off"]) == 0
+    assert engines["on"].metric(ACCEPTED) - before > 20  # most of the copy came from drafts
+    assert engines["off"].metric(ACCEPTED) == 0
 
 
 async def test_beside_three_other_streams_every_text_is_identical(engines) -> None:
     bodies = [chat_body(COPY, max_tokens=120)] + [chat_body(p, max_tokens=60) for p in OTHERS]
     results = {}
     for name in ("off", "on"):
-        replies = await asyncio.gather(*(complete(engines[name], b) for b in bodies))
+        replies = await asyncio.gather(*(complete(engines[name].url, b) for b in bodies))
         results[name] = [text_of(r) for r in replies]
     assert results["on"] == results["off"]
 
@@ -125,54 +97,40 @@ async def test_stop_strings_and_max_tokens_inside_accepted_runs(engines) -> None
 async def test_a_json_schema_grammar_holds_with_drafts(engines) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     prompt = "Tom is 31 and lives in Paris. Describe Tom, 31, who lives in Paris, as JSON."
-    before = accepted(engines["on"])
+    before = engines["on"].metric(ACCEPTED)
     off, on = await both(engines, chat_body(prompt, max_tokens=60, response_format=fmt))
     jsonschema.validate(json.loads(text_of(on)), PERSON)
     assert text_of(on) == text_of(off)
-    assert accepted(engines["on"]) > before  # some drafts were checked by the grammar
+    assert engines["on"].metric(ACCEPTED) > before  # some drafts were checked by the grammar
 
 
-async def test_pause_inside_a_run_lets_through_at_most_that_step(engines) -> None:
+async def test_pause_inside_a_run_lets_through_at_most_one_token(engines) -> None:
+    """SPEC section 6 with speculation on: five pauses in one copying stream, each
+    while draft runs are accepted, let through at most one token each. (A pause that
+    lands between the sampling and the recording of a run lets the run through:
+    tests/unit/test_speculative.py shows that engine bug, marked xfail; the window is
+    narrow over HTTP.)"""
     engine = engines["on"]
     body = chat_body(COPY, max_tokens=100)
-    reference = text_of(await complete(engine, body))
+    reference = text_of(await complete(engine.url, body))
     url = engine.base_url.replace("http", "ws") + "/stream"
+    parts: list[str] = []
+    other = chat_body(OTHERS[0], max_tokens=12)  # run while the stream is paused
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
         stream_id = (await next_frame(ws, "started"))["id"]
-        parts = [(await next_frame(ws, "delta"))["text"]]
-        await ws.send_json({"type": "pause"})
-        while (frame := await next_frame(ws, "delta", "paused"))["type"] == "delta":
-            parts.append(frame["text"])  # the step in flight may still arrive
-        received = await wait_until(
-            lambda: [
-                e for e in engine.events()
-                if e["event"] == "pause_received" and e["request_id"] == stream_id
-            ],
-            what="pause_received in the engine log",
-        )  # fmt: skip
-        paused = engine.stream(stream_id)
-        assert paused["state"] == "paused"
-        after_pause = paused["n_generated"] - received[0]["n_generated"]
-        # A pause the engine sees before it samples the step in flight cuts that
-        # step's run to one token (tests/unit/test_speculative.py checks that exactly);
-        # one that lands between the sampling and the recording of a run is counted
-        # here after it, so over HTTP the bound is one run.
-        assert after_pause == paused["tokens_while_paused"] <= 1 + MAX_DRAFT
-        await ws.send_json({"type": "resume"})
-        while (frame := await next_frame(ws, "delta", "done"))["type"] == "delta":
-            parts.append(frame["text"])
-    assert "".join(parts) == reference
+        for _ in range(5):
+            for _ in range(4):
+                parts.append((await next_frame(ws, "delta"))["text"])
+            pause = await pause_stream(engine, ws, stream_id, lambda: complete(engine.url, other))
+            pause.assert_within_one_token()
+            parts += [pause.text_before, pause.text_after]
+        seen: list[dict[str, Any]] = []
+        await next_frame(ws, "done", seen=seen)
+    assert "".join(parts) + delta_text(seen) == reference
+    assert engine.metric(ACCEPTED) > 0
     final = engine.stream(stream_id)
     assert final["ring_read"] == final["ring_write"]
     await wait_until(
         lambda: engine.debug_streams()["kv_used_bytes"] == 0, timeout=30, what="KV freed"
     )
-
-
-async def next_frame(ws: aiohttp.ClientWebSocketResponse, *kinds: str) -> dict[str, Any]:
-    while True:
-        frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 120)
-        if frame["type"] in kinds:
-            return frame
-        assert frame["type"] != "error", frame

@@ -95,7 +95,7 @@ def test_deadline_admission_refuses_at_once_what_would_miss_the_ttft_timeout(
     assert error["predicted_ttft_ms"] > 2000
     # refused before admission: no stream, no prefill (not a 504 after the time-out)
     assert engine.debug_streams()["streams"] == []
-    assert 'edge_llm_admission_rejections_total{reason="queue_full"} 1.0' in engine.metrics_text()
+    assert engine.metric("edge_llm_admission_rejections_total", reason="queue_full") == 1
     short = {"messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 4}
     request = urllib.request.Request(
         engine.base_url + "/chat/completions",

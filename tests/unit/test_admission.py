@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import pytest
 
 from edge_llm.engine.admission import predict_ttft_s, queue_view, retry_after_s
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine.engine import Engine
 from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import QueueFull
@@ -63,23 +62,16 @@ def request(n_prompt: int, session: str | None = None) -> GenerationRequest:
 
 
 @pytest.fixture
-async def gated_engine() -> AsyncIterator[object]:
-    engines: list[Engine] = []
+def gated_engine(engine_of) -> Callable[..., Engine]:
+    """An engine that decodes nothing until released, costing 100 prompt tokens a second."""
 
     def make(**settings: object) -> Engine:
         backend = FakeBackend()
-        backend.gate = threading.Semaphore(0)  # nothing is decoded until released
-        engine = Engine(backend, EngineSettings(**settings))  # type: ignore[arg-type]
-        # 100 prompt tokens per second
-        engine.scheduler.prefill_budget.costs = StepCosts(prompt_token_s=0.01)
-        engine.start(asyncio.get_running_loop())
-        engines.append(engine)
+        backend.gate = threading.Semaphore(0)
+        engine: Engine = engine_of(backend, StepCosts(prompt_token_s=0.01), **settings)
         return engine
 
-    yield make
-    for engine in engines:
-        engine.backend.gate.release(100_000)  # type: ignore[attr-defined]
-        await asyncio.to_thread(engine.stop)
+    return make
 
 
 async def test_a_request_that_would_miss_the_deadline_is_refused_at_once(gated_engine) -> None:

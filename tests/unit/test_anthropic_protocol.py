@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 from aiohttp import ClientResponse
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import (
     AuthenticationFailed,
@@ -28,8 +27,7 @@ from edge_llm.errors import (
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sampling import SamplingDefaults
 from edge_llm.protocol.sse import SSEParser
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
+from edge_llm.server.context import CONTEXT
 
 from fakes import FakeBackend
 
@@ -308,26 +306,13 @@ class Served:
 
 
 @pytest.fixture
-async def serve_fake() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
-    made: list[Served] = []
-
+def serve_fake(client_of) -> Callable[..., Awaitable[Served]]:
     async def make(backend: FakeBackend | None = None, **overrides: object) -> Served:
-        config = load_config(None, env={}, overrides=overrides)
         backend = backend or FakeBackend(FAKE_SCRIPT)
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        app = create_app(build_context(config, engine, backend, lambda *a, **k: None))
-        client = TestClient(TestServer(app))
-        await client.start_server()
-        made.append(Served(client, backend, engine))
-        return made[-1]
+        client = await client_of(backend, **overrides)
+        return Served(client, backend, client.app[CONTEXT].engine)
 
-    yield make
-    for served in made:
-        if served.backend.gate is not None:
-            served.backend.gate.release(1000)
-        await served.client.close()
-        await asyncio.to_thread(served.engine.stop)
+    return make
 
 
 async def events_of(response: ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:

@@ -3,21 +3,16 @@ backend that generates a scripted answer (the real model: tests/e2e)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiohttp import WSCloseCode, WSMsgType
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from edge_llm.config import load_config
-from edge_llm.engine.engine import Engine
 from edge_llm.protocol.sse import SSEParser
 from edge_llm.server import ws_route
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend, text_script
 
@@ -37,24 +32,14 @@ Served = Callable[..., Any]
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[Served]:
-    made: list[tuple[TestClient, Engine]] = []
+def served(client_of) -> Served:
+    """``make(answer)``: the server over a fake backend that generates ``answer``."""
 
     async def make(answer: str) -> tuple[TestClient, FakeBackend]:
-        config = load_config(None, env={}, overrides={})
         backend = FakeBackend(text_script(answer))
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        app = create_app(build_context(config, engine, backend, lambda *a, **k: None))
-        client = TestClient(TestServer(app))
-        await client.start_server()
-        made.append((client, engine))
-        return client, backend
+        return await client_of(backend), backend
 
-    yield make
-    for client, engine in made:
-        await client.close()
-        await asyncio.to_thread(engine.stop)
+    return make
 
 
 def sse_events(text: str) -> list[tuple[str | None, Any]]:

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from edge_llm.bench.connection import ChunkedDecoder, Endpoint, HttpError, fetch, open_request
 
+from helpers import free_port
+
 Reply = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 Serve = Callable[[Reply], Awaitable[str]]
 
@@ -133,9 +135,7 @@ async def test_body_larger_than_the_bound(serve: Serve) -> None:
 
 
 async def test_refused_connection_is_a_connect_error() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with pytest.raises(HttpError) as info:
         await fetch(f"http://127.0.0.1:{port}/")
     assert info.value.kind == "connect_error"

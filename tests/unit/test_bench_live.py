@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,11 @@ from edge_llm.bench.stats import percentile
 from edge_llm.bench.targets import Target, parse_target
 from edge_llm.cli import bench as bench_cli
 
+from helpers import free_port
+
 CHUNK_PAD = "x" * 100  # makes each SSE event about 200 bytes, like real servers
+PACED_CHUNKS = 4  # the slow-consumer test reads this many, then stalls
+PACE_S = 0.1
 
 
 @dataclass
@@ -105,13 +108,18 @@ class FakeServer:
 
 
 async def _generate_unbounded(response: web.StreamResponse, n: int) -> None:
-    """Like llama-server: tokens pile up in a queue whatever the reader does."""
+    """Like llama-server: tokens pile up in a queue whatever the reader does. The
+    first ``PACED_CHUNKS`` come ``PACE_S`` apart (the pace the probe measures before
+    its reader stalls), then the rest at once: all of it is generated while the
+    reader is stalled, however loaded the machine, and arrives in one burst whose
+    gaps are far below a quarter of the pace (the probe's burst threshold)."""
     queue: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def produce() -> None:
         for i in range(n):
             queue.put_nowait(chunk(f"w{i} {CHUNK_PAD}"))
-            await asyncio.sleep(0.001)
+            if i < PACED_CHUNKS:
+                await asyncio.sleep(PACE_S)  # the fake model's pace, not an ordering
 
     producer = asyncio.create_task(produce())
     for _ in range(n):
@@ -194,9 +202,7 @@ async def test_failures_become_error_kinds(serve: Serve, text: str, kind: str) -
 
 
 async def test_refused_connection_and_timeout_are_error_kinds(serve: Serve) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     record = await one(Target("dead", f"http://127.0.0.1:{port}"), "hi")
     assert record.error_kind == "connect_error"
 
@@ -255,7 +261,9 @@ async def test_summaries_agree_with_the_records(serve: Serve) -> None:
 
 async def test_slow_consumer_against_a_server_that_keeps_generating(serve: Serve) -> None:
     target = await serve("llama-like")
-    settings = SlowConsumerSettings(rcvbuf=2048, stall_after_chunks=4, stall_s=1.0, max_tokens=80)
+    settings = SlowConsumerSettings(
+        rcvbuf=2048, stall_after_chunks=PACED_CHUNKS, stall_s=1.0, max_tokens=80
+    )
     prompt = Prompt.user("slow", "KEEP GENERATING")
     found = await probe(target, settings, RequestOptions(), epoch=0.0, prompt=prompt)
     assert found.record.ok, found.record.error_message

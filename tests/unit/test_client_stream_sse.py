@@ -23,33 +23,11 @@ from edge_llm.client import (
 )
 from edge_llm.client.connection import socket_factory
 
+from helpers import Recorder, free_port
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Serve = Callable[[Handler], Awaitable[str]]
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-class Recorder:
-    """An event sink that keeps the client's event-log lines."""
-
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-        self._waiters: dict[str, asyncio.Event] = {}
-
-    def __call__(self, event: str, request_id: str | None = None, **fields: Any) -> None:
-        self.lines.append({"event": event, "request_id": request_id, **fields})
-        if event in self._waiters:
-            self._waiters[event].set()
-
-    async def wait_for(self, event: str) -> None:
-        """Return once ``event`` has been logged."""
-        if event not in self.names():
-            await asyncio.wait_for(self._waiters.setdefault(event, asyncio.Event()).wait(), 30)
-
-    def names(self) -> list[str]:
-        return [line["event"] for line in self.lines]
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] == event]
 
 
 @pytest.fixture
@@ -343,14 +321,8 @@ async def test_ttft_timeout_cancels_retries_once_then_fails(serve: Serve) -> Non
     await asyncio.wait_for(both_gone.wait(), timeout=10)  # the server saw each close
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 async def test_connection_refused_is_connect_error_and_retried() -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     events = Recorder()
     retry = {"max_attempts": 2, "backoff_ms": 1, "retry_on": ["connect_error"]}
     async with StreamClient(config(url, retry=retry), event_log=events) as client:

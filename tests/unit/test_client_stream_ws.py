@@ -20,32 +20,11 @@ from edge_llm.client import (
     TtftTimeoutError,
 )
 
+from helpers import Recorder
+
 MESSAGES = [{"role": "user", "content": "hi"}]
 WsHandler = Callable[[web.WebSocketResponse, "Frames"], Awaitable[None]]
 Serve = Callable[[WsHandler], Awaitable[str]]
-
-
-class Recorder:
-    """An event sink keeping the client's event-log lines; awaitable per event name."""
-
-    def __init__(self) -> None:
-        self.lines: list[dict[str, Any]] = []
-        self._waiters: dict[str, asyncio.Event] = {}
-
-    def __call__(self, event: str, request_id: str | None = None, **fields: Any) -> None:
-        self.lines.append({"event": event, "request_id": request_id, **fields})
-        if event in self._waiters:
-            self._waiters[event].set()
-
-    def names(self) -> list[str]:
-        return [line["event"] for line in self.lines]
-
-    def of(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] == event]
-
-    async def wait_for(self, event: str) -> None:
-        if event not in self.names():
-            await asyncio.wait_for(self._waiters.setdefault(event, asyncio.Event()).wait(), 30)
 
 
 class Frames:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import stat
 import threading
 import tomllib
@@ -15,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from edge_llm.cli import config_cmd
+
+from helpers import free_port
 
 TARGET = config_cmd.Target("http://127.0.0.1:8000", "sk-test", "SmolLM2-135M-Instruct")
 
@@ -35,16 +36,9 @@ def run_config(*argv: str) -> int:
     return config_cmd.run(parser.parse_args(["config", *argv]))
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 def offline(*argv: str) -> list[str]:
     """Arguments that need no engine: a closed port and an explicit model."""
-    return [*argv, "--base-url", f"http://127.0.0.1:{closed_port()}", "--model", "m-1"]
+    return [*argv, "--base-url", f"http://127.0.0.1:{free_port()}", "--model", "m-1"]
 
 
 # -- URLs and values ---------------------------------------------------------------
@@ -99,7 +93,7 @@ def test_prints_the_snippet_without_writing(capsys: pytest.CaptureFixture[str]) 
 def test_an_engine_that_is_down_is_one_line_when_the_model_is_needed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     assert run_config("openai-env", "--base-url", url) == 1
     out, err = capsys.readouterr()
     assert out == ""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,8 @@ import pytest
 from aiohttp import web
 
 from edge_llm.cli import doctor
+
+from helpers import free_port
 
 MODEL = "SmolLM2-135M-Instruct"
 KEY = "sk-good"
@@ -228,13 +229,6 @@ def serve() -> Iterator[Serve]:
         server.__exit__()
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
-
-
 # -- running the doctor ------------------------------------------------------------
 
 
@@ -434,7 +428,7 @@ def test_a_repeat_run_measures_a_real_prefill_and_reports_the_cache_apart(
 
 
 def test_connection_refused(capsys: Capsys) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     outcome = run_doctor(capsys, "--base-url", url, "--api-key", KEY, "--model", MODEL)
     reach = outcome.check("reachable")
     assert reach["status"] == "fail"
@@ -454,7 +448,7 @@ def test_dns_failure(capsys: Capsys) -> None:
 
 def test_dead_local_proxy(serve: Serve, capsys: Capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     server = serve(fake_app(Behaviour()))
-    dead = f"http://127.0.0.1:{closed_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("HTTPS_PROXY", dead)
     monkeypatch.setenv("HTTP_PROXY", dead)
     outcome = run_doctor(capsys, *against(server))
@@ -474,7 +468,7 @@ def test_proxy_exempted_by_no_proxy(
     serve: Serve, capsys: Capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     server = serve(fake_app(Behaviour()))
-    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{closed_port()}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")
     outcome = run_doctor(capsys, *against(server))
     assert outcome.status("proxy") == "pass"

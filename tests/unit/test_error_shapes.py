@@ -5,21 +5,15 @@ routes keep OpenAI's shape. The status is the same either way."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anthropic
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
-from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.runtime import build_context, engine_settings
-
-from fakes import FakeBackend
 
 KEY = "sk-test"
 QUESTION = [{"role": "user", "content": "hi"}]
@@ -27,27 +21,14 @@ Served = tuple[TestClient, Engine]
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[..., Awaitable[Served]]]:
-    made: list[Served] = []
+def serve(client_of) -> Callable[..., Awaitable[Served]]:
+    """The server over the fake backend, requiring ``KEY``; (client, its engine)."""
 
     async def make(**overrides: object) -> Served:
-        config = load_config(None, env={}, overrides={"api_key": [KEY], **overrides})
-        backend = FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        client = TestClient(TestServer(create_app(build_context(config, engine, backend, _no_log))))
-        await client.start_server()
-        made.append((client, engine))
-        return made[-1]
+        client = await client_of(api_key=[KEY], **overrides)
+        return client, client.app[CONTEXT].engine
 
-    yield make
-    for client, engine in made:
-        await client.close()
-        await asyncio.to_thread(engine.stop)
-
-
-def _no_log(*args: object, **fields: object) -> None:
-    pass
+    return make
 
 
 def _sdk(client: TestClient, api_key: str = KEY) -> anthropic.AsyncAnthropic:

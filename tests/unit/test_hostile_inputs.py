@@ -20,11 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_llm.config import load_config
-from edge_llm.engine.engine import Engine
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
 
-from fakes import FakeBackend, fake_loader
+from conftest import app_over, stop_app_engine
+from fakes import FakeBackend
 from hostile import (
     BASE_BODIES,
     NORMAL_CHAT,
@@ -67,13 +65,7 @@ class FakeServer:
 
     async def _start(self) -> str:
         config = load_config(None, env={}, overrides=self.overrides)
-        backend = FakeBackend()
-        self.engine = Engine(backend, engine_settings(config))
-        self.engine.start(asyncio.get_running_loop())
-        self.ctx = build_context(
-            config, self.engine, backend, lambda *a, **k: None, loader=fake_loader(config)
-        )
-        self.app = create_app(self.ctx)
+        self.app = app_over(FakeBackend(), config)
         self.runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -83,7 +75,7 @@ class FakeServer:
 
     def stop(self) -> None:
         self._run(self.runner.cleanup())
-        self._run(self.ctx.pool.unload_all())  # the engine, or one a request loaded again
+        self._run(stop_app_engine(self.app))
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()

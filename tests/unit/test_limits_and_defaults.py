@@ -3,20 +3,15 @@ sampling a request gets for the fields it leaves out (in-process, fake backend).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
-from edge_llm.config import load_config
-from edge_llm.engine.engine import Engine
 from edge_llm.protocol.sampling import SamplingParams
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
 
@@ -45,29 +40,18 @@ class Served:
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Any]:
-    made: list[tuple[TestClient, Engine]] = []
-
+def serve(client_of) -> Callable[..., Awaitable[Served]]:
     async def make(backend: RecordingBackend | None = None, **overrides: object) -> Served:
-        config = load_config(None, env={}, overrides=overrides)
         backend = backend or RecordingBackend()
         events: list[tuple[str, str, dict[str, Any]]] = []
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
 
-        def record(event: str, request_id: str, **fields: Any) -> None:
-            events.append((event, request_id, fields))
+        def record(event: str, request_id: str | None = None, **fields: Any) -> None:
+            events.append((event, request_id or "", fields))
 
-        app = create_app(build_context(config, engine, backend, record))
-        client = TestClient(TestServer(app))
-        await client.start_server()
-        made.append((client, engine))
+        client = await client_of(backend, events=record, **overrides)
         return Served(client, backend, events)
 
-    yield make
-    for client, engine in made:
-        await client.close()
-        await asyncio.to_thread(engine.stop)
+    return make
 
 
 def clamp_events(served: Served) -> list[dict[str, Any]]:

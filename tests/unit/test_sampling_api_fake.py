@@ -3,18 +3,11 @@ engine, what is refused before admission, and the logprobs shapes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
-
-from edge_llm.config import load_config
-from edge_llm.engine.engine import Engine
-from edge_llm.server.app import create_app
-from edge_llm.server.runtime import build_context, engine_settings
+from aiohttp.test_utils import TestClient
 
 from fakes import FakeBackend
 
@@ -23,20 +16,9 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 
 @pytest.fixture
-async def served() -> AsyncIterator[tuple[TestClient, FakeBackend]]:
-    config = load_config(None, env={}, overrides={})
+async def served(client_of) -> tuple[TestClient, FakeBackend]:
     backend = FakeBackend()
-    engine = Engine(backend, engine_settings(config))
-    engine.start(asyncio.get_running_loop())
-    client = TestClient(TestServer(create_app(build_context(config, engine, backend, _no_log))))
-    await client.start_server()
-    yield client, backend
-    await client.close()
-    await asyncio.to_thread(engine.stop)
-
-
-def _no_log(*args: Any, **kwargs: Any) -> None:
-    return None
+    return await client_of(backend), backend
 
 
 def _events(text: str) -> list[dict[str, Any]]:

@@ -21,6 +21,8 @@ from edge_llm.client.address import (
 from edge_llm.client.config import load_client
 from edge_llm.client.errors import ConfigError
 
+from helpers import free_port
+
 ADDRESS_VARIABLES = (
     "EDGE_LLM_BASE_URL",
     "EDGE_LLM_API_KEY",
@@ -35,13 +37,6 @@ ADDRESS_VARIABLES = (
 def no_address_in_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ADDRESS_VARIABLES:
         monkeypatch.delenv(name, raising=False)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # -- resolution ----------------------------------------------------------------------
@@ -181,7 +176,7 @@ def one_line_error(capsys: pytest.CaptureFixture[str], url: str, setting: str) -
 def test_unreachable_server_is_one_line(
     argv: tuple[str, ...], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     monkeypatch.setenv("EDGE_LLM_BASE_URL", url)
     assert main(list(argv)) == 1
     line = one_line_error(capsys, url, "EDGE_LLM_BASE_URL (or --base-url)")
@@ -189,13 +184,13 @@ def test_unreachable_server_is_one_line(
 
 
 def test_unreachable_with_the_flag_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     assert main(["top", "--once", "--base-url", url]) == 1
     one_line_error(capsys, url, "--base-url or EDGE_LLM_BASE_URL")
 
 
 def test_unreachable_bench_target_names_its_target(capsys: pytest.CaptureFixture[str]) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     argv = ["bench", "--target", f"far={url}", "--requests", "1", "--warmup", "0"]
     assert main(argv) == 1
     one_line_error(capsys, url + "/v1", "--target far=URL")
@@ -204,7 +199,7 @@ def test_unreachable_bench_target_names_its_target(capsys: pytest.CaptureFixture
 def test_doctor_names_the_url_and_the_setting(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = f"http://127.0.0.1:{closed_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     monkeypatch.setenv("EDGE_LLM_BASE_URL", url)
     assert main(["doctor", "--json", "--timeout", "5"]) == 1
     report = json.loads(capsys.readouterr().out)

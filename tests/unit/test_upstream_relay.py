@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -17,15 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config import ConfigError, load_config
-from edge_llm.engine.engine import Engine
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
 from edge_llm.protocol import anthropic, responses
 from edge_llm.protocol.sse import SSEParser
 from edge_llm.protocol.stream_events import Finished
 from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
-from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.runtime import build_context, engine_settings
 from edge_llm.server.upstream_routes import _Merged
 from edge_llm.upstream.config import UpstreamConfig
 from edge_llm.upstream.metrics import BackendMetrics
@@ -38,7 +34,7 @@ from edge_llm.upstream.translate import (
     usage_counts,
 )
 
-from fakes import FakeBackend
+from helpers import delta_text, free_port, next_frame
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -162,12 +158,6 @@ async def registry() -> AsyncIterator[UpstreamRegistry]:
     await reg.close()
 
 
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _upstream(name: str, url: str) -> Upstream:
     return Upstream(name, UpstreamConfig(url=url, models=["m"]))
 
@@ -201,7 +191,7 @@ async def _drain(stream: UpstreamStream) -> tuple[str, Finished]:
 
 async def test_refused_connection_fails_over_to_the_next(servers, registry) -> None:
     good = await servers(["a", "b"])
-    dead = _upstream("dead", f"http://127.0.0.1:{_closed_port()}")
+    dead = _upstream("dead", f"http://127.0.0.1:{free_port()}")
     stream = _stream(registry, dead, _upstream("good", good.url))
     text, finished = await asyncio.wait_for(_drain(stream), 30)
     assert text == "ab"
@@ -255,7 +245,7 @@ async def test_busy_upstream_is_skipped_but_stays_healthy(servers, registry) -> 
 
 
 async def test_no_upstream_left_is_503(registry) -> None:
-    dead = _upstream("dead", f"http://127.0.0.1:{_closed_port()}")
+    dead = _upstream("dead", f"http://127.0.0.1:{free_port()}")
     _, finished = await asyncio.wait_for(_drain(_stream(registry, dead)), 30)
     assert isinstance(finished.outcome.error, UpstreamUnavailable)
     assert finished.outcome.error.status == 503
@@ -365,26 +355,14 @@ def test_config_errors_name_the_problem(tmp_path, toml: str, flag: str | None, m
 
 
 @pytest.fixture
-async def front_of() -> AsyncIterator[Callable[..., Awaitable[TestClient]]]:
-    made: list[tuple[TestClient, Engine, UpstreamRegistry]] = []
+def front_of(client_of) -> Callable[..., Awaitable[TestClient]]:
+    """The server over the fake backend, configured from ``path`` and keys."""
 
     async def make(path: Path | None = None, **overrides: object) -> TestClient:
-        config = load_config(path, env={}, overrides=overrides)
-        backend = FakeBackend()
-        engine = Engine(backend, engine_settings(config))
-        engine.start(asyncio.get_running_loop())
-        ctx = build_context(config, engine, backend, lambda *a, **k: None)
-        await ctx.router.registry.start()
-        client = TestClient(TestServer(create_app(ctx)))
-        await client.start_server()
-        made.append((client, engine, ctx.router.registry))
+        client: TestClient = await client_of(config_path=path, **overrides)
         return client
 
-    yield make
-    for client, engine, reg in made:
-        await client.close()
-        await reg.close()
-        await asyncio.to_thread(engine.stop)
+    return make
 
 
 def _body(content: str, **extra: Any) -> dict[str, Any]:
@@ -756,13 +734,9 @@ async def _over_websocket(
     """The text of one stream started on ``/v1/stream``, and its last frame."""
     async with client.ws_connect("/v1/stream") as ws:
         await ws.send_json({"type": "start", "request": request})
-        text = []
-        while True:
-            frame = await asyncio.wait_for(ws.receive_json(), 30)
-            if frame["type"] == "delta":
-                text.append(frame["text"])
-            elif frame["type"] in ("done", "error"):
-                return "".join(text), frame
+        frames: list[dict[str, Any]] = []
+        last = await next_frame(ws, "done", "error", seen=frames, timeout=30)
+        return delta_text(frames), last
 
 
 @pytest.mark.parametrize("endpoint", [*LOCAL_BODIES, "/v1/stream"])
@@ -812,9 +786,8 @@ async def test_a_websocket_closed_mid_relay_cancels_the_upstream_once(servers, f
     client = await front_of(upstream=[f"u={slow.url}"])
     ws = await client.ws_connect("/v1/stream")
     await ws.send_json({"type": "start", "request": _body("hi", model="m")})
-    started = await asyncio.wait_for(ws.receive_json(), 30)
-    while (await asyncio.wait_for(ws.receive_json(), 30))["type"] != "delta":
-        pass
+    started = await next_frame(ws, "started", timeout=30)
+    await next_frame(ws, "delta", timeout=30)
     await ws.close()  # the client goes away mid-stream
     await asyncio.wait_for(slow.closed_by_client.wait(), 30)
     streams = (await (await client.get("/debug/streams")).json())["streams"]
