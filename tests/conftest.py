@@ -208,11 +208,18 @@ def app_over(
     backend: FakeBackend, config: EngineConfig, events: EventSink = null_sink
 ) -> web.Application:
     """The whole application over ``backend``, its engine started on the running loop
-    (``app[CONTEXT].engine``; stop it with :func:`stop_app_engine`)."""
+    (:func:`app_engine`; stop it with :func:`stop_app_engine`)."""
     engine = Engine(backend, engine_settings(config))
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events, loader=fake_loader(config))
     return create_app(ctx)
+
+
+def app_engine(app: web.Application) -> Engine:
+    """The engine of :func:`app_over`'s default model."""
+    model = app[CONTEXT].default_model()
+    assert model is not None, "the default model was unloaded"
+    return model.engine
 
 
 async def stop_app_engine(app: web.Application) -> None:
@@ -232,7 +239,7 @@ async def stop_app_engine(app: web.Application) -> None:
 async def client_of() -> AsyncIterator[Callable[..., Any]]:
     """``make(backend=None, *, config_path=None, events=None, **config_keys)``: the
     whole HTTP server in-process on 127.0.0.1 over the fake backend (a test client;
-    ``client.app[CONTEXT]`` holds its engine), closed after the test. ``events``
+    ``app_engine(client.app)`` is its engine), closed after the test. ``events``
     receives the engine's event-log lines."""
     made: list[TestClient] = []
 

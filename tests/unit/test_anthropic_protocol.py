@@ -27,8 +27,8 @@ from edge_llm.errors import (
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sampling import SamplingDefaults
 from edge_llm.protocol.sse import SSEParser
-from edge_llm.server.context import CONTEXT
 
+from conftest import app_engine
 from fakes import FakeBackend
 
 
@@ -310,7 +310,7 @@ def serve_fake(client_of) -> Callable[..., Awaitable[Served]]:
     async def make(backend: FakeBackend | None = None, **overrides: object) -> Served:
         backend = backend or FakeBackend(FAKE_SCRIPT)
         client = await client_of(backend, **overrides)
-        return Served(client, backend, client.app[CONTEXT].engine)
+        return Served(client, backend, app_engine(client.app))
 
     return make
 

@@ -15,6 +15,8 @@ from aiohttp.test_utils import TestClient
 from edge_llm.engine.engine import Engine
 from edge_llm.server.context import CONTEXT
 
+from conftest import app_engine
+
 KEY = "sk-test"
 QUESTION = [{"role": "user", "content": "hi"}]
 Served = tuple[TestClient, Engine]
@@ -26,7 +28,7 @@ def serve(client_of) -> Callable[..., Awaitable[Served]]:
 
     async def make(**overrides: object) -> Served:
         client = await client_of(api_key=[KEY], **overrides)
-        return client, client.app[CONTEXT].engine
+        return client, app_engine(client.app)
 
     return make
 
