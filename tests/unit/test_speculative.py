@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import pytest
-
 from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.speculative import PromptLookup, verify
@@ -204,19 +202,15 @@ async def test_pause_in_a_run_lets_through_at_most_that_step(engine_of) -> None:
     assert await drain(engine, handle) == uninterrupted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug (issue #31): a PAUSE that lands after a step's draft run was "
-    "sampled and before it is recorded lets the whole run through (9 tokens), not one",
-)
-async def test_pause_between_sampling_and_recording_still_lets_through_one_token(
+async def test_a_pause_cannot_land_between_a_runs_sampling_and_its_recording(
     engine_of,
 ) -> None:
-    """SPEC section 6: after PAUSE at most one more token. ``Engine._unpaused`` is asked
-    between the tokens of a run while they are sampled; a pause that arrives just after
-    (the event loop takes the lock before the engine thread records the run) is not
-    seen there, and ``Output`` records every token of the run as generated while
-    paused. Over HTTP the window is narrow; here the fake backend opens it on purpose."""
+    """SPEC section 6: after PAUSE at most one more token. The engine asks whether a
+    stream is paused between the tokens of its run; a PAUSE arriving just after the
+    run was sampled must not be applied before the run is recorded (it would find the
+    whole run generated while paused). The fake backend sends that PAUSE from another
+    thread, as the event loop does, and gives it a second to land: it must wait until
+    the run is recorded, then pause the stream with no token let through."""
     backend = FakeBackend(script=COPIED)
     backend.gate = threading.Semaphore(0)
     engine = engine_of(backend, FreeDrafts(), speculative=True)
@@ -226,11 +220,21 @@ async def test_pause_between_sampling_and_recording_still_lets_through_one_token
         assert await handle.wait_changed(10.0)
     assert await asyncio.to_thread(backend.at_gate.wait, 10.0)  # the step with a draft of 8
     at_pause = handle.seq.n_generated
-    backend.after_sampling = lambda: engine.pause(handle)  # once its run is sampled
+    pause_landed = threading.Event()
+
+    def pause_from_another_thread() -> None:
+        engine.pause(handle)
+        pause_landed.set()
+
+    def pause_once_sampled() -> None:
+        threading.Thread(target=pause_from_another_thread).start()
+        assert not pause_landed.wait(1.0), "the pause landed before the run was recorded"
+
+    backend.after_sampling = pause_once_sampled
     backend.gate.release(1)
-    while handle.seq.n_generated == at_pause:
-        assert await handle.wait_changed(10.0)
+    assert await asyncio.to_thread(pause_landed.wait, 10.0)
     backend.after_sampling = None
-    assert backend.drafts[-1] == 8  # the step in flight carried a draft the model accepts
+    assert backend.drafts[-1] == 8  # the step carried a draft the model accepts
+    assert handle.seq.n_generated - at_pause == 9  # its run, recorded before the pause
     assert handle.seq.paused
-    assert handle.seq.tokens_while_paused == handle.seq.n_generated - at_pause <= 1
+    assert handle.seq.tokens_while_paused == 0

@@ -37,7 +37,7 @@ from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, Se
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.snapshot import bind_gauges, count_waiting, progress, snapshot, tier_bytes
 from edge_llm.engine.stream import StreamHandle
-from edge_llm.engine.streams import Streams
+from edge_llm.engine.streams import RunGuard, Streams
 from edge_llm.errors import (
     BackendError,
     BackendFailure,
@@ -258,10 +258,14 @@ class Engine:
         self._apply(plan.kv_ops, plan.ended_samplers)  # its KV plan, before the decode
         if not plan:
             return self._idle()
-        results = self._decode(plan)
-        with self._lock:
-            self.output.publish(plan, results)  # tokens, text, rings, the ends of streams
-            pending = self._pending()
+        guard = RunGuard(self._lock, self.streams)
+        try:
+            results = self._decode(plan, guard)
+            with self._lock:
+                self.output.publish(plan, results)  # tokens, text, rings, the ends of streams
+                pending = self._pending()
+        finally:
+            guard.release()
         self._apply(*pending)  # streams that just ended free their cells now
         self._signal_touched()
 
@@ -281,12 +285,12 @@ class Engine:
         """Lock held: KV operations and sampler frees not applied yet, in order."""
         return self.scheduler.take_kv_ops(), self.streams.take_ended_samplers()
 
-    def _decode(self, plan: StepPlan) -> list[ChunkResult]:
+    def _decode(self, plan: StepPlan, guard: RunGuard) -> list[ChunkResult]:
         """Start the new sequences' samplers and decode, timing the step for the cost
         model."""
         self.runner.start(plan.started)
         began = self.clock()
-        results = self.runner.decode(plan, self.streams.unpaused)
+        results = self.runner.decode(plan, guard.unpaused)
         self.scheduler.observe_step(plan, self.clock() - began)
         self.steps += 1
         return results

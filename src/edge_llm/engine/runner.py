@@ -58,7 +58,9 @@ class ModelRunner:
             return [plan.chunks]
         prompt = [c for c in plan.chunks if c.prompt]
         rest = [c for c in plan.chunks if not c.prompt]
-        return [rest, *([c] for c in prompt)] if rest else [[c] for c in prompt]
+        # The tokens' batch last: sampling it may take the engine lock (RunGuard) until
+        # the step is recorded, which a prompt's batch after it would prolong.
+        return [*([c] for c in prompt), rest] if rest else [[c] for c in prompt]
 
     def _isolated(
         self, chunks: list[ScheduledChunk], unpaused: Callable[[str], bool]

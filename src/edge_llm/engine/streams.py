@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -77,9 +78,9 @@ class Streams:
         return limit - len(ring)
 
     def unpaused(self, key: str) -> bool:
-        """Asked without the lock between the tokens of an accepted run: a stream
-        paused while its step ran gets that step's first token only (at most one
-        token after PAUSE). A dict lookup and a bool are atomic reads."""
+        """Asked between the tokens of an accepted run (engine lock held, see
+        :class:`RunGuard`): a stream paused while its step ran gets that step's first
+        token only (at most one token after PAUSE)."""
         handle = self.live.get(key)
         return handle is not None and not handle.seq.paused
 
@@ -184,3 +185,27 @@ def ring_fields(handle: StreamHandle) -> dict[str, Any]:
 def _reason(error: EdgeLLMError | None) -> str | None:
     reason = error.extra.get("reason") if error else None
     return str(reason) if reason else None
+
+
+class RunGuard:
+    """Holds the engine lock from the first question between a run's tokens until the
+    step's output is recorded (:meth:`release`), so a PAUSE lands either before that
+    question (the run stops at its first token) or after the run is recorded, never
+    between its sampling and its recording. Steps without drafts never take it: their
+    one token per stream is the step in flight."""
+
+    def __init__(self, lock: threading.RLock, streams: Streams) -> None:
+        self._lock = lock
+        self._streams = streams
+        self._held = False
+
+    def unpaused(self, key: str) -> bool:
+        if not self._held:
+            self._lock.acquire()
+            self._held = True
+        return self._streams.unpaused(key)
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
