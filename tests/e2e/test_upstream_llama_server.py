@@ -75,7 +75,7 @@ class LlamaServer:
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     binary = _binary()
     if binary is None:
-        pytest.skip("llama-server is not installed: run `make bench-deps` for this variant")
+        pytest.fail("llama-server is not installed: `make test` builds it (`make bench-deps`)")
     server = LlamaServer(binary, tmp_path_factory.mktemp("llama") / "llama-server.log")
     deadline = time.monotonic() + 120
     while not server.ready():
