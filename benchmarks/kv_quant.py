@@ -3,7 +3,7 @@ in room, measured against f16 with the same model, threads and budget.
 
 Usage::
 
-    .venv/bin/python benchmarks/kv_quant.py [--tokens 128] [--json out.json]
+    .venv/bin/python benchmarks/kv_quant.py [--tokens 128] [--json out.json] [--publish]
 
 For each ``kv_cache_type`` (one backend at a time, the per-slot layout ``make run``
 serves):
@@ -20,16 +20,19 @@ serves):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from datetime import UTC, datetime
+from typing import Any
 
 from machine import noise, own_pids, snapshot
+from output import add_output_flags, header, write_outputs
+from rich.console import Console
 
 from edge_llm.bench.prompts import long_text
+from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.engine.backend import BatchItem
 from edge_llm.engine.llama_backend import KV_TYPES, LlamaBackend
 from edge_llm.protocol.sampling import SamplingParams
@@ -130,25 +133,27 @@ def _divergence(answer: list[int], reference: list[int]) -> int | None:
     return next((i for i, (a, r) in enumerate(zip(answer, reference, strict=True)) if a != r), None)
 
 
-def table(figures: list[TypeFigures], f16: TypeFigures) -> str:
-    rows = [
-        "| KV type | bytes/token | tokens in budget | 1,024-token sequences | identical answers "
-        "| first divergence (median token) | mean log-prob (vs f16) | perplexity "
-        "| decode tok/s (vs f16) | prefill tok/s (vs f16) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
+COLUMNS = (
+    "KV type", "bytes/token", "tokens in budget", "1,024-token sequences", "identical answers",
+    "first divergence (median token)", "mean log-prob (vs f16)", "perplexity",
+    "decode tok/s (vs f16)", "prefill tok/s (vs f16)",
+)  # fmt: skip
+
+
+def table(figures: list[TypeFigures], f16: TypeFigures) -> dict[str, Any]:
+    rows = []
     for fig in figures:
         diverged = [d for d in fig.first_divergence if d is not None]
         median = statistics.median(diverged) if diverged else "-"
         logprob = fig.mean_logprob / f16.mean_logprob - 1
         decode, prefill = fig.decode_tok_s / f16.decode_tok_s, fig.prefill_tok_s / f16.prefill_tok_s
-        rows.append(
-            f"| {fig.kv_cache_type} | {fig.kv_bytes_per_token} | {fig.capacity_tokens} "
-            f"| {fig.sequences_of_1024} | {fig.identical_share:.0%} | {median} "
-            f"| {fig.mean_logprob:.4f} ({logprob:+.2%}) | {fig.perplexity:.3f} "
-            f"| {fig.decode_tok_s:.1f} ({decode:.2f}x) | {fig.prefill_tok_s:.0f} ({prefill:.2f}x) |"
-        )
-    return "\n".join(rows)
+        rows.append([
+            fig.kv_cache_type, str(fig.kv_bytes_per_token), str(fig.capacity_tokens),
+            str(fig.sequences_of_1024), f"{fig.identical_share:.0%}", str(median),
+            f"{fig.mean_logprob:.4f} ({logprob:+.2%})", f"{fig.perplexity:.3f}",
+            f"{fig.decode_tok_s:.1f} ({decode:.2f}x)", f"{fig.prefill_tok_s:.0f} ({prefill:.2f}x)",
+        ])  # fmt: skip
+    return table_data("KV cell types against f16", COLUMNS, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,24 +162,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kv-mb", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--json", help="write every figure here")
+    add_output_flags(parser)
     args = parser.parse_args(argv)
-    start = snapshot()
+    started, start = datetime.now(UTC), snapshot()
     figures = [measure(kv_type, args) for kv_type in KV_TYPES]
     compare(figures)
     machine = noise(start, snapshot(), own_pids())
-    print(table(figures, figures[0]))
+    result = table(figures, figures[0])
+    Console(width=200).print(rich_table(result))
     for line in machine.lines():
         print(line)
-    if args.json:
-        document = {
-            "types": [{k: v for k, v in asdict(f).items() if k != "answers"} for f in figures],
-            "machine": {**asdict(machine), "others_share": machine.others_share},
-            "tokens": args.tokens,
-            "threads": args.threads,
-            "kv_mb": args.kv_mb,
-        }
-        Path(args.json).write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    notes = [
+        f"SmolLM2-135M, {args.threads} threads, a {args.kv_mb} MiB budget, the per-slot "
+        f"layout; {args.tokens} greedy tokens after each of {len(PROMPTS)} prompts; "
+        f"speeds best of the prompts (decode) and of {args.repeats} runs (prefill)."
+    ]
+    raw = {
+        "types": [{k: v for k, v in asdict(f).items() if k != "answers"} for f in figures],
+        "tokens": args.tokens,
+        "threads": args.threads,
+        "kv_mb": args.kv_mb,
+    }
+    title = "Quantized KV cache against f16"
+    write_outputs(args, header("kv_quant", title, started, machine, notes), [result], raw)
     return 0
 
 

@@ -18,6 +18,7 @@ from edge_llm.bench.publish import (
     ROOT,
     PublishError,
     check,
+    headline_markers,
     publish,
     render_headline,
     render_index,
@@ -114,3 +115,26 @@ def test_with_no_run_the_readme_points_at_the_history() -> None:
 
 def test_what_the_repository_publishes_is_what_its_stored_runs_generate() -> None:
     assert check(ROOT) == [], "run: .venv/bin/python -m edge_llm.bench.publish --check"
+
+
+def test_another_benchmarks_headline_goes_where_the_readme_marks_it(repo: Path) -> None:
+    begin, end = headline_markers("kv_quant")
+    readme = repo / "README.md"
+    readme.write_text(readme.read_text() + f"\n{begin}\nold\n{end}\n")
+    doc = document("2026-12-03T11:01:05")
+    doc["run"] = {**doc["run"], "benchmark": "kv_quant", "title": "KV types"}
+    publish(doc, root=repo)
+    text = readme.read_text()
+    kv_part = text[text.index(begin) : text.index(end)]
+    assert "| single-stream decode | 104 (96-119) |" in kv_part
+    assert "2026-12-03-kv-quant.md" in kv_part
+    assert "No run has been published" in text  # the llama-server headline still waits
+    assert check(repo) == []
+
+
+def test_a_benchmark_the_readme_does_not_mark_stays_out_of_it(repo: Path) -> None:
+    doc = document("2026-12-03T11:01:05")
+    doc["run"] = {**doc["run"], "benchmark": "soak", "title": "Soak"}
+    publish(doc, root=repo)
+    assert "104 (96-119)" not in (repo / "README.md").read_text()
+    assert check(repo) == []
