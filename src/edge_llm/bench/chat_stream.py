@@ -96,7 +96,13 @@ class ChatStream:
         self._parser = SSEParser()
         self._max_events = options.max_chunks(prompt.max_tokens or options.max_tokens)
         self._events = 0
+        self._content: list[str] = []
         self.finished = False
+
+    @property
+    def text(self) -> str:
+        """The content received so far, concatenated."""
+        return "".join(self._content)
 
     def now(self) -> float:
         """Seconds since this request started."""
@@ -189,6 +195,7 @@ class ChatStream:
             return
         if chunk.content:
             record.chunk_times.append(arrived)
+            self._content.append(chunk.content)
         if chunk.finish_reason:
             record.finish_reason = chunk.finish_reason
         if chunk.usage:

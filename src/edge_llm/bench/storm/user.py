@@ -62,6 +62,7 @@ class StormRecord:
     user_done_at: float | None = None  # when the user was done with it (rendered, closed)
     kind: str = INTERACTIVE  # or batch
     priority: int | None = None  # the priority field sent (None: none)
+    text: str | None = None  # the answer's text, once completed
 
     @property
     def started_at(self) -> float:
@@ -95,6 +96,7 @@ class StormRecord:
             "outcome": self.outcome,
             "tokens_read": self.tokens_read,
             "user_done_at": self.user_done_at,
+            "text": self.text,
             **request,
         }
 
@@ -157,7 +159,7 @@ class TargetRun:
             await asyncio.sleep(min(turn.think_s, max(0.0, settings.duration_s - self.now())))
 
     async def turn(self, profile: UserProfile, turn: Turn) -> None:
-        prompt = turn.prompt(self.settings, f"{self.tag}-r{self.round}-u{turn.user}-t{turn.index}")
+        prompt = turn.prompt(self.settings, turn_tag(self.tag, self.round, turn))
         held: list[tuple[ChatStream, asyncio.Task[None]]] = []
         turn_start = self.now()
         regenerates = 0 if profile.batch else self.settings.max_regenerates
@@ -241,6 +243,7 @@ class TargetRun:
             stream.close()
         if rec.ok and rec.done:
             record.tokens_read = rec.n_output_tokens
+            record.text = stream.text
             self._end(record, "completed")
             return None
         record.tokens_read = rec.n_chunks
@@ -272,6 +275,13 @@ class TargetRun:
             record.user_done_at = self.now()
             self.counters.outcomes[outcome] += 1
             self.on_change()
+
+
+def turn_tag(run_tag: str, round_index: int, turn: Turn) -> str:
+    """The tag a turn's prompt starts with: unique to the run, the round and the turn, so
+    that a prompt cache can reuse nothing between them; a replay with the same tag sends
+    exactly the same text."""
+    return f"{run_tag}-r{round_index}-u{turn.user}-t{turn.index}"
 
 
 async def _until_first_token(stream: ChatStream, epoch: float) -> None:
