@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import signal
 import socket
@@ -102,21 +103,24 @@ class RssSampler:
         raise AssertionError(f"no VmRSS in {self.path}")
 
 
+@pytest.mark.timeout(600)  # 5 s alone; minutes beside two busy loops (flake-check)
 async def test_flood_of_200_connections_leaves_the_engine_serving(engine_factory) -> None:
-    """With the default configuration: 100 normal readers at once, then, while they
-    are served, 100 connections that start a stream and never read it (SSE and
-    WebSocket). The engine is idle when the readers come and admits at once while a
-    slot or a place in the queue is free, so at least max_sequences + max_queue of
-    them are admitted; the rest get a 503 with Retry-After, never a hang or a 5xx.
-    Every admitted reader completes: the admitted ones are ahead of every silent
-    stream in the queue (first come, first served in one class), and the last of them
-    waits for (max_sequences + max_queue) / max_sequences rounds of an 8-token answer,
-    far inside ttft_timeout_ms (10 s). The engine's RSS, sampled every 50 ms from
-    before the flood until the KV is idle again, stays under model + KV budget +
-    150 MB, and once the silent ones go, the engine has freed all KV and serves."""
-    engine = engine_factory()
+    """With the default configuration but for the TTFT time-out: 100 normal readers
+    at once, then, while they are served, 100 connections that start a stream and
+    never read it (SSE and WebSocket). The engine is idle when the readers come and
+    admits at once while a slot or a place in the queue is free, so at least
+    max_sequences + max_queue of them are admitted; the rest get a 503 with
+    Retry-After, never a hang or a 5xx. Every admitted reader completes: with no TTFT
+    time-out (ttft_timeout_ms 0: on a loaded machine a queued reader may wait longer
+    than the default 10 s, and what is served must follow from admission alone, not
+    from the machine's speed) an admitted request is served, and the admitted readers
+    are ahead of every silent stream in the queue (first come, first served in one
+    class). The engine's RSS, sampled every 50 ms from before the flood until the KV
+    is idle again, stays under model + KV budget + 150 MB, and once the silent ones
+    go, the engine has freed all KV and serves."""
+    engine = engine_factory("--ttft-timeout-ms", "0")
     snapshot = engine.debug_streams()
-    defaults = EngineConfig()  # what the engine runs with: no flags, no file
+    defaults = EngineConfig()  # what the engine runs with: no other flag, no file
     slots, max_queue = defaults.scheduler.max_sequences, defaults.scheduler.max_queue
     n_readers = 100
     chat_url = engine.base_url + "/chat/completions"
@@ -149,7 +153,7 @@ async def test_flood_of_200_connections_leaves_the_engine_serving(engine_factory
         )
     n_refused = heads.count(None)
     assert n_readers - n_refused >= min(n_readers, slots + max_queue), f"{n_refused} refused"
-    assert outcomes == ["done"] * len(outcomes)
+    assert outcomes == ["done"] * len(outcomes), collections.Counter(outcomes)
     assert len(rss.samples) >= 10  # sampled during the flood, not only after it
     model_bytes = default_model_path().stat().st_size
     limit = model_bytes + snapshot["kv_budget_bytes"] + MARGIN_BYTES
