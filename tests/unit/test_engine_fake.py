@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
@@ -66,8 +67,8 @@ async def test_client_pause_lets_at_most_the_inflight_token_through(engine_of) -
     backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
     await wait_for(handle, lambda: handle.seq.n_generated >= 3)
     engine.pause(handle)  # the fourth decode may already be waiting at the gate
+    generated_at_pause = handle.seq.n_generated  # read while the gate is still closed
     backend.gate.release(20)
-    generated_at_pause = handle.seq.n_generated
     other = engine.submit(request(max_tokens=10))
     await drain(engine, other)  # the engine kept stepping for the other stream
     assert handle.seq.n_generated <= generated_at_pause + 1
@@ -90,6 +91,39 @@ async def test_cancel_frees_kv_before_the_next_decode(engine_of) -> None:
     assert engine.kv_used_bytes == 0
     assert isinstance(handle.outcome.error, Cancelled)
     assert engine.metrics.cancellations.labels("client")._value.get() == 1
+
+
+async def next_decode_at_gate(backend: FakeBackend) -> None:
+    """Let the decode waiting at the gate run, then wait until the next one waits
+    there (its batch fixed, the step before it recorded)."""
+    n_calls = len(backend.decode_calls)
+    assert backend.gate is not None
+    backend.gate.release(1)
+    while len(backend.decode_calls) == n_calls or not backend.at_gate.is_set():
+        await asyncio.to_thread(backend.at_gate.wait, 0.05)
+
+
+async def test_cancel_frees_the_kv_before_the_very_next_decode(engine_of) -> None:
+    """Step by step: a CANCEL that lands while a decode holding the stream waits at
+    the gate leaves that decode alone; before the next one its generated cells are
+    gone (the prompt's stay as cache) and that decode does not carry it."""
+    backend = FakeBackend()
+    backend.gate = threading.Semaphore(0)
+    engine = engine_of(backend)
+    cancelled = engine.submit(request(max_tokens=1000, n_prompt=8))
+    other = engine.submit(request(max_tokens=1000, n_prompt=8))
+    await asyncio.to_thread(backend.at_gate.wait, 10)
+    while cancelled.seq.n_generated < 3 or other.seq.n_generated < 3:
+        await next_decode_at_gate(backend)
+    slot = cancelled.seq.slot
+    assert backend.cells[slot] > 8  # generated tokens in KV
+    engine.cancel(cancelled, "client")  # the decode at the gate carries it still
+    await next_decode_at_gate(backend)
+    assert backend.cells.get(slot, 0) <= 8  # freed before the decode now at the gate
+    assert slot in backend.released
+    assert cancelled.outcome is not None and isinstance(cancelled.outcome.error, Cancelled)
+    await next_decode_at_gate(backend)
+    assert [s for s, _ in backend.decode_calls[-1]] == [other.seq.slot]
 
 
 async def test_ttft_timeout_interrupts_a_long_prefill_between_chunks(engine_of) -> None:

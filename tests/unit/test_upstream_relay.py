@@ -64,7 +64,8 @@ def _call_chunks(name: str, pieces: list[str]) -> list[bytes]:
 class FakeUpstream:
     """Streams ``texts`` (then ``tool_call``'s chunks), a usage chunk and [DONE]
     for chat and text completions; ``break_after`` drops the connection after
-    that many chunks; ``status`` answers an error instead."""
+    that many chunks; ``status`` answers an error instead; before each chunk whose
+    index is in ``hold_before`` it waits until the test sets ``go``."""
 
     # vLLM sends null prompt_tokens_details
     USAGE: ClassVar[dict[str, Any]] = {
@@ -81,6 +82,7 @@ class FakeUpstream:
         break_after: int | None = None,
         status: int = 200,
         tool_call: tuple[str, list[str]] | None = None,
+        hold_before: tuple[int, ...] = (),
     ) -> None:
         self.texts = texts
         self.break_after = break_after
@@ -89,6 +91,9 @@ class FakeUpstream:
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.closed_by_client = asyncio.Event()
+        self.hold_before = hold_before
+        self.go = asyncio.Event()
+        self.written_all = asyncio.Event()  # the last chunk is written
         self.server = TestServer(self._app())
 
     def _app(self) -> web.Application:
@@ -128,8 +133,12 @@ class FakeUpstream:
                     assert request.transport is not None
                     request.transport.abort()
                     return response
+                if n in self.hold_before:
+                    await self.go.wait()
+                    self.go.clear()
                 await response.write(chunk)
                 await asyncio.sleep(0.01)
+            self.written_all.set()
         except (ConnectionResetError, asyncio.CancelledError):
             self.closed_by_client.set()
             raise
@@ -263,17 +272,24 @@ async def test_cancel_closes_the_upstream_connection(servers, registry) -> None:
 
 
 async def test_pause_stops_reading_until_resume(servers, registry) -> None:
-    source = await servers([f" {n}" for n in range(40)])
+    """A PAUSE lets the read in flight finish (one chunk here) and no other: the
+    source writes everything, and nothing more is read until RESUME."""
+    source = await servers([f" {n}" for n in range(40)], hold_before=(1, 2))
     stream = _stream(registry, _upstream("s", source.url))
     events = stream.events()
     async for event in events:
         if isinstance(event, UpstreamChunk) and event.has_content:
-            break
+            break  # the reader waits in a read: the source holds the next chunk
     stream.pause()
-    await asyncio.sleep(0.3)  # the source goes on writing; nothing more is read
     received = stream.progress.n_received
-    await asyncio.sleep(0.3)
-    assert stream.progress.n_received == received
+    source.go.set()  # one chunk for the read in flight
+    async for event in events:
+        if isinstance(event, UpstreamChunk) and event.has_content:
+            break  # delivered while paused: it was read before the pause took hold
+    assert stream.progress.n_received == received + 1
+    source.go.set()  # then all the rest
+    await asyncio.wait_for(source.written_all.wait(), 30)
+    assert stream.progress.n_received == received + 1
     assert stream.state == "paused"
     stream.resume()
     async for event in events:
