@@ -82,9 +82,9 @@ class EngineProcess:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as response:
             return str(response.read().decode())
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, name: str, *, absent: float | None = None, **labels: str) -> float:
         """A sample of /metrics now (summed over the samples with ``labels``)."""
-        return metric(self.metrics_text(), name, **labels)
+        return metric(self.metrics_text(), name, absent=absent, **labels)
 
     def events(self) -> list[dict[str, Any]]:
         if not self.event_log.exists():

@@ -43,15 +43,18 @@ def delta_text(frames: list[dict[str, Any]]) -> str:
     return "".join(frame["text"] for frame in frames if frame["type"] == "delta")
 
 
-def metric(text: str, name: str, **labels: str) -> float:
+def metric(text: str, name: str, *, absent: float | None = None, **labels: str) -> float:
     """The value of sample ``name`` in Prometheus exposition ``text``, summed over
-    the samples whose labels include ``labels``; fails when there is none."""
+    the samples whose labels include ``labels``; fails when there is none, unless
+    ``absent`` is given (a labelled counter has no sample before its first count)."""
     values = [
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
         if sample.name == name and labels.items() <= sample.labels.items()
     ]
+    if not values and absent is not None:
+        return absent
     assert values, f"{name}{labels or ''} missing from the metrics"
     return float(sum(values))
 

@@ -143,6 +143,6 @@ async def test_top_once_shows_a_paused_stream(
         await ws.send_json({"type": "cancel"})
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith(stream_id[:17]))
-    assert row.split()[2:4] == ["paused", "client"]
+    assert row.split()[2:5] == ["0", "paused", "client"]  # PRIO, STATE, WHY
     assert "engine alive" in out
     assert "pauses client" in out

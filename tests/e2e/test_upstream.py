@@ -203,7 +203,7 @@ async def test_cancel_closes_the_upstream_request_while_it_sends_nothing(
     (it writes nothing more), and the cancel still reaches it, with no token
     generated in between."""
     session = uuid.uuid4().hex
-    cancels_before = front.metric("edge_llm_backend_cancellations_total")
+    cancels_before = front.metric("edge_llm_backend_cancellations_total", absent=0.0)
     body = chat_body(STORY, max_tokens=1000, model=UP_MODEL, user=session)
     async with aiohttp.ClientSession() as client, client.ws_connect(_ws_url(front)) as ws:
         await ws.send_json({"type": "start", "request": body})

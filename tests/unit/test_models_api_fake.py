@@ -90,6 +90,12 @@ async def test_metrics_are_labelled_by_model_only_when_several_are_served(client
     assert 'edge_llm_generated_tokens_total{model="fake"} 0.0' in text
     assert 'edge_llm_model_loads_total{model="b"} 1.0' in text
     assert 'edge_llm_model_loaded{model="b"} 1.0' in text
+    await two.post("/models/unload", json={"model": "b"})
+    unloaded = await two.get("/metrics")  # an unloaded model's gauges read zero
+    assert unloaded.status == 200
+    text = await unloaded.text()
+    assert 'edge_llm_model_loaded{model="b"} 0.0' in text
+    assert 'edge_llm_kv_cache_tier_bytes{model="b",tier="disk"} 0.0' in text
 
 
 async def test_debug_streams_keeps_the_default_models_totals_at_the_top(client_of) -> None:

@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 PREFIX = "edge_llm_"
+# The tiers KV bytes are reported for (kv_cache_tier_bytes{tier}).
+KV_TIERS = ("device_live", "device_cached", "host", "disk")
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
@@ -189,7 +191,7 @@ class EngineMetrics:
 
     def bind_tiers(self, tiers: Callable[[], dict[str, int]]) -> None:
         """``tiers()``: bytes per tier name, read when scraped."""
-        for tier in ("device_live", "device_cached", "host", "disk"):
+        for tier in KV_TIERS:
             self.kv_tier_bytes.labels(tier).set_function(_reader(tiers, tier))
 
     def render(self) -> bytes:
