@@ -91,6 +91,23 @@ async def test_under_the_floor_the_engine_refuses_drops_its_cache_and_cancels_pa
     assert engine.snapshot()["memory_pressure"] is False
 
 
+async def test_of_two_paused_streams_the_least_urgent_is_cancelled_first(engine_of) -> None:
+    backend = FakeBackend(kv_capacity_tokens=4000, max_sequences=4, per_slot=True)
+    engine = engine_of(backend, min_available_bytes=100 * MIB)
+    older = engine.submit(GenerationRequest(list(range(50, 60)), 40, priority=0))
+    background = engine.submit(GenerationRequest(list(range(70, 80)), 40, priority=5))
+    for handle in (older, background):  # the urgent one paused first: the longest
+        await asyncio.wait_for(_first_token(handle), 10)
+        engine.pause(handle)
+    with engine._lock:  # one step of the policy under the floor
+        assert engine.memory._cancel_paused(offloaded=False)
+    await asyncio.wait_for(background.wait_done(), 10)
+    assert background.outcome is not None and background.outcome.error is not None
+    assert background.outcome.error.code == "memory_pressure"
+    assert not older.finished
+    engine.cancel(older, "test")
+
+
 async def _first_token(handle) -> None:  # type: ignore[no-untyped-def]
     while handle.seq.n_generated == 0:
         assert await handle.wait_changed(10.0)

@@ -8,9 +8,11 @@ it where present. Under the floor, in order, each step only while still under it
 
 1. admission stops: new requests get 503 ``memory_pressure`` with ``Retry-After``;
 2. the prefix cache's host tier is dropped, least recently used entry first;
-3. offloaded streams are cancelled, longest paused first (their saved KV is host
-   memory), with the error ``memory_pressure``;
-4. last, paused streams are cancelled, longest paused first, one per check.
+3. offloaded streams are cancelled (their saved KV is host memory), with the error
+   ``memory_pressure``;
+4. last, paused streams are cancelled, one per check.
+
+Of several, the least urgent priority class goes first, then the longest paused.
 
 Running streams are never cancelled for it, and paused ones are not offloaded: on a
 CPU the KV context is allocated once at start, so freeing cells returns no memory
@@ -173,14 +175,15 @@ class MemoryPolicy:
             self.streams.metrics.memory_actions.labels("host_cache_dropped").inc(dropped)
 
     def _cancel_paused(self, offloaded: bool) -> bool:
-        """Cancel the longest-paused (offloaded) stream; whether there was one."""
+        """Cancel a paused (offloaded) stream, of the least urgent class first, then
+        the longest paused; whether there was one."""
         paused = [
             h for h in self.streams.live.values()
             if h.seq.paused_since is not None and h.seq.offloaded == offloaded
         ]  # fmt: skip
         if not paused:
             return False
-        handle = min(paused, key=lambda h: h.seq.paused_since or 0.0)
+        handle = min(paused, key=lambda h: (-h.seq.request.priority, h.seq.paused_since or 0.0))
         error = MemoryPressure("cancelled: device memory is short", reason="memory_pressure")
         self.streams.metrics.memory_actions.labels("stream_cancelled").inc()
         self.streams.finish(handle, error, SequenceState.CANCELLED)
