@@ -137,6 +137,29 @@ def test_a_regenerate_continues_the_finished_slot() -> None:
         d.release(seq, keep=False)
 
 
+def test_a_regenerate_saves_nothing_and_keeps_the_prompts_logits_for_the_next() -> None:
+    """The cells a regenerate drops in its slot are the answer's, which no request
+    may reuse: no save to the host tier delays it. The prompt's kept logits stay with
+    the slot, so the next regenerate needs no decode either."""
+    d = Driver(host_bytes=64 << 20)
+    prompt = [*SYSTEM, *LONG]  # over MIN_SAVED_CELLS
+    seq, _ = d.admit(prompt)
+    d.prefill(seq, len(prompt) - 1)
+    d.generate(seq, 5)
+    d.kv.keep_logits(prompt, "logits")  # as Output does with the first token's
+    d.release(seq)
+    for _ in range(2):
+        admission = d.kv.admit(prompt, len(prompt) + 10)
+        assert admission.seq_id == seq and admission.first_logits == "logits"
+        assert not any(isinstance(op, SaveCache) for op in admission.ops)
+        d.apply(admission.ops)
+        assert len(d.backend.kv[seq]) == len(prompt)
+        d.tokens[seq] = [*prompt, 900]
+        d.backend.decode([BatchItem(seq, [900], len(prompt), False, str(seq))])
+        d.kv.computed(seq, d.tokens[seq], len(prompt) + 1, publish=False)
+        d.release(seq)
+
+
 def test_a_cancelled_stream_keeps_its_prompt_for_the_regenerate() -> None:
     d = Driver()
     prompt = [*SYSTEM, *range(10, 30)]

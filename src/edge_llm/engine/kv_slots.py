@@ -210,7 +210,10 @@ class KvSlots:
                 source = other
         if source.slot is target:
             if target.n_cells > source.usable:
-                ops.extend(self._save(target))
+                # A regenerate keeps the whole prompt here: the cells it drops (the
+                # answer, no other request may reuse them) are not worth a save.
+                if source.usable < target.n_prompt - 1:
+                    ops.extend(self._save(target))
                 n_dropped = target.n_cells - source.usable
                 ops.append(Truncate(target.seq_id, source.usable, n_dropped, "evict"))
         else:
@@ -218,6 +221,7 @@ class KvSlots:
             ops.extend(self._copy(source, target))
         logits = self._logits_of(source)
         self._start(target, tokens, len(tokens), source.usable, total_tokens - source.usable)
+        target.first_logits = logits  # still the prompt's: the next regenerate's too
         tier = source.entry.origin if source.entry is not None else "device"
         return Admission(target.seq_id, source.usable, ops, logits, tier)
 
