@@ -17,26 +17,19 @@ from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.runner import BenchResult, run_levels
 from edge_llm.bench.slow_consumer import SlowConsumerResult
 from edge_llm.bench.stats import Summary
-from edge_llm.bench.svg import Lane, Series, Window, color, ecdf_points, line_chart, timeline
+from edge_llm.bench.svg import (
+    REPORT_CSS,
+    Lane,
+    Series,
+    Window,
+    color,
+    ecdf_points,
+    line_chart,
+    timeline,
+)
 from edge_llm.bench.table import DASH, ms, rate
 
 MAX_LANES_PER_TARGET = 24
-
-_CSS = """
-body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1100px}
-h1{font-size:22px}h2{font-size:18px;margin-top:32px}h3{font-size:15px}
-table{border-collapse:collapse;margin:8px 0 16px}
-td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:right}
-td:first-child,th:first-child,td.text{text-align:left}
-.note{color:#555;font-size:13px}
-svg{display:block;margin:8px 0 16px;background:#fff}
-svg .grid{stroke:#e4e4e4;stroke-width:1}
-svg text{font-size:11px;fill:#333}
-svg .tick{text-anchor:middle}svg .ytick{text-anchor:end}
-svg .label{text-anchor:middle;fill:#555}svg .title{font-weight:bold;font-size:12px}
-svg .lane{text-anchor:end;font-size:10px}svg .failed{fill:#d62728}
-.key span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;opacity:.6}
-"""
 
 
 def render_html(result: BenchResult) -> str:
@@ -50,7 +43,7 @@ def render_html(result: BenchResult) -> str:
     parts.append(_definitions())
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f"<title>edge-llm bench {escape(result.started_at)}</title><style>{_CSS}</style>"
+        f"<title>edge-llm bench {escape(result.started_at)}</title><style>{REPORT_CSS}</style>"
         "</head><body>" + "".join(parts) + "</body></html>"
     )
 

@@ -13,6 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+# The stylesheet of the HTML reports (bench and storm) these charts go into.
+REPORT_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:18px;margin-top:32px}h3{font-size:15px}
+table{border-collapse:collapse;margin:8px 0 16px}
+td,th{border:1px solid #ccc;padding:3px 7px;font-size:13px;text-align:right}
+td:first-child,th:first-child,td.text{text-align:left}
+.note{color:#555;font-size:13px}
+svg{display:block;margin:8px 0 16px;background:#fff}
+svg .grid{stroke:#e4e4e4;stroke-width:1}
+svg text{font-size:11px;fill:#333}
+svg .tick{text-anchor:middle}svg .ytick{text-anchor:end}
+svg .label{text-anchor:middle;fill:#555}svg .title{font-weight:bold;font-size:12px}
+svg .lane{text-anchor:end;font-size:10px}svg .failed{fill:#d62728}
+.key span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;opacity:.6}
+"""
+
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b")
 WINDOW_COLORS = {
     "stall": "#bbbbbb",
