@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import psutil
 
 from conftest import EngineProcess
 from helpers import delta_text, next_frame
@@ -193,3 +195,33 @@ async def pause_stream(
         n_generated_after=paused["n_generated"] - received[0]["n_generated"],
         tokens_while_paused=paused["tokens_while_paused"] - counted,
     )
+
+
+class RssSampler:
+    """A process's resident memory sampled every ``period_s`` on a thread of the test
+    until stopped: the peak is the largest sample, taken while the load ran."""
+
+    def __init__(self, pid: int, period_s: float = 0.05) -> None:
+        self.process = psutil.Process(pid)
+        self.period_s = period_s
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak(self) -> int:
+        return max(self.samples)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append(self.process.memory_info().rss)
+            if self._stop.wait(self.period_s):
+                return

@@ -8,7 +8,6 @@ import asyncio
 import json
 import math
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import STORY, RawSseClient, wait_until
+from support import STORY, RawSseClient, RssSampler, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -71,28 +70,6 @@ def loads(engine: EngineProcess, name: str) -> float:
     return float(found.group(1))
 
 
-class RssSampler:
-    """The server's resident memory, sampled every 10 ms on a thread of the test."""
-
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.01):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def test_switching_models_that_do_not_fit_together_stays_in_the_budget(tmp_path: Path) -> None:
     # Counted: SmolLM2 about 190 MiB, Gemma about 394 MiB (weights, 32 MiB KV, reserve):
     # each fits 420, both do not (measured resident: about 136 and 320 MiB).
@@ -103,7 +80,7 @@ def test_switching_models_that_do_not_fit_together_stays_in_the_budget(tmp_path:
         base = psutil.Process(engine.proc.pid).memory_info().rss
         chat = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
                 "temperature": 0}  # fmt: skip
-        with RssSampler(engine.proc.pid) as rss:
+        with RssSampler(engine.proc.pid, period_s=0.01) as rss:
             for model in ("gemma", "smol", "gemma", "smol"):
                 answer = post(engine, "/v1/chat/completions", {**chat, "model": model})
                 assert answer["model"] == model

@@ -7,8 +7,6 @@ import collections
 import json
 import signal
 import socket
-import threading
-from pathlib import Path
 
 import aiohttp
 import psutil
@@ -17,7 +15,7 @@ import pytest
 from edge_llm.config import EngineConfig
 from edge_llm.engine.llama_backend import default_model_path
 
-from support import RawSseClient, chat_body, wait_until
+from support import RawSseClient, RssSampler, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -65,42 +63,6 @@ async def stalled_ws(session: aiohttp.ClientSession, url: str) -> aiohttp.Client
     ws = await session.ws_connect(url)
     await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=400)})
     return ws  # never read again
-
-
-class RssSampler:
-    """Reads a process's VmRSS from /proc every ``period_s`` on a thread until
-    stopped: the peak is the largest sample, taken while the load ran."""
-
-    def __init__(self, pid: int, period_s: float = 0.05) -> None:
-        self.path = Path(f"/proc/{pid}/status")
-        self.period_s = period_s
-        self.samples: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    @property
-    def peak(self) -> int:
-        return max(self.samples)
-
-    def _run(self) -> None:
-        while True:
-            self.samples.append(self._read())
-            if self._stop.wait(self.period_s):
-                return
-
-    def _read(self) -> int:
-        for line in self.path.read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024  # kB
-        raise AssertionError(f"no VmRSS in {self.path}")
 
 
 @pytest.mark.timeout(600)  # 5 s alone; minutes beside two busy loops (flake-check)
