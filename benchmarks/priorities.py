@@ -41,7 +41,7 @@ from output import add_output_flags, header, write_outputs
 from peer_servers import PeerError, ServerProcess, start_engine
 from rich.console import Console
 
-from edge_llm.bench.chat_stream import ChatStream, RequestOptions
+from edge_llm.bench.chat_stream import ChatStream, RequestOptions, read_stream
 from edge_llm.bench.publish import rich_table, table_data
 from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.runner import discover_model
@@ -198,16 +198,7 @@ async def send_alone(
 ) -> ChatStream:
     """One request on its own, read to the end."""
     record = RequestRecord(target.name, 1, index, prompt.id)
-    stream = ChatStream(target, prompt, options(settings), record)
-    try:
-        async with asyncio.timeout(settings.timeout_s):
-            if await stream.open(0.0):
-                await stream.run_to_end()
-    except TimeoutError:
-        stream.fail_timeout(settings.timeout_s)
-    finally:
-        stream.close()
-    return stream
+    return await read_stream(target, prompt, options(settings), record, epoch=0.0)
 
 
 async def idle_phase(target: Target, watch: ServerWatch, settings: StormSettings, n: int) -> Idle:

@@ -275,6 +275,19 @@ async def run_request(
     clock: Clock = time.perf_counter,
 ) -> RequestRecord:
     """Open, read to the end and return the filled ``record`` (errors recorded)."""
+    return (await read_stream(target, prompt, options, record, epoch=epoch, clock=clock)).record
+
+
+async def read_stream(
+    target: Target,
+    prompt: Prompt,
+    options: RequestOptions,
+    record: RequestRecord,
+    *,
+    epoch: float,
+    clock: Clock = time.perf_counter,
+) -> ChatStream:
+    """As :func:`run_request`, returning the stream read (its text too)."""
     stream = ChatStream(target, prompt, options, record, clock=clock)
     try:
         async with asyncio.timeout(options.timeout_s):
@@ -284,4 +297,4 @@ async def run_request(
         stream.fail_timeout(options.timeout_s)
     finally:
         stream.close()
-    return record
+    return stream
