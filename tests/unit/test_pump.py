@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from edge_llm.engine.engine import Engine, EngineSettings
-from edge_llm.engine.sequence import GenerationRequest
-from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
+from edge_llm.engine.sequence import GenerationRequest, PauseCause
+from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged
 from edge_llm.server.pump import PumpSettings, pump
 
 from fakes import FakeBackend
@@ -56,4 +56,22 @@ async def test_heartbeat_while_no_token_flows(engine) -> None:
     assert first.state in ("queued", "prefill")  # the decode is held: no token yet
     assert (first.prefill_done, first.prefill_total) == (0, 3)
     engine.backend.gate.release(100)  # type: ignore[attr-defined]
+    await stream.aclose()
+
+
+async def test_with_progress_a_pause_is_reported_before_the_tokens_still_in_the_ring(
+    engine,
+) -> None:
+    gate = engine.backend.gate = threading.Semaphore(0)  # type: ignore[attr-defined]
+    handle = engine.submit(GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=50))
+    while len(handle.ring.peek(2)) < 2:  # two tokens wait, unsent, when the pause lands
+        gate.release()
+        await handle.wait_changed(None)
+    assert engine.pause(handle, PauseCause.PREEMPTED)
+    stream = pump(engine, handle, PumpSettings(heartbeat_interval_s=60.0), progress=True)
+    events = [await anext(stream) for _ in range(3)]
+    assert events[0] == PauseChanged("preempted")
+    assert isinstance(events[1], Heartbeat) and events[1].state == "preempted"
+    assert isinstance(events[2], Delta)
+    gate.release(100)
     await stream.aclose()

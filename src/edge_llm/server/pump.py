@@ -8,14 +8,15 @@ stops the pump, the ring fills, and the engine pauses that sequence alone.
 While no token flows a :class:`Heartbeat` carries the stream's progress
 (``Engine.progress``) every ``heartbeat_interval_s``; with ``progress`` on, one
 also comes whenever the stream's state or prefill count changes (queued, prefill
-chunk by chunk, preempted, decoding again), so a client can show each step.
+chunk by chunk, preempted, decoding again), so a client can show each step; a pause
+is reported at once, even while earlier tokens are still being written.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.stream import StreamHandle
@@ -38,15 +39,20 @@ async def pump(
     reported_step: tuple[str, int] | None = None
     last_sent = time.monotonic()
     held_since: float | None = None
-    carried_tokens = 0
-    carried_logprobs: list[TokenLogprob] = []
+    carried = _Carried()
     wants_logprobs = handle.seq.request.sampling.n_logprobs is not None
-    n_deltas = 0
     while True:
         cause = None if handle.finished else _cause(handle)
         if cause != reported_cause:
             reported_cause = cause
             yield PauseChanged(cause)
+            if progress and not handle.finished:
+                # Tokens may still wait in the ring: a short preemption would pass unseen
+                # if its progress event waited for them to drain.
+                beat = _heartbeat(engine, handle)
+                reported_step = _step(beat.state, beat.prefill_done)
+                yield beat
+                last_sent = time.monotonic()
         pieces = handle.ring.peek(settings.chunk_tokens)
         if pieces:
             now = time.monotonic()
@@ -56,23 +62,15 @@ async def pump(
                 await handle.wait_changed(held_since + settings.flush_interval_s - now)
                 continue
             held_since = None
-            text = "".join(pieces)
-            if wants_logprobs:
-                carried_logprobs.extend(handle.ring.peek_logprobs(len(pieces)))
-            if text:
-                logprobs = tuple(carried_logprobs)
-                yield Delta(text, carried_tokens + len(pieces), n_deltas, logprobs)
-                n_deltas += 1
-                carried_tokens = 0
-                carried_logprobs.clear()
+            logprobs = handle.ring.peek_logprobs(len(pieces)) if wants_logprobs else []
+            if delta := carried.delta("".join(pieces), len(pieces), logprobs):
+                yield delta
                 last_sent = time.monotonic()
-            else:
-                carried_tokens += len(pieces)  # a character still incomplete: send with the next
             engine.consumed(handle, len(pieces))
             continue
         if handle.outcome is not None:
-            if handle.outcome.tail or carried_logprobs:
-                yield Delta(handle.outcome.tail, carried_tokens, n_deltas, tuple(carried_logprobs))
+            if handle.outcome.tail or carried.logprobs:
+                yield carried.last(handle.outcome.tail)
             yield Finished(handle.outcome)
             return
         step = _step(handle.seq.public_state(), handle.seq.n_prefilled)
@@ -84,6 +82,29 @@ async def pump(
             last_sent = time.monotonic()
             continue
         await handle.wait_changed(settings.heartbeat_interval_s - idle)
+
+
+@dataclass
+class _Carried:
+    """Tokens read whose text is not sent yet (a character still incomplete: it goes
+    with the next delta), their log-probabilities, and the deltas sent so far."""
+
+    tokens: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    n_deltas: int = 0
+
+    def delta(self, text: str, n_tokens: int, logprobs: list[TokenLogprob]) -> Delta | None:
+        """The delta to send for ``n_tokens`` more tokens, None while no text is whole."""
+        self.logprobs.extend(logprobs)
+        self.tokens += n_tokens
+        return self.last(text) if text else None
+
+    def last(self, text: str) -> Delta:
+        delta = Delta(text, self.tokens, self.n_deltas, tuple(self.logprobs))
+        self.n_deltas += 1
+        self.tokens = 0
+        self.logprobs.clear()
+        return delta
 
 
 def _step(state: str, prefill_done: int) -> tuple[str, int]:
