@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
-from edge_llm.engine.engine import Engine
+from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.priorities import AGING_S, next_in_line, prefill_order
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence
 from edge_llm.engine.stream import StreamHandle
 
 from fakes import FakeBackend, drain
+from helpers import Recorder
 
 
 def seq(name: str, priority: int = 0, session: str | None = None, at: float = 0.0) -> Sequence:
@@ -88,3 +89,30 @@ async def test_the_same_class_never_preempts_and_the_bound_holds(engine_of) -> N
     await asyncio.gather(*(first_token(h) for h in running))
     await drain(same, same.submit(request(3, max_tokens=4)))
     assert all(h.seq.preemptions == 0 for h in running)
+
+
+async def test_a_preempted_stream_stays_preempted_until_it_runs_again_and_keeps_its_place(
+    engine_of,
+) -> None:
+    """Its resume is reported when it can come back (the urgent request has ended), not
+    when the urgent one starts; a request of its class arriving meanwhile waits."""
+    events = Recorder()
+    slow = FakeBackend(range(10, 1010), kv_capacity_tokens=2 * 1200, max_sequences=2, per_slot=True)
+    slow.step_delay_s = 0.001  # the streams around the urgent one outlast it many times over
+    engine = Engine(slow, EngineSettings(max_queue=4), events=events)
+    engine.start(asyncio.get_running_loop())
+    try:
+        neighbour = engine.submit(request(3, max_tokens=1000))
+        background = engine.submit(request(5, max_tokens=500))
+        readers = [asyncio.create_task(drain(engine, h)) for h in (neighbour, background)]
+        await asyncio.gather(first_token(neighbour), first_token(background))
+        urgent = engine.submit(request(0, max_tokens=8))
+        await events.wait_for("offloaded")  # the background stream, preempted
+        same_class = engine.submit(request(5, max_tokens=4))
+        await asyncio.gather(drain(engine, urgent), drain(engine, same_class))
+    finally:
+        await asyncio.to_thread(engine.stop)
+        await asyncio.gather(*readers)
+    order = [(line["event"], line["request_id"]) for line in events.lines]
+    assert order.index(("end", urgent.id)) < order.index(("resumed", background.id))
+    assert order.index(("restored", background.id)) < order.index(("scheduled", same_class.id))

@@ -182,13 +182,20 @@ class PreemptionPolicy:
         return True
 
     def _give_back(self) -> None:
-        """Preempted streams no waiting request outranks resume (restored first)."""
+        """A preempted stream no waiting request outranks resumes once it can come
+        back (restored first, this very step): until then its client is told it is
+        preempted, not that it runs. One per step: the room it saw is its own."""
+        if self.scheduler.restoring:
+            return
         waiting = [w.priority for w in self.scheduler.waiting]
         for seq in list(self.scheduler.offloaded):
             handle = self.streams.live.get(seq.id)
             if handle is None or not seq.preempted or any(p < seq.priority for p in waiting):
                 continue
+            if not self.scheduler.can_restore(seq):
+                return
             since = seq.pause_causes[PauseCause.PREEMPTED]
             preempted_s = self.streams.clock() - since
             self.streams.metrics.preempted_seconds.labels(str(seq.priority)).inc(preempted_s)
             self.streams.remove_pause(handle, PauseCause.PREEMPTED)
+            return

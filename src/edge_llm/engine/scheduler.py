@@ -149,6 +149,19 @@ class Scheduler:
         """A slot aside, whether KV for ``seq`` can be had now (evicting cache)."""
         return self.kv.can_admit(seq.request.prompt_tokens, self.reservation(seq))
 
+    def can_restore(self, seq: Sequence) -> bool:
+        """Whether the offloaded ``seq`` could come back now: a slot and its KV are free."""
+        return self._has_slot and self.kv.can_restore(self.reservation(seq))
+
+    def _may_start(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may start now: no offloaded stream comes back before it (a
+        resumed one, or a preempted one of its class or a more urgent one: it holds its
+        place while it waits for room), and a slot and its KV are free."""
+        returns_first = self._resumed_offloaded() or any(
+            s.preempted and s.priority <= seq.priority for s in self.offloaded
+        )
+        return not returns_first and self._has_slot and self.fits(seq)
+
     def add(self, seq: Sequence, now: float) -> None:
         """Admit a new sequence at once if a slot and its KV are free, else queue
         it; or raise the admission error the client gets."""
@@ -161,7 +174,7 @@ class Scheduler:
                 kv_tokens_needed=need,
                 kv_tokens_budget=self.kv.sequence_tokens,
             )
-        if not self.waiting and not self._resumed_offloaded() and self._has_slot and self.fits(seq):
+        if not self.waiting and self._may_start(seq):
             self._admit(seq, now)
             self._started.append(seq)
             return
@@ -226,9 +239,9 @@ class Scheduler:
 
     def _admit_waiting(self, now: float) -> list[Sequence]:
         started = []
-        while self.waiting and self._has_slot and not self._resumed_offloaded():
+        while self.waiting:
             seq = next_in_line(self.waiting, self.running, now)
-            if not self.fits(seq):
+            if not self._may_start(seq):
                 break  # in order: a large request is not starved by smaller ones behind it
             self.waiting.remove(seq)
             self._admit(seq, now)
@@ -275,7 +288,7 @@ class Scheduler:
         for KV or a slot."""
         resumed = self._resumed_offloaded()
         if resumed:
-            return not (self._has_slot and self.kv.can_restore(self.reservation(resumed[0])))
+            return not self.can_restore(resumed[0])
         head = self.next_in_line(self._now)
         return head is not None and not (self._has_slot and self.fits(head))
 
@@ -300,9 +313,9 @@ class Scheduler:
     def _restore_resumed(self) -> None:
         """Offloaded sequences that were resumed come back first (they are older)."""
         for seq in self._resumed_offloaded():
-            need = self.reservation(seq)
-            if not (self._has_slot and self.kv.can_restore(need)):
+            if not self.can_restore(seq):
                 break
+            need = self.reservation(seq)
             admission = self.kv.restore(seq.id, seq.num_computed, need, seq.token_ids, seq.n_prompt)
             self._kv_ops.extend(admission.ops)
             seq.slot, seq.kv_reserved_tokens, seq.offloaded = admission.seq_id, need, False
