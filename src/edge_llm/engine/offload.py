@@ -187,10 +187,9 @@ class PreemptionPolicy:
         preempted, not that it runs. One per step: the room it saw is its own."""
         if self.scheduler.restoring:
             return
-        waiting = [w.priority for w in self.scheduler.waiting]
-        for seq in list(self.scheduler.offloaded):
+        for seq in self.scheduler.preempted_due():
             handle = self.streams.live.get(seq.id)
-            if handle is None or not seq.preempted or any(p < seq.priority for p in waiting):
+            if handle is None:
                 continue
             if not self.scheduler.can_restore(seq):
                 return

@@ -286,7 +286,7 @@ class Scheduler:
     def head_blocked(self) -> bool:
         """The next in line (a resumed offloaded stream, else the queue's head) waits
         for KV or a slot."""
-        resumed = self._resumed_offloaded()
+        resumed = self._resumed_offloaded() or self.preempted_due()
         if resumed:
             return not self.can_restore(resumed[0])
         head = self.next_in_line(self._now)
@@ -304,6 +304,15 @@ class Scheduler:
 
     def _resumed_offloaded(self) -> list[Sequence]:
         return [s for s in self.offloaded if not s.paused]
+
+    def preempted_due(self) -> list[Sequence]:
+        """Preempted streams no waiting request outranks: each comes back as soon as
+        there is room for it (``PreemptionPolicy``), oldest first."""
+        waiting = [w.priority for w in self.waiting]
+        return [
+            s for s in self.offloaded
+            if s.preempted and not any(p < s.priority for p in waiting)
+        ]  # fmt: skip
 
     @property
     def restoring(self) -> bool:
