@@ -271,3 +271,21 @@ def test_a_request_ended_while_it_waits_for_a_prefix_attaches_nothing() -> None:
         run_step(scheduler)
     assert first.state is SequenceState.DECODING
     assert second.num_computed == 0 and scheduler.kv.num_reserved == reserved
+
+
+def test_a_preempted_stream_due_back_goes_before_its_class_and_is_made_room_for() -> None:
+    scheduler = make_scheduler(max_sequences=3, max_queue=4, kv_tokens=100)
+    big = make_seq(20, max_tokens=40, name="big")
+    scheduler.add(big, 0.0)
+    scheduler.add(make_seq(20, max_tokens=10, name="holder"), 0.0)
+    run_step(scheduler)
+    big.add_pause(PauseCause.PREEMPTED, 0.0)  # as PreemptionPolicy does: pause, then offload
+    scheduler.offload(big)
+    urgent = Sequence(GenerationRequest(list(range(40)), 10, priority=-1), "urgent", created_at=0.0)
+    scheduler.add(urgent, 0.0)  # more urgent: it starts in the room big left (20 cells free)
+    assert urgent in scheduler.running
+    small = make_seq(5, max_tokens=10, name="small")  # would fit in the 20 free cells
+    scheduler.add(small, 0.0)
+    assert small in scheduler.waiting  # big, of its class, comes back first
+    assert scheduler.preempted_due() == [big]
+    assert scheduler.head_blocked  # so the engine offloads paused streams to make its room
