@@ -284,11 +284,11 @@ class Scheduler:
 
     @property
     def head_blocked(self) -> bool:
-        """The next in line (a resumed offloaded stream, else the queue's head) waits
-        for KV or a slot."""
-        resumed = self._resumed_offloaded() or self.preempted_due()
-        if resumed:
-            return not self.can_restore(resumed[0])
+        """The next in line (a resumed offloaded stream, or a preempted one due back,
+        else the queue's head) waits for KV or a slot."""
+        returning = self._resumed_offloaded() or self.preempted_due()
+        if returning:
+            return not self.can_restore(returning[0])
         head = self.next_in_line(self._now)
         return head is not None and not (self._has_slot and self.fits(head))
 
