@@ -87,6 +87,8 @@ class FakeBackend:
         self.max_sequences = max_sequences
         self.num_seq_ids = max_sequences if per_slot else 2 * max_sequences
         self.template_has_tools = False
+        self.n_threads = 1
+        self.thread_counts: list[int] = []  # each set_threads call
         self.kv_cache_type = "f16"
         self.state_fingerprint = f"fake-{'slots' if per_slot else 'pool'}"
         self.script = list(script)
@@ -104,6 +106,10 @@ class FakeBackend:
         self.released: list[int] = []
         self.params: dict[str, SamplingParams] = {}  # each sequence's sampling, as started
         self.embedders: list[FakeEmbedder] = []
+
+    def set_threads(self, n_threads: int) -> None:
+        self.n_threads = n_threads
+        self.thread_counts.append(n_threads)
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         return [100 + (ord(ch) % 800) for ch in text]

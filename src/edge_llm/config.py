@@ -275,6 +275,11 @@ class ModelConfig(_Section):
         description="llama.cpp threads for decode and prefill",
         json_schema_extra={DOC_DEFAULT: "the CPU count"},
     )
+    adaptive_threads: bool = Field(
+        True,
+        description="Decode on fewer threads while other processes keep the cores busy "
+        "(measured from the threads' run-queue delay, Linux); the text does not change",
+    )
     verbose: bool = Field(False, description="Let llama.cpp log to stderr (silenced otherwise)")
     min_available_mb: int = Field(
         0,

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import jsonschema
 import llama_cpp as llama
+import numpy as np
 import pytest
 
 from edge_llm.engine.backend import BatchItem, Sampled
@@ -14,7 +15,7 @@ from edge_llm.engine.llama_backend import LlamaBackend
 from edge_llm.errors import BackendError, InvalidRequest
 from edge_llm.protocol.sampling import SamplingParams
 
-from support import STORY
+from support import COPY, STORY
 
 pytestmark = pytest.mark.e2e
 
@@ -386,3 +387,32 @@ def test_a_corrupted_restore_changes_the_story(per_slot: LlamaBackend, story: li
         corrupted = story_run(per_slot, corrupt)
         assert corrupted[:SAVED_AT] == story[:SAVED_AT]
         assert corrupted != story, corrupt.__name__
+
+
+def test_the_thread_count_changes_no_logit(backend: LlamaBackend) -> None:
+    """The engine decodes on fewer threads while other processes hold the cores
+    (engine/threads.py); llama.cpp computes each output row on one thread, so the
+    logits of a prefill and of each decode step are the same bits on 1 or 2 threads."""
+
+    def logits(threads_at: Callable[[int], int]) -> list[np.ndarray]:
+        prompt = backend.tokenize(COPY, add_special=True)
+        backend.start_sequence("0", SamplingParams(temperature=0.0))
+        try:
+            backend.set_threads(threads_at(0))
+            [first] = backend.decode([BatchItem(0, prompt, 0, True, "0", keep_logits=True)])
+            rows, token = [first.logits], first.token
+            for step in range(1, 16):
+                backend.set_threads(threads_at(step))
+                item = BatchItem(0, [token], len(prompt) + step - 1, True, "0", keep_logits=True)
+                [sampled] = backend.decode([item])
+                rows.append(sampled.logits)
+                token = sampled.token
+            return rows
+        finally:
+            release(backend, 0)
+            backend.set_threads(2)
+
+    two = logits(lambda step: 2)
+    switching = logits(lambda step: 1 + step % 2)
+    assert len(backend.tokenize(COPY, add_special=True)) > 64  # a batched prefill
+    assert all(np.array_equal(a, b) for a, b in zip(two, switching, strict=True))

@@ -76,6 +76,7 @@ class Backend(Protocol):
     kv_cache_type: str  # f16, q8_0 or q4_0
     state_fingerprint: str  # what a saved state depends on: only such states load
     template_has_tools: bool  # the chat template renders ``tools`` itself
+    n_threads: int  # llama.cpp threads decoding now
 
     def tokenize(self, text: str, *, add_special: bool) -> list[int]:
         """Token ids of ``text``; special tokens in the text are parsed."""
@@ -146,6 +147,10 @@ class Backend(Protocol):
 
     def load_state(self, slot: int, state: bytes) -> None:
         """Restore a saved state into an empty slot. Raises :class:`BackendError`."""
+        ...
+
+    def set_threads(self, n_threads: int) -> None:
+        """Decode and prefill on ``n_threads`` threads from the next decode on."""
         ...
 
     def close(self) -> None: ...

@@ -176,6 +176,7 @@ class LlamaBackend:
         self._model = self._load_model(path)
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
+        self.n_threads = n_threads
         # Spare ids keep cached prefixes; llama.cpp needs a batch as large as n_seq_max.
         spare = min(_LLAMA_MAX_SEQ, 2 * max_sequences, max(max_sequences, max_batch_tokens))
         self.num_seq_ids = spare if kv_unified else max_sequences
@@ -467,6 +468,10 @@ class LlamaBackend:
         declared = _finite_float(self._meta(f"{self.info.architecture}.pooling_type"))
         pooling = int(declared) if declared is not None else None
         return LlamaEmbedder(self._model, self.info.n_vocab, pooling, max_tokens, n_threads)
+
+    def set_threads(self, n_threads: int) -> None:
+        llama.llama_set_n_threads(self._ctx, n_threads, n_threads)
+        self.n_threads = n_threads
 
     def close(self) -> None:
         for key in list(self._samplers):

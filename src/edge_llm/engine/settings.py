@@ -36,6 +36,7 @@ class EngineSettings:
     min_available_bytes: int = 0  # device memory floor (0: not watched)
     deterministic: bool = False  # batch- and speculation-invariant decode (Scheduler._pad)
     max_preemptions: int = 3  # times one stream may be preempted (0: never)
+    adaptive_threads: bool = True  # fewer decode threads under CPU contention (threads.py)
 
 
 def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerLimits:

@@ -31,6 +31,7 @@ def snapshot(engine: Engine, now: float) -> dict[str, Any]:
         "kv_disk_cache_skipped": engine.disk.skipped if engine.disk is not None else 0,
         "kv_layout": "per_slot" if kv.per_slot else "pool",
         **memory_fields(engine),
+        "decode_threads": engine.backend.n_threads,
         "kv_budget_bytes": kv.capacity_bytes,
         "kv_reserved_bytes": kv.reserved_bytes,
         "kv_bytes_per_token": kv.bytes_per_token,
@@ -111,6 +112,7 @@ def bind_gauges(engine: Engine) -> None:
     )
     metrics.bind_tiers(engine.tier_bytes)
     metrics.memory_available.set_function(engine.locked(_memory_available))
+    metrics.decode_threads.set_function(lambda: engine.backend.n_threads)
 
 
 def _memory_available(engine: Engine) -> float:

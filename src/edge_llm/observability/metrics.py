@@ -89,6 +89,11 @@ class EngineMetrics:
             "Device memory available at the last check (cgroup room or MemAvailable)",
             registry=r,
         )
+        self.decode_threads = Gauge(
+            PREFIX + "decode_threads",
+            "llama.cpp threads decoding now (fewer while other processes hold the cores)",
+            registry=r,
+        )
         self.memory_actions = Counter(
             PREFIX + "memory_pressure_actions",
             "What the engine did under min_available_mb besides refusing requests "

@@ -76,6 +76,7 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         deterministic=sched.deterministic,
         max_preemptions=sched.max_preemptions,
         min_available_bytes=config.model.min_available_mb * 1024 * 1024,
+        adaptive_threads=config.model.adaptive_threads,
     )
 
 
