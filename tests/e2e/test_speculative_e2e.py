@@ -96,12 +96,14 @@ async def test_stop_strings_and_max_tokens_inside_accepted_runs(engines) -> None
 
 async def test_a_json_schema_grammar_holds_with_drafts(engines) -> None:
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-    prompt = "Tom is 31 and lives in Paris. Describe Tom, 31, who lives in Paris, as JSON."
+    # A copy: its drafts are accepted however the measured step costs price them (one
+    # thread or two, a loaded machine or not); a description had one or two accepted.
+    prompt = 'Repeat this JSON exactly: {"name": "Tom", "age": 31, "city": "Paris"}'
     before = engines["on"].metric(ACCEPTED)
     off, on = await both(engines, chat_body(prompt, max_tokens=60, response_format=fmt))
     jsonschema.validate(json.loads(text_of(on)), PERSON)
     assert text_of(on) == text_of(off)
-    assert engines["on"].metric(ACCEPTED) > before  # some drafts were checked by the grammar
+    assert engines["on"].metric(ACCEPTED) - before >= 8  # drafts checked by the grammar
 
 
 async def test_pause_inside_a_run_lets_through_at_most_one_token(engines) -> None:
