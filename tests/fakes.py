@@ -132,8 +132,9 @@ class FakeBackend:
     def json_schema_grammar(self, schema: dict[str, Any] | None) -> str:
         """Not GBNF: the schema itself, for tests to see what reached the engine;
         refuses a ``type`` JSON schema does not know, as the real converter does."""
-        if schema is not None and schema.get("type", "object") not in _JSON_TYPES:
-            raise InvalidRequest(f"unsupported JSON schema type {schema.get('type')!r}")
+        kind = "object" if schema is None else schema.get("type", "object")
+        if not isinstance(kind, str) or kind not in _JSON_TYPES:
+            raise InvalidRequest(f"unsupported JSON schema type {kind!r}")
         return "fake-grammar " + json.dumps(schema)
 
     @property

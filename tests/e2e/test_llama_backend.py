@@ -229,6 +229,7 @@ def test_a_grammar_llama_cpp_cannot_parse_fails_that_slot_before_any_decode(
 def test_unconvertible_schemas_are_invalid_requests(backend: LlamaBackend) -> None:
     for schema in (
         {"type": "strnig"},
+        {"type": {}},  # found by the fuzzer over the fake backend
         {"type": "string", "maxLength": 10**9},
         {"$ref": "http://x"},
     ):

@@ -148,6 +148,15 @@ def test_a_type_that_is_an_object_is_a_400(server: FakeServer, path: str, field:
         check_reply(path, reply)
 
 
+def test_a_json_format_whose_type_is_an_object_is_a_400(server: FakeServer) -> None:
+    """Found by the fuzzer: ``"format": {"type": {}}`` reached a set lookup in the
+    fake backend (llama.cpp's converter refuses it: test_llama_backend.py)."""
+    body = {**BASE_BODIES["/api/chat"], "format": {"type": {}}}
+    reply = post_raw(server.url, "/api/chat", _json(body))
+    assert reply.status == 400, reply
+    check_reply("/api/chat", reply)
+
+
 @given(data=st.data())
 @FUZZ
 def test_no_body_on_any_endpoint_gets_a_5xx(server: FakeServer, data: st.DataObject) -> None:
