@@ -158,6 +158,45 @@ def test_a_json_schema_grammar_keeps_greedy_and_sampled_output_valid(backend: Ll
         jsonschema.validate(json.loads(text_of(backend, out)), PERSON)
 
 
+def test_a_grammar_checks_every_draft_position_and_keeps_only_accepted_tokens(
+    backend: LlamaBackend,
+) -> None:
+    """Speculation under a JSON-schema grammar, without the engine's cost model (which
+    may decide drafts do not pay): a draft of the grammar's own greedy tokens is
+    accepted whole; a draft with a token the grammar forbids stops there with the
+    grammar's token, and the rest of the output is the one decoded without drafts."""
+    params = SamplingParams(grammar=backend.json_schema_grammar(PERSON))
+    plain = [s.token for s in generate(backend, [params], ASK_JSON, 80)[0]]
+    assert backend.is_end_of_generation(plain[-1]) and len(plain) > 12
+    prompt = backend.tokenize(
+        backend.render_chat([{"role": "user", "content": ASK_JSON}]), add_special=True
+    )
+    eog = plain[-1]  # the grammar forbids it before the object is complete
+    backend.start_sequence("0", params)
+    try:
+        (first,) = backend.decode([BatchItem(0, prompt, 0, True, "0")])
+        pos = len(prompt)
+        whole = plain[1:6]
+        (run,) = backend.decode_runs([BatchItem(0, [first.token, *whole], pos, True, "0", 5)])
+        assert [s.token for s in run] == plain[1:7]  # five drafts accepted, one more sampled
+        pos += 6
+        forbidden = [*plain[7:9], eog, *plain[10:12]]
+        (run,) = backend.decode_runs(
+            [BatchItem(0, [plain[6], *forbidden], pos, True, "0", len(forbidden))]
+        )
+        assert [s.token for s in run] == plain[7:10]  # two accepted, then the grammar's own
+        pos += 3
+        backend.truncate(0, pos)  # the rejected draft's cells
+        out = [s.token for s in run]
+        while not backend.is_end_of_generation(out[-1]):
+            (next_,) = backend.decode([BatchItem(0, [out[-1]], pos, True, "0")])
+            out.append(next_.token)
+            pos += 1
+        assert plain[:7] + out == plain
+    finally:
+        release(backend, 0)
+
+
 def test_one_slots_grammar_does_not_change_the_other_slots_tokens(backend: LlamaBackend) -> None:
     grammar = backend.json_schema_grammar(PERSON)
     plain = SamplingParams()
