@@ -55,7 +55,8 @@ $(GEMMA_GGUF): | $(STAMP)
 agent-clis: install
 	scripts/install-agent-clis.sh $(VENV)
 
-# llama.cpp's own server, the peer in benchmarks/ (not needed by `make test`).
+# llama.cpp's own server: the peer in benchmarks/, and the real upstream of the relay
+# tests that `make test` runs (tests/e2e/test_upstream_llama_server.py).
 bench-deps: install
 	scripts/install-llama-server.sh $(PY)
 
