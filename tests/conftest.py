@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from edge_llm.config import EngineConfig, load_config
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.prefill_budget import StepCosts
-from edge_llm.engine.threads import RunDelaySource
+from edge_llm.engine.threads import CoreReadings
 from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
@@ -183,22 +183,22 @@ def engine_factory(tmp_path: Path) -> Iterator[EngineFactory]:
 
 @pytest.fixture
 async def engine_of() -> AsyncIterator[object]:
-    """``make(backend=None, costs=None, run_delay=None, **settings)``: a started engine
+    """``make(backend=None, costs=None, cores=None, **settings)``: a started engine
     over the fake backend, stopped (its gate opened) after the test. ``costs`` replaces
-    the measured step costs before the engine starts; ``run_delay`` stands for the
-    decode threads' run-queue delay."""
+    the measured step costs before the engine starts; ``cores`` stands for what the
+    thread governor reads of the cores."""
     engines: list[Engine] = []
 
     def make(
         backend: FakeBackend | None = None,
         costs: StepCosts | None = None,
-        run_delay: RunDelaySource | None = None,
+        cores: CoreReadings | None = None,
         **settings: object,
     ) -> Engine:
         engine = Engine(
             backend or FakeBackend(),  # type: ignore[arg-type]
             EngineSettings(**settings),  # type: ignore[arg-type]
-            run_delay=run_delay,
+            cores=cores,
         )
         if costs is not None:
             engine.scheduler.prefill_budget.costs = costs

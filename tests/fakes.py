@@ -89,6 +89,7 @@ class FakeBackend:
         self.template_has_tools = False
         self.n_threads = 1
         self.thread_counts: list[int] = []  # each set_threads call
+        self.decode_threads: list[int] = []  # the thread count of each decode
         self.kv_cache_type = "f16"
         self.state_fingerprint = f"fake-{'slots' if per_slot else 'pool'}"
         self.script = list(script)
@@ -173,6 +174,7 @@ class FakeBackend:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)  # stands for the time a real decode takes
         self.decode_calls.append([(item.slot, len(item.tokens)) for item in items])
+        self.decode_threads.append(self.n_threads)
         if any(item.slot in self.fail_slots for item in items):
             raise BackendError("injected failure")
         if self.num_used_cells + sum(len(i.tokens) for i in items) > self.kv_capacity_tokens:

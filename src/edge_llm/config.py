@@ -278,7 +278,8 @@ class ModelConfig(_Section):
     adaptive_threads: bool = Field(
         True,
         description="Decode on fewer threads while other processes keep the cores busy "
-        "(measured from the threads' run-queue delay, Linux); the text does not change",
+        "(counted from the run queue before the first step after idle, then measured from "
+        "the threads' run-queue delay; Linux); the text does not change",
     )
     verbose: bool = Field(False, description="Let llama.cpp log to stderr (silenced otherwise)")
     min_available_mb: int = Field(

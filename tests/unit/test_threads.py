@@ -1,5 +1,6 @@
 """The decode-thread governor: fewer threads while the cores are contended, back
-once they are free, and the run-queue delay it reads from /proc."""
+once they are free, a first step after idle on the cores free then, and what it reads
+from /proc."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ import pytest
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.threads import (
+    APART_S,
     DROP_AT,
     FIRST_RETRY_S,
+    IDLE_S,
     MAX_RETRY_S,
     RAISE_AT,
+    SAMPLES,
     WINDOW_S,
+    ProcCores,
     ProcRunDelay,
-    RunDelaySource,
+    ProcRunQueue,
     ThreadGovernor,
 )
 
@@ -27,12 +32,14 @@ from fakes import FakeBackend, drain
 
 
 class Machine:
-    """A clock and a run-queue delay the test moves: each window of decode waits
-    ``load`` threads' worth."""
+    """A clock, a run-queue delay and busy cores the test moves: each window of decode
+    waits ``load`` threads' worth."""
 
     def __init__(self) -> None:
         self.now = 0.0
         self.waited = 0.0
+        self.busy = 0.0
+        self.busy_reads = 0
         self.set_to: list[int] = []
 
     def clock(self) -> float:
@@ -41,8 +48,12 @@ class Machine:
     def run_delay(self) -> float:
         return self.waited
 
-    def governor(self, max_threads: int = 2) -> ThreadGovernor:
-        return ThreadGovernor(max_threads, self.set_to.append, self.run_delay, self.clock)
+    def busy_cores(self) -> float:
+        self.busy_reads += 1
+        return self.busy
+
+    def governor(self, max_threads: int = 2, cpus: int = 2) -> ThreadGovernor:
+        return ThreadGovernor(max_threads, self.set_to.append, self, self.clock, cpus)
 
     def window(self, governor: ThreadGovernor, load: float, seconds: float = WINDOW_S) -> None:
         self.now += seconds
@@ -121,6 +132,95 @@ def test_several_threads_are_dropped_one_window_at_a_time() -> None:
     assert machine.set_to == [3, 2, 1]
 
 
+def test_a_fresh_engine_starts_on_the_cores_other_processes_leave_free() -> None:
+    """One step on too many threads can stall past a TTFT time-out before any window
+    of decode is measured, so the first step does not wait for one."""
+    for busy, threads in ((0.0, []), (0.4, []), (1.0, [1]), (2.0, [1])):
+        machine = Machine()
+        machine.busy = busy
+        machine.governor().before_step()
+        assert machine.set_to == threads, busy
+
+
+def test_busy_cores_our_threads_do_not_use_leave_them_alone() -> None:
+    for busy, threads in ((2.0, []), (3.0, [1]), (5.0, [1])):
+        machine = Machine()
+        machine.busy = busy
+        machine.governor(max_threads=2, cpus=4).before_step()
+        assert machine.set_to == threads, busy
+    machine = Machine()
+    machine.busy = 2.0
+    machine.governor(max_threads=6, cpus=4).before_step()  # oversubscribed by choice
+    assert machine.set_to == [4]
+
+
+def test_the_cores_are_counted_again_only_after_an_idle_spell() -> None:
+    machine = Machine()
+    machine.busy = 2.0
+    governor = machine.governor()
+    governor.before_step()
+    for _ in range(20):  # busy steps: the windows govern, at no extra reading
+        machine.window(governor, load=0.5, seconds=0.1)
+        governor.before_step()
+    assert machine.busy_reads == 1 and machine.set_to == [1]
+    machine.busy = 0.0
+    machine.now += IDLE_S
+    governor.before_step()  # the busy loops ended while the engine was idle
+    assert machine.busy_reads == 2 and machine.set_to == [1, 2]
+
+
+def test_a_start_on_fewer_threads_waits_before_trying_one_more() -> None:
+    """As after a contended window: a quiet window on one thread beside one busy core
+    is no reason to try two at once."""
+    machine = Machine()
+    machine.busy = 1.0
+    governor = machine.governor()
+    governor.before_step()
+    machine.window(governor, load=0.0)
+    assert machine.set_to == [1]
+    machine.now += FIRST_RETRY_S
+    machine.window(governor, load=0.0)
+    assert machine.set_to == [1, 2]
+
+
+def write_proc(proc: Path, running: int, machine_cpus: int, states: dict[int, str]) -> None:
+    cpus = "".join(f"cpu{n} 1 2 3\n" for n in range(machine_cpus))
+    (proc / "stat").write_text(f"cpu 4 5 6\n{cpus}intr 7\nprocs_running {running}\n")
+    for tid, state in states.items():
+        (proc / "self" / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
+        name = "(edge llm) R)"  # a thread may name itself anything, ")" included
+        (proc / "self" / "task" / str(tid) / "stat").write_text(f"{tid} {name} {state} 1 2\n")
+
+
+def test_proc_run_queue_counts_other_processes_runnable_tasks(tmp_path: Path) -> None:
+    write_proc(tmp_path, running=5, machine_cpus=2, states={1: "R", 2: "S", 3: "R", 4: "D"})
+    assert ProcRunQueue(tmp_path, cpus=2)() == 3
+    write_proc(tmp_path, running=2, machine_cpus=2, states={})
+    assert ProcRunQueue(tmp_path, cpus=2)() == 0  # never below none
+    write_proc(tmp_path, running=10, machine_cpus=8, states={1: "S", 3: "S"})
+    assert ProcRunQueue(tmp_path, cpus=2)() == pytest.approx(2.5)  # our 2 of the 8 CPUs
+    (tmp_path / "stat").write_text("cpu 4 5 6\nprocs_running\n")
+    assert ProcRunQueue(tmp_path, cpus=2)() == 0  # unreadable: never an error on the step
+
+
+def test_busy_cores_are_the_least_of_a_few_readings_a_moment_apart() -> None:
+    readings, slept = iter([3.0, 1.0, 2.0, 0.0]), []
+    cores = ProcCores(run_delay=lambda: 0.0, run_queue=lambda: next(readings), sleep=slept.append)
+    assert cores.busy_cores() == 1.0  # the first SAMPLES readings
+    assert slept == [APART_S] * (SAMPLES - 1)
+    readings, slept = iter([0.0, 5.0]), []
+    assert cores.busy_cores() == 0.0  # none busy: no reason to wait and read again
+    assert slept == []
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_proc_cores_read_this_machine() -> None:
+    assert ProcCores.available()
+    cores = ProcCores()
+    assert cores.busy_cores() >= 0.0
+    assert cores.run_delay() >= 0.0
+
+
 def write_schedstat(tasks: Path, tid: int, delay_ns: int) -> None:
     (tasks / str(tid)).mkdir(exist_ok=True)
     (tasks / str(tid) / "schedstat").write_text(f"123456 {delay_ns} 7\n")
@@ -161,31 +261,43 @@ def test_proc_run_delay_reads_this_machine() -> None:
     assert first >= 0.0 and delay() >= first
 
 
-def waiting(load: float) -> RunDelaySource:
-    """Decode threads that wait ``load`` threads' worth for every second from now."""
-    began = time.monotonic()
-    return lambda: load * (time.monotonic() - began)
+class Waiting:
+    """Decode threads that wait ``load`` threads' worth for every second from now,
+    beside ``busy`` cores of other processes."""
+
+    def __init__(self, load: float, busy: float = 0.0) -> None:
+        self.load, self.busy = load, busy
+        self.began = time.monotonic()
+
+    def run_delay(self) -> float:
+        return self.load * (time.monotonic() - self.began)
+
+    def busy_cores(self) -> float:
+        return self.busy
 
 
 async def test_under_contention_the_engine_drops_a_thread_and_the_stream_says_the_same(
     engine_of,
 ) -> None:
-    texts, thread_counts = [], []
-    for load in (0.0, 1.0):
+    texts, thread_counts, first_steps = [], [], []
+    for cores in (Waiting(load=0.0), Waiting(load=1.0), Waiting(load=1.0, busy=2.0)):
         backend = FakeBackend()
         backend.n_threads, backend.step_delay_s = 2, 0.02  # 40 steps: over one window
-        engine = engine_of(backend, run_delay=waiting(load))
+        engine = engine_of(backend, cores=cores)
         request = GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=40)
         texts.append(await drain(engine, engine.submit(request)))
         thread_counts.append(backend.thread_counts)
-    assert thread_counts == [[], [1]]
-    assert texts[0] == texts[1]
+        first_steps.append(backend.decode_threads[0])
+    assert thread_counts == [[], [1], [1]]
+    assert first_steps == [2, 2, 1]  # beside busy cores, not even the first step on two
+    assert texts[0] == texts[1] == texts[2]
 
 
 def test_without_adaptive_threads_or_with_one_thread_nothing_is_governed() -> None:
     backend = FakeBackend()
-    assert Engine(backend, EngineSettings(), run_delay=lambda: 0.0).threads is None
+    quiet = Waiting(load=0.0)
+    assert Engine(backend, EngineSettings(), cores=quiet).threads is None
     backend.n_threads = 2
-    assert Engine(backend, EngineSettings(), run_delay=lambda: 0.0).threads is not None
+    assert Engine(backend, EngineSettings(), cores=quiet).threads is not None
     off = EngineSettings(adaptive_threads=False)
-    assert Engine(backend, off, run_delay=lambda: 0.0).threads is None
+    assert Engine(backend, off, cores=quiet).threads is None

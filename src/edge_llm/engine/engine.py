@@ -38,7 +38,7 @@ from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.snapshot import bind_gauges, count_waiting, progress, snapshot, tier_bytes
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import RunGuard, Streams
-from edge_llm.engine.threads import RunDelaySource, thread_governor
+from edge_llm.engine.threads import CoreReadings, thread_governor
 from edge_llm.errors import (
     BackendError,
     BackendFailure,
@@ -64,10 +64,10 @@ class Engine:
         events: EventSink = null_sink,
         clock: Callable[[], float] = time.monotonic,
         memory: MemorySource | None = None,
-        run_delay: RunDelaySource | None = None,
+        cores: CoreReadings | None = None,
     ) -> None:
         """``memory``: where available device memory is read (default: /proc);
-        ``run_delay``: the decode threads' run-queue delay (default: /proc)."""
+        ``cores``: what the thread governor reads of the cores (default: /proc)."""
         self.backend = backend
         self.settings = settings
         self.metrics = metrics or EngineMetrics()
@@ -94,7 +94,7 @@ class Engine:
         self.output = Output(self.streams, backend, settings, clock)
         guard = MemoryGuard(settings.min_available_bytes, memory or ProcMemory(), clock)
         self.memory = MemoryPolicy(guard, self.host_cache, self.streams)
-        self.threads = thread_governor(backend, settings.adaptive_threads, clock, run_delay)
+        self.threads = thread_governor(backend, settings.adaptive_threads, clock, cores)
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -293,6 +293,8 @@ class Engine:
         """Start the new sequences' samplers and decode, timing the step for the cost
         model."""
         self.runner.start(plan.started)
+        if self.threads is not None:
+            self.threads.before_step()
         began = self.clock()
         results = self.runner.decode(plan, guard.unpaused)
         took = self.clock() - began

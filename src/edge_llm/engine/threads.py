@@ -14,15 +14,23 @@ threads spent runnable but waiting for a core (``/proc/self/task/*/schedstat``, 
 field), per second of decode. On a quiet machine it stays near 0; each competing
 busy thread on a fully used machine adds to it. Over ``DROP_AT`` the governor drops a
 thread; under ``RAISE_AT`` it tries one more, backing off while such tries fail.
+
+That measure needs a window of decode, and one step on too many threads can itself
+stall for seconds. So the first step after an idle spell (and a fresh engine's first)
+starts on the threads the cores have room for now: the other processes' runnable
+tasks (``/proc/stat``'s ``procs_running`` less this process's running threads) are
+counted as busy cores.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from edge_llm.engine.backend import Backend
@@ -34,8 +42,20 @@ DROP_AT = 0.3  # threads' worth of waiting per second of decode: contended
 RAISE_AT = 0.05  # below this a thread may be added back
 FIRST_RETRY_S = 2.0  # after a failed try with one thread more, doubled up to MAX_RETRY_S
 MAX_RETRY_S = 60.0
+IDLE_S = 1.0  # a step after this long without one counts the busy cores first
+SAMPLES, APART_S = 3, 0.002  # readings of the run queue and the time between them
 
-RunDelaySource = Callable[[], float]  # cumulative seconds the decode threads waited
+
+class CoreReadings(Protocol):
+    """What the governor reads about the cores."""
+
+    def run_delay(self) -> float:
+        """Cumulative seconds the decode threads were runnable but waiting for a core."""
+        ...
+
+    def busy_cores(self) -> float:
+        """Cores the other processes' runnable tasks hold now."""
+        ...
 
 
 class ProcRunDelay:
@@ -69,21 +89,97 @@ class ProcRunDelay:
         return self._total_ns / 1e9
 
 
+class ProcRunQueue:
+    """Runnable tasks of other processes right now, on this process's cores: the
+    system's ``procs_running`` less this process's threads in state R (the reading
+    thread is one), scaled by the share of the machine's CPUs this process may use."""
+
+    def __init__(self, proc: Path = Path("/proc"), cpus: int | None = None) -> None:
+        self.proc = proc
+        self.cpus = cpus or usable_cpus()
+
+    @classmethod
+    def available(cls, proc: Path = Path("/proc")) -> bool:
+        return (proc / "stat").exists() and (proc / "self" / "task").exists()
+
+    def __call__(self) -> float:
+        try:
+            lines = (self.proc / "stat").read_text().splitlines()
+            running = sum(int(line.split()[1]) for line in lines if line[:14] == "procs_running ")
+        except (OSError, ValueError, IndexError):
+            return 0.0  # unreadable: the windows of decode still govern
+        machine_cpus = sum(1 for line in lines if line[:3] == "cpu" and line[3:4].isdigit())
+        others = max(0, running - self._own_running())
+        return others * min(1.0, self.cpus / max(1, machine_cpus))
+
+    def _own_running(self) -> int:
+        return sum(_state(task / "stat") == "R" for task in (self.proc / "self" / "task").iterdir())
+
+
+def _state(stat: Path) -> str:
+    """A task's state letter: the field after its name, which may hold spaces."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return ""  # the thread ended while we read
+    return text[text.rindex(")") + 2 :][:1]
+
+
+def usable_cpus() -> int:
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux's; elsewhere all CPUs
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
+class ProcCores:
+    """The governor's readings from Linux's /proc."""
+
+    def __init__(
+        self,
+        run_delay: Callable[[], float] | None = None,
+        run_queue: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._run_delay = run_delay or ProcRunDelay()
+        self._run_queue = run_queue or ProcRunQueue()
+        self._sleep = sleep
+
+    @classmethod
+    def available(cls) -> bool:
+        return ProcRunDelay.available() and ProcRunQueue.available()
+
+    def run_delay(self) -> float:
+        return self._run_delay()
+
+    def busy_cores(self) -> float:
+        """The least of a few readings a moment apart: a task that runs for an instant
+        (a shell, the client that sent the request) does not hold a core."""
+        least = self._run_queue()
+        for _ in range(SAMPLES - 1):
+            if least == 0:  # the usual quiet case: no wait before the step
+                break
+            self._sleep(APART_S)
+            least = min(least, self._run_queue())
+        return least
+
+
 class ThreadGovernor:
-    """Called after each decode with its duration; sets the backend's thread count."""
+    """Called before and after each decode; sets the backend's thread count."""
 
     def __init__(
         self,
         max_threads: int,
         set_threads: Callable[[int], None],
-        run_delay: RunDelaySource,
+        cores: CoreReadings,
         clock: Callable[[], float],
+        cpus: int,
     ) -> None:
         self.max_threads = max_threads
         self.threads = max_threads
         self._set_threads = set_threads
-        self._run_delay = run_delay
+        self._cores = cores
         self._clock = clock
+        self._spare_cpus = max(0, cpus - max_threads)  # cores our threads never use
+        self._last_step_at: float | None = None
         self._busy_s = 0.0
         self._waited_s = 0.0
         self._retry_s = FIRST_RETRY_S
@@ -91,14 +187,30 @@ class ThreadGovernor:
         self._trying = False
         self.last_load = 0.0
 
+    def before_step(self) -> None:
+        """After an idle spell, start on the threads the busy cores leave room for; the
+        windows of decode that follow correct it either way."""
+        now, last = self._clock(), self._last_step_at
+        if last is not None and now - last < IDLE_S:
+            return
+        busy = self._cores.busy_cores()
+        fits = max(1, self.max_threads - max(0, round(busy - self._spare_cpus)))
+        self._trying = False
+        if fits < self.threads:  # as after a contended window: no try at once
+            self._raise_after = now + self._retry_s
+        if fits != self.threads:
+            self._set(fits, f"{busy:.1f} cores busy after idle")
+
     def observe(self, decode_s: float) -> None:
+        """After each decode, with its duration."""
+        self._last_step_at = self._clock()
         self._busy_s += decode_s
         if self._busy_s < WINDOW_S:
             return
-        waited = self._run_delay()
+        waited = self._cores.run_delay()
         self.last_load = (waited - self._waited_s) / self._busy_s
         self._waited_s, self._busy_s = waited, 0.0
-        self._adjust(self.last_load, self._clock())
+        self._adjust(self.last_load, self._last_step_at)
 
     def _adjust(self, load: float, now: float) -> None:
         trying, self._trying = self._trying, False
@@ -106,31 +218,29 @@ class ThreadGovernor:
             if trying:  # the thread added back made it worse: wait longer next time
                 self._retry_s = min(MAX_RETRY_S, self._retry_s * 2)
             self._raise_after = now + self._retry_s
-            self._set(self.threads - 1, load)
+            self._set(self.threads - 1, f"run-queue delay {load:.2f} per second")
             return
         if trying:
             self._retry_s = FIRST_RETRY_S
         if load < RAISE_AT and self.threads < self.max_threads and now >= self._raise_after:
             self._trying = True
-            self._set(self.threads + 1, load)
+            self._set(self.threads + 1, f"run-queue delay {load:.2f} per second")
 
-    def _set(self, threads: int, load: float) -> None:
-        log.info(
-            "decode threads %d -> %d (run-queue delay %.2f per second)", self.threads, threads, load
-        )
+    def _set(self, threads: int, why: str) -> None:
+        log.info("decode threads %d -> %d (%s)", self.threads, threads, why)
         self.threads = threads
         self._set_threads(threads)
 
 
 def thread_governor(
-    backend: Backend, adaptive: bool, clock: Callable[[], float], run_delay: RunDelaySource | None
+    backend: Backend, adaptive: bool, clock: Callable[[], float], cores: CoreReadings | None
 ) -> ThreadGovernor | None:
     """A governor for ``backend``'s threads, or None where there is nothing to govern
-    (one thread, turned off, or no schedstat to read)."""
+    (one thread, turned off, or no /proc to read)."""
     if not adaptive or backend.n_threads <= 1:
         return None
-    if run_delay is None:
-        if not ProcRunDelay.available():
+    if cores is None:
+        if not ProcCores.available():
             return None
-        run_delay = ProcRunDelay()
-    return ThreadGovernor(backend.n_threads, backend.set_threads, run_delay, clock)
+        cores = ProcCores()
+    return ThreadGovernor(backend.n_threads, backend.set_threads, cores, clock, usable_cpus())
