@@ -88,10 +88,13 @@ class EngineProcess:
         return metric(self.metrics_text(), name, absent=absent, **labels)
 
     def events(self) -> list[dict[str, Any]]:
+        """The event log's complete lines: one the engine is still writing (a read can
+        see part of a write) is read whole the next time."""
         if not self.event_log.exists():
             return []
-        lines = self.event_log.read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        written = self.event_log.read_bytes()
+        complete = written[: written.rfind(b"\n") + 1].decode("utf-8")
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def events_of(self, event: str, request_id: str | None = None) -> list[dict[str, Any]]:
         """The lines of the event log so far named ``event`` (of ``request_id``)."""
