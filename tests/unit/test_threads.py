@@ -201,6 +201,9 @@ def test_proc_run_queue_counts_other_processes_runnable_tasks(tmp_path: Path) ->
     assert ProcRunQueue(tmp_path, cpus=2)() == pytest.approx(2.5)  # our 2 of the 8 CPUs
     (tmp_path / "stat").write_text("cpu 4 5 6\nprocs_running\n")
     assert ProcRunQueue(tmp_path, cpus=2)() == 0  # unreadable: never an error on the step
+    write_proc(tmp_path, running=5, machine_cpus=2, states={})
+    (tmp_path / "self" / "task" / "1" / "stat").write_text("1 no name field\n")
+    assert ProcRunQueue(tmp_path, cpus=2)() == 0
 
 
 def test_busy_cores_are_the_least_of_a_few_readings_a_moment_apart() -> None:

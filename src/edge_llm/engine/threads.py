@@ -106,10 +106,10 @@ class ProcRunQueue:
         try:
             lines = (self.proc / "stat").read_text().splitlines()
             running = sum(int(line.split()[1]) for line in lines if line[:14] == "procs_running ")
+            others = max(0, running - self._own_running())
         except (OSError, ValueError, IndexError):
             return 0.0  # unreadable: the windows of decode still govern
         machine_cpus = sum(1 for line in lines if line[:3] == "cpu" and line[3:4].isdigit())
-        others = max(0, running - self._own_running())
         return others * min(1.0, self.cpus / max(1, machine_cpus))
 
     def _own_running(self) -> int:
