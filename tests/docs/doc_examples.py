@@ -8,8 +8,15 @@ An HTML comment on the line before a fenced block (invisible on the rendered pag
   ``127.0.0.1:8000`` (what ``make run`` serves) is pointed at that engine;
 - ``<!-- skip: REASON -->``: not run, and why;
 - ``<!-- output -->``: this block is what the block before it prints (stdout and
-  stderr); ``...`` inside a line stands for any text in that line, a line that is
-  only ``...`` for any number of lines, none included.
+  stderr), with typed wildcards for what varies between runs and machines:
+  ``<number>`` (an integer or decimal, ``-0.99``, ``1,234``), ``<id>`` (letters,
+  digits, ``_`` and ``-``: ``chatcmpl-<id>``), ``<duration>`` (a number with ``ms``
+  or ``s``), ``<value>`` (a JSON scalar: number, ``null``, ``true``, ``false`` or a
+  string), ``<text>`` (some text within the line, for a free-form message); two
+  or more spaces stand for any run of spaces (a table column's padding follows the
+  width of what it holds); a line that is only ``...`` stands for any number of
+  lines, none included, and only between two lines it must match (never first or
+  last: it would swallow a traceback or retry noise before or after the output).
 
 Every ``sh``/``bash``/``shell``/``console``/``python`` block must carry run or skip.
 """
@@ -23,7 +30,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
 CODE_LANGUAGES = {"sh": "sh", "bash": "sh", "shell": "sh", "console": "sh", "python": "python"}
-WILDCARD = "..."
+WILDCARD_LINES = "..."
+# Each typed wildcard and what it matches (within one line).
+WILDCARDS = {
+    "<number>": r"-?\d[\d,]*(?:\.\d+)?",
+    "<id>": r"[0-9A-Za-z][0-9A-Za-z_-]*",
+    "<duration>": r"\d+(?:\.\d+)? ?(?:ms|s)",
+    "<value>": r'-?\d[\d,]*(?:\.\d+)?|null|true|false|"[^"\n]*"',
+    "<text>": r"[^\n]+?",
+}
+_WILDCARD = re.compile("|".join(re.escape(name) for name in WILDCARDS))
+_PADDING = re.compile("  +")
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARKER = re.compile(r"^<!--\s*(run|skip|output)\s*(?::\s*(.*?))?\s*-->\s*$")
 
@@ -125,6 +142,21 @@ def unmarked(path: Path, root: Path = ROOT) -> list[str]:
         previous = blocks[index - 1] if index > 0 else None
         if block.marker == "output" and (previous is None or previous.marker != "run"):
             problems.append(f"{where}: <!-- output --> not after a run block")
+        if block.marker == "output":
+            problems.extend(f"{where}: {problem}" for problem in output_problems(block.text))
+    return problems
+
+
+def output_problems(expected: str) -> list[str]:
+    """What an expected output must not do: open or end with a ``...`` line (it would
+    swallow what comes before or after), or use ``...`` inside a line (the old
+    untyped wildcard: say what varies with a typed one)."""
+    lines = _normalise(expected).splitlines()
+    problems = []
+    if lines and WILDCARD_LINES in (lines[0].strip(), lines[-1].strip()):
+        problems.append("an output opens or ends with a '...' line")
+    if any(WILDCARD_LINES in line and line.strip() != WILDCARD_LINES for line in lines):
+        problems.append("'...' inside an output line: use a typed wildcard (<number>, <id>, ...)")
     return problems
 
 
@@ -133,12 +165,26 @@ def _normalise(text: str) -> str:
 
 
 def _line_pattern(line: str) -> str:
-    if line.strip() == WILDCARD:
+    if line.strip() == WILDCARD_LINES:
         return "(?:[^\n]*\n)*?"  # any number of whole lines
-    return "[^\n]*?".join(re.escape(piece) for piece in line.split(WILDCARD)) + "\n"
+    pieces = [_literal(piece) for piece in _WILDCARD.split(line)]
+    wildcards = [WILDCARDS[name] for name in _WILDCARD.findall(line)]
+    pattern = pieces[0]
+    for wildcard, piece in zip(wildcards, pieces[1:], strict=True):
+        pattern += f"(?:{wildcard}){piece}"
+    return pattern + "\n"
+
+
+def _literal(text: str) -> str:
+    """``text`` as a pattern, a run of two or more spaces matching any run of spaces."""
+    return " +".join(re.escape(part) for part in _PADDING.split(text))
 
 
 def matches(expected: str, actual: str) -> bool:
-    """Whether the output is the expected text, with its wildcards (see the module doc)."""
+    """Whether the output is the expected text, with its wildcards (see the module doc).
+    Raises ValueError for an expected text that breaks :func:`output_problems`' rules."""
+    problems = output_problems(expected)
+    if problems:
+        raise ValueError("; ".join(problems))
     pattern = "".join(_line_pattern(line) for line in _normalise(expected).splitlines())
     return re.fullmatch(pattern, _normalise(actual) + "\n") is not None
