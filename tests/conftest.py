@@ -221,7 +221,7 @@ def app_over(
 ) -> web.Application:
     """The whole application over ``backend``, its engine started on the running loop
     (:func:`app_engine`; stop it with :func:`stop_app_engine`)."""
-    engine = Engine(backend, engine_settings(config))
+    engine = Engine(backend, engine_settings(config), events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events, loader=fake_loader(config))
     return create_app(ctx)

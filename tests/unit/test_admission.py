@@ -11,7 +11,9 @@ from edge_llm.engine.admission import predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import QueueFull
+from edge_llm.generation.sessions import Sessions
 
 from fakes import FakeBackend
 
@@ -97,8 +99,24 @@ async def test_off_by_default_and_without_a_ttft_timeout(gated_engine) -> None:
     assert engine.num_live == unlimited.num_live == 3
 
 
+class _Live:
+    """A local stream as the session book holds it (the dispatcher's answer)."""
+
+    def __init__(self, engine: Engine, handle: StreamHandle) -> None:
+        self.engine, self.handle = engine, handle
+
+    @property
+    def finished(self) -> bool:
+        return self.handle.finished
+
+    def cancel(self, reason: str) -> None:
+        self.engine.cancel(self.handle, reason)
+
+
 async def test_a_regenerate_does_not_count_the_request_it_supersedes(gated_engine) -> None:
     engine = gated_engine(deadline_admission=True, ttft_timeout_s=5.0)
-    engine.submit(request(400, session="s"))
-    again = engine.submit(request(400, session="s"))  # the old one is cancelled first
+    sessions = Sessions()
+    sessions.started("s", _Live(engine, engine.submit(request(400, session="s"))))
+    sessions.starting("s")  # as the dispatcher does: the old one ends before the submit
+    again = engine.submit(request(400, session="s"))
     assert again.outcome is None and engine.num_live == 1

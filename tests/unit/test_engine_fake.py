@@ -138,29 +138,6 @@ async def test_ttft_timeout_interrupts_a_long_prefill_between_chunks(engine_of) 
     assert engine.metrics.cancellations.labels("ttft_timeout")._value.get() == 1
 
 
-async def test_same_session_supersedes_the_older_stream(engine_of) -> None:
-    backend = FakeBackend()
-    backend.gate = threading.Semaphore(0)
-    engine = engine_of(backend)
-    handles = [engine.submit(request(session="s1")) for _ in range(20)]
-    assert engine.num_live == 1
-    assert all(h.outcome.error.extra["reason"] == "superseded" for h in handles[:-1])
-    backend.gate.release(1000)
-    assert await drain(engine, handles[-1])
-
-
-async def test_supersede_switched_off_lets_a_session_run_side_by_side(engine_of) -> None:
-    backend = FakeBackend()
-    backend.gate = threading.Semaphore(0)
-    engine = engine_of(backend, supersede_sessions=False)
-    handles = [engine.submit(request(session="s1")) for _ in range(3)]
-    assert engine.num_live == 3
-    assert all(h.outcome is None for h in handles)
-    backend.gate.release(1000)
-    for handle in handles:
-        assert await drain(engine, handle)
-
-
 async def test_a_failing_sequence_ends_alone(engine_of) -> None:
     backend = FakeBackend()
     backend.fail_slots.add(1)  # slots are handed out from 0: the second stream's

@@ -15,6 +15,7 @@ and any package of a lower layer::
     models          the served models: load, unload, memory budget, embeddings
                     (``server/service.py``, the admission service each loaded model
                     owns, sits here; ``models/config.py`` in config)
+    generation      between the models and the routes: sessions
     server          aiohttp routes, dispatch, runtime
     cli             the commands (may import anything)
 
@@ -47,6 +48,7 @@ STACK = (
     "engine",
     "upstream",
     "models",
+    "generation",
     "server",
     "cli",
 )

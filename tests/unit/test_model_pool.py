@@ -177,9 +177,11 @@ async def test_unload_cancels_running_streams_and_waits_for_their_requests(pool_
     pool = pool_of(loads=loads)
     lease = await pool.acquire("a")
     loads.backends["a"].gate = threading.Semaphore(0)  # decoding waits for the test
-    handle = await lease.model.service.start_text(
+    service = lease.model.service
+    prepared = await service.prepare_text(
         "hello", max_tokens=50, sampling=SamplingParams(), session=None
     )
+    handle = service.submit(prepared)
     unloading = asyncio.create_task(pool.unload("a"))
     await handle.wait_done()
     assert isinstance(handle.outcome.error, Cancelled)

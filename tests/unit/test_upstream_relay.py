@@ -670,6 +670,30 @@ async def test_disconnect_closes_the_upstream_request(
     assert stream["n_generated"] < 2000
 
 
+@pytest.mark.parametrize("supersede", [True, False])
+async def test_a_relayed_stream_is_superseded_only_with_supersede_sessions(
+    servers, front_of, supersede: bool
+) -> None:
+    held = await servers([" a", " b"], hold_before=(1,))  # " b" waits for the test
+    client = await front_of(upstream=[f"u={held.url}"], supersede_sessions=supersede)
+    headers = {"X-Session-Id": "s1"}
+    relayed = await client.post(
+        "/v1/chat/completions", json=_body("hi", model="m", stream=True), headers=headers
+    )
+    await asyncio.wait_for(relayed.content.readuntil(b'" a"'), 30)
+    newer = await client.post("/v1/chat/completions", json=_body("hi"), headers=headers)
+    assert newer.status == 200  # the same session, on the local model
+    held.go.set()
+    rest = await asyncio.wait_for(relayed.content.read(), 30)
+    stream = await _stream_of(client, relayed.headers["X-Request-Id"])
+    if supersede:
+        assert stream["cancel_reason"] == "superseded"
+        assert b"superseded" in rest
+    else:
+        assert stream["cancel_reason"] is None
+        assert b'" b"' in rest and rest.endswith(b"data: [DONE]\n\n")
+
+
 async def test_responses_upstream_break_ends_with_error_and_failed(servers, front_of) -> None:
     broken = await servers(["one", " two", " three"], break_after=2)
     client = await front_of(upstream=[f"u={broken.url}"])

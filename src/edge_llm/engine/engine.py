@@ -175,7 +175,6 @@ class Engine:
         )
         handle = StreamHandle(seq, ring, request.sampling.stop)
         with self._lock:
-            self.streams.supersede(request.session)
             try:
                 self.memory.refuse_if_short()
                 self._refuse_if_late(seq)

@@ -31,7 +31,6 @@ class EngineSettings:
     cache_dir: str | None = None  # the disk tier's directory (None: no disk tier)
     cache_dir_bytes: int = 1 << 30
     offload_paused_after_s: float = 1.0
-    supersede_sessions: bool = True
     deadline_admission: bool = False
     min_available_bytes: int = 0  # device memory floor (0: not watched)
     deterministic: bool = False  # batch- and speculation-invariant decode (Scheduler._pad)

@@ -1,5 +1,6 @@
-"""The book of streams: which are live, which session each belongs to, their pauses
-(the seed's backpressure counter) and how each ends. Called with the engine lock held."""
+"""The book of streams: which are live, their pauses (the seed's backpressure counter)
+and how each ends. Called with the engine lock held. A session's one live stream is
+decided above the engines (``generation/sessions.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from edge_llm.engine.scheduler import Scheduler
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.stream import Outcome, StreamHandle
-from edge_llm.errors import Cancelled, EdgeLLMError
+from edge_llm.errors import EdgeLLMError
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
 
@@ -39,7 +40,6 @@ class Streams:
         self.events = events
         self.clock = clock
         self.live: dict[str, StreamHandle] = {}
-        self._sessions: dict[str, StreamHandle] = {}
         self._recent: deque[StreamHandle] = deque(maxlen=_MAX_RECENT)
         self._touched: set[StreamHandle] = set()
         self._ended_samplers: list[str] = []
@@ -48,8 +48,6 @@ class Streams:
 
     def add(self, handle: StreamHandle) -> None:
         self.live[handle.id] = handle
-        if handle.seq.session:
-            self._sessions[handle.seq.session] = handle
 
     def touch(self, handle: StreamHandle) -> None:
         """Its connection is woken after the step."""
@@ -86,12 +84,6 @@ class Streams:
 
     def count_paused(self) -> int:
         return sum(1 for handle in self.live.values() if handle.seq.paused)
-
-    def supersede(self, session: str | None) -> None:
-        """A new request of ``session`` ends the one still running (``superseded``)."""
-        old = self._sessions.get(session) if session else None
-        if old is not None and self.settings.supersede_sessions:
-            self.finish(old, Cancelled("superseded"), SequenceState.CANCELLED)
 
     # -- pauses: the seed's counter, +1 per pause cause, -1 per resume ------------------------
 
@@ -143,8 +135,6 @@ class Streams:
         tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
         handle.outcome = Outcome(finish_reason, error, tail, handle.stop_matcher.matched)
         self.live.pop(seq.id, None)
-        if seq.session and self._sessions.get(seq.session) is handle:
-            del self._sessions[seq.session]
         self._recent.append(handle)
         self.touch(handle)
         self._log_end(handle, error, now)

@@ -234,15 +234,6 @@ class ModelPool:
         slot.last_used = self._clock()
         self._schedule_expiry(slot)
 
-    def cancel_session(self, session: str, *, besides: str | None = None) -> None:
-        """Supersede the session's streams on every loaded model but ``besides``."""
-        for model in self.loaded_models():
-            if model.spec.name == besides:
-                continue
-            for handle in model.engine.live_handles():
-                if handle.seq.session == session:
-                    model.engine.cancel(handle, "superseded")
-
     # -- leases -----------------------------------------------------------------------
 
     def set_keep_alive(self, name: str, seconds: float | None) -> None:

@@ -30,7 +30,6 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
@@ -46,7 +45,7 @@ from edge_llm.server.generation import (
     generation_events,
 )
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.service import GenerationService
+from edge_llm.server.service import GenerationService, Prepared
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, messages_chat_body
 
@@ -77,7 +76,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda service: _start(service, req, session, setup, priority),
+        prepare_local=lambda service: _start(service, req, session, setup, priority),
         relay=lambda: Relay(CHAT_PATH, messages_chat_body(req, session)),
         any_model_runs_locally=True,
     )
@@ -97,12 +96,12 @@ async def _start(
     session: str | None,
     setup: ToolSetup | None,
     priority: int,
-) -> StreamHandle:
+) -> Prepared:
     sampling = req.sampling(service.sampling_defaults)
     if req.output_schema is not None:
         grammar = service.json_grammar(req.output_schema, param="output_config.format")
         sampling = replace(sampling, grammar=grammar)
-    return await service.start_chat(
+    return await service.prepare_chat(
         req.chat_messages(),
         max_tokens=req.max_tokens,
         sampling=sampling,

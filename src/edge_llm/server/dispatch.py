@@ -32,11 +32,12 @@ from typing import Any
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.generation.sessions import Sessions
 from edge_llm.models.pool import Lease, ModelPool
 from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Ending, Finished, StreamEvent
 from edge_llm.server.pump import PumpSettings, pump
-from edge_llm.server.service import GenerationService, response_headers
+from edge_llm.server.service import GenerationService, Prepared, response_headers
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.router import FALLBACK_ERRORS, LOCAL, UpstreamRouter
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
@@ -56,15 +57,15 @@ class Relay:
 class Job:
     """What a route asks for, both ways it can be answered.
 
-    ``start_local`` admits it to the service of the local model it names (raising
-    the device's refusal); ``relay`` builds what an upstream is sent, and raises
-    InvalidRequest when the request cannot be relayed. Both run only if that
-    backend is chosen.
+    ``prepare_local`` prepares it on the service of the local model it names
+    (raising the device's refusal; the dispatcher submits it); ``relay`` builds
+    what an upstream is sent, and raises InvalidRequest when the request cannot be
+    relayed. Both run only if that backend is chosen.
     """
 
     model: str | None
     session: str | None
-    start_local: Callable[[GenerationService], Awaitable[StreamHandle]]
+    prepare_local: Callable[[GenerationService], Awaitable[Prepared]]
     relay: Callable[[], Relay]
     # Anthropic's endpoint: clients send their own model ids, which run locally
     # unless an upstream lists them.
@@ -91,6 +92,10 @@ class Answer(ABC):
     @abstractmethod
     def outcome(self) -> Ending | None:
         """How the stream ended; None while it runs (or while its cancel is under way)."""
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
 
     @abstractmethod
     def events(self) -> AsyncIterator[AnswerEvent]:
@@ -157,9 +162,16 @@ class Answer(ABC):
 
 class LocalAnswer(Answer):
     def __init__(
-        self, lease: Lease, handle: StreamHandle, settings: PumpSettings, *, progress: bool = False
+        self,
+        lease: Lease,
+        handle: StreamHandle,
+        settings: PumpSettings,
+        sessions: Sessions,
+        *,
+        progress: bool = False,
     ) -> None:
         self.lease = lease
+        self.sessions = sessions
         self.service = lease.model.service
         self.engine = lease.model.engine
         self.handle = handle
@@ -183,6 +195,10 @@ class LocalAnswer(Answer):
     def outcome(self) -> Ending | None:
         return self.handle.outcome
 
+    @property
+    def finished(self) -> bool:
+        return self.handle.finished
+
     def events(self) -> AsyncIterator[AnswerEvent]:
         return pump(self.engine, self.handle, self.settings, progress=self.progress)
 
@@ -204,12 +220,14 @@ class LocalAnswer(Answer):
     def close(self) -> None:
         if not self.handle.finished:
             self.engine.cancel(self.handle, "disconnect")
+        self.sessions.ended(self.handle.seq.session, self)
         self.lease.release()
 
 
 class RelayedAnswer(Answer):
-    def __init__(self, router: UpstreamRouter, stream: UpstreamStream) -> None:
+    def __init__(self, router: UpstreamRouter, stream: UpstreamStream, sessions: Sessions) -> None:
         self.router = router
+        self.sessions = sessions
         self.stream = stream
         self.id = stream.id
         self.relayed = True
@@ -248,6 +266,7 @@ class RelayedAnswer(Answer):
         if not self._closed:
             self._closed = True
             self.router.closed(self.stream)
+            self.sessions.ended(self.stream.session, self)
 
 
 class Dispatcher:
@@ -256,13 +275,12 @@ class Dispatcher:
         pool: ModelPool,
         router: UpstreamRouter,
         settings: PumpSettings,
-        *,
-        supersede_sessions: bool = True,
+        sessions: Sessions,
     ) -> None:
         self.pool = pool
         self.router = router
         self.settings = settings
-        self.supersede_sessions = supersede_sessions
+        self.sessions = sessions
 
     async def start(self, job: Job) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
@@ -273,28 +291,29 @@ class Dispatcher:
         name = self.local_name(job)
         lease = await self.pool.acquire(name)
         try:
-            self._supersede_elsewhere(job.session, name)
-            handle = await job.start_local(lease.model.service)
+            handle = await self._submit(job, lease.model.service)
         except FALLBACK_ERRORS as refused:
             lease.release()
             return self._fall_back(job, refused)
         except BaseException:
             lease.release()
             raise
-        self.router.note_local(handle.seq.session)
-        return LocalAnswer(lease, handle, self.settings, progress=job.progress)
+        self.router.count_local()
+        answer = LocalAnswer(lease, handle, self.settings, self.sessions, progress=job.progress)
+        self.sessions.started(job.session, answer)
+        return answer
+
+    async def _submit(self, job: Job, service: GenerationService) -> StreamHandle:
+        """Prepare ``job``, end its session's live stream, submit it."""
+        prepared = await job.prepare_local(service)
+        self.sessions.starting(job.session)
+        return service.submit(prepared)
 
     def local_name(self, job: Job) -> str:
         """The local model that runs ``job`` (Anthropic's unknown ids: the default)."""
         if job.any_model_runs_locally and job.model not in self.pool.names:
             return self.pool.default
         return self.pool.resolve(job.model)
-
-    def _supersede_elsewhere(self, session: str | None, name: str) -> None:
-        """A session's new request supersedes its stream on another model too (each
-        engine supersedes within itself), so a session has one live stream."""
-        if session is not None and self.supersede_sessions:
-            self.pool.cancel_session(session, besides=name)
 
     def _fall_back(self, job: Job, refused: EdgeLLMError) -> Answer:
         candidates = self.router.fallback_for(refused)
@@ -307,7 +326,10 @@ class Dispatcher:
         return self._relay(job, relay, candidates, route=f"fallback_{refused.code}")
 
     def _relay(self, job: Job, relay: Relay, candidates: list[Upstream], *, route: str) -> Answer:
+        self.sessions.starting(job.session)
         stream = self.router.open(
             relay.path, relay.body, candidates, route=route, session=job.session
         )
-        return RelayedAnswer(self.router, stream)
+        answer = RelayedAnswer(self.router, stream, self.sessions)
+        self.sessions.started(job.session, answer)
+        return answer

@@ -22,7 +22,6 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound
 from edge_llm.models.gguf import FILE_TYPES
 from edge_llm.models.pool import ModelPool
@@ -34,7 +33,7 @@ from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.generation import Ended, Failed, Produced, generation_events
 from edge_llm.server.http import read_json, session_of
 from edge_llm.server.model_routes import embed as embed_inputs
-from edge_llm.server.service import GenerationService
+from edge_llm.server.service import GenerationService, Prepared
 from edge_llm.server.sse_writer import SseWriter
 
 NDJSON = "application/x-ndjson"
@@ -71,7 +70,7 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
     job = Job(
         name,
         session,
-        start_local=lambda service: _start(
+        prepare_local=lambda service: _start(
             service, req, setup, session, templated=templated, priority=priority
         ),
         relay=_not_relayed,
@@ -125,21 +124,21 @@ async def _start(
     *,
     templated: bool,
     priority: int,
-) -> StreamHandle:
+) -> Prepared:
     opts = ollama.options(req.options, service.sampling_defaults, service.limits.max_tokens_cap)
     sampling = opts.sampling
     constrained, schema = ollama.json_format(req.format)
     if constrained:
         sampling = replace(sampling, grammar=service.json_grammar(schema, param="format"))
     if isinstance(req, ollama.GenerateRequest) and (req.raw or not templated):
-        return await service.start_text(
+        return await service.prepare_text(
             req.prompt, max_tokens=opts.max_tokens, sampling=sampling, session=session,
             context=opts.num_ctx, priority=priority,
         )  # fmt: skip
     messages = (
         req.template_messages() if isinstance(req, ollama.ChatRequest) else req.chat_messages()
     )
-    return await service.start_chat(
+    return await service.prepare_chat(
         messages, max_tokens=opts.max_tokens, sampling=sampling, session=session,
         tools=setup, context=opts.num_ctx, priority=priority,
     )  # fmt: skip

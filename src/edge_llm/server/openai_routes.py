@@ -9,7 +9,6 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai, sse
 from edge_llm.protocol.sampling import SamplingParams, TokenLogprob
@@ -20,7 +19,7 @@ from edge_llm.server.access_log import answering
 from edge_llm.server.context import ServerContext, context_of
 from edge_llm.server.dispatch import Answer, Job, Relay
 from edge_llm.server.http import read_json, session_of
-from edge_llm.server.service import GenerationService
+from edge_llm.server.service import GenerationService, Prepared
 from edge_llm.server.sse_writer import SseWriter
 
 
@@ -84,7 +83,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda service: _start_chat(service, req, session, priority),
+        prepare_local=lambda service: _start_chat(service, req, session, priority),
         relay=lambda: Relay(request.path, body),
         progress=req.stream and req.include_progress,
     )
@@ -107,7 +106,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda service: service.start_text(
+        prepare_local=lambda service: service.prepare_text(
             req.prompt_text(),
             max_tokens=req.requested_max_tokens,
             sampling=request_sampling(service, req),
@@ -129,11 +128,11 @@ async def _start_chat(
     req: openai.ChatCompletionRequest,
     session: str | None,
     priority: int,
-) -> StreamHandle:
+) -> Prepared:
     setup = req.tool_setup()
     if setup is not None and setup.active and req.n_logprobs is not None:
         raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
-    return await service.start_chat(
+    return await service.prepare_chat(
         req.chat_messages(),
         max_tokens=req.requested_max_tokens,
         sampling=request_sampling(service, req),

@@ -59,7 +59,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     job = Job(
         req.model,
         session,
-        start_local=lambda service: service.start_chat(
+        prepare_local=lambda service: service.prepare_chat(
             _with_instructions(req, history),
             max_tokens=req.max_output_tokens,
             sampling=_sampling(service, req),

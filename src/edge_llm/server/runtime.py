@@ -23,6 +23,7 @@ from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
 from edge_llm.errors import BackendError
+from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.pool import LoadedModel, Loader, ModelPool
@@ -71,7 +72,6 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         cache_dir=cache.cache_dir,
         cache_dir_bytes=cache.cache_dir_mb * 1024 * 1024,
         offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
-        supersede_sessions=sched.supersede_sessions,
         deadline_admission=sched.deadline_admission,
         deterministic=sched.deterministic,
         max_preemptions=sched.max_preemptions,
@@ -317,7 +317,7 @@ def build_context(
         config=config,
         router=router,
         dispatcher=Dispatcher(
-            pool, router, pump_settings, supersede_sessions=sched.supersede_sessions
+            pool, router, pump_settings, Sessions(supersede=sched.supersede_sessions)
         ),
         pump_settings=pump_settings,
         connection=ConnectionSettings(
@@ -356,11 +356,6 @@ def build_router(
             streams_open=lambda u=upstream: float(u.num_open),  # type: ignore[misc]
         )
 
-    def cancel_local_session(session: str) -> None:
-        if not config.scheduler.supersede_sessions:
-            return
-        pool.cancel_session(session)
-
     settings = StreamSettings(
         buffer_chunks=bp.outbound_buffer_tokens,
         resume_threshold=bp.resume_threshold,
@@ -375,7 +370,6 @@ def build_router(
         settings=settings,
         metrics=metrics,
         events=events,
-        cancel_local_session=cancel_local_session,
     )
 
 

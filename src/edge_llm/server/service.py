@@ -50,6 +50,15 @@ class MaxTokens:
     limit: str | None = None  # "max_tokens_cap", "context" or "kv"
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request tokenized and checked against the limits, not yet submitted."""
+
+    request: GenerationRequest
+    prompt: str
+    budget: MaxTokens
+
+
 class GenerationService:
     def __init__(
         self,
@@ -105,7 +114,7 @@ class GenerationService:
                     param="logit_bias",
                 )
 
-    async def start_chat(
+    async def prepare_chat(
         self,
         messages: list[dict[str, Any]],
         *,
@@ -116,14 +125,14 @@ class GenerationService:
         prefill: str = "",
         context: int | None = None,
         priority: int = 0,
-    ) -> StreamHandle:
-        """Render the conversation (with its tools) and start it; ``prefill`` is
+    ) -> Prepared:
+        """Render the conversation (with its tools) and prepare it; ``prefill`` is
         text the answer continues (a trailing assistant turn)."""
         self.check_messages(len(messages) + (1 if prefill else 0))
         prompt = self.render_chat(messages, tools) + prefill
         if tools is not None and tools.forced:
             sampling = self._tool_grammar(sampling, tools)
-        return await self.start_text(
+        return await self.prepare_text(
             prompt,
             max_tokens=max_tokens,
             sampling=sampling,
@@ -155,7 +164,7 @@ class GenerationService:
     async def count_tokens(self, prompt: str) -> int:
         return len(await self._tokenize(prompt))
 
-    async def start_text(
+    async def prepare_text(
         self,
         prompt: str,
         *,
@@ -164,10 +173,11 @@ class GenerationService:
         session: str | None,
         context: int | None = None,
         priority: int = 0,
-    ) -> StreamHandle:
-        """Tokenize, enforce the prompt and max_tokens limits, and submit in class
-        ``priority`` (lower runs first). ``context``: the request's own bound on prompt
-        and answer together (Ollama's ``num_ctx``), named ``num_ctx`` when it binds."""
+    ) -> Prepared:
+        """Tokenize and enforce the prompt and max_tokens limits, for a request in
+        class ``priority`` (lower runs first). ``context``: the request's own bound on
+        prompt and answer together (Ollama's ``num_ctx``), named ``num_ctx`` when it
+        binds. Nothing runs until :meth:`submit`."""
         self._check_sampling(sampling)
         tokens = await self._tokenize(prompt)
         if not tokens:
@@ -183,7 +193,12 @@ class GenerationService:
             priority=priority,
             max_tokens_limited_by=budget.limit,
         )
-        handle = self.engine.submit(request)
+        return Prepared(request, prompt, budget)
+
+    def submit(self, prepared: Prepared) -> StreamHandle:
+        """Admit the prepared request to the engine, or raise its refusal."""
+        handle = self.engine.submit(prepared.request)
+        budget = prepared.budget
         if budget.limit is not None:
             self.events(
                 Event.MAX_TOKENS_CLAMPED,
@@ -193,7 +208,7 @@ class GenerationService:
                 limit=budget.limit,
             )
         if self.log_prompts:
-            self.events(Event.PROMPT, handle.id, prompt=prompt)
+            self.events(Event.PROMPT, handle.id, prompt=prepared.prompt)
         return handle
 
     async def _tokenize(self, text: str) -> list[int]:

@@ -159,7 +159,7 @@ class _Connection:
         return Job(
             req.model,
             session,
-            start_local=lambda service: service.start_chat(
+            prepare_local=lambda service: service.prepare_chat(
                 req.chat_messages(),
                 max_tokens=req.requested_max_tokens,
                 sampling=request_sampling(service, req),

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 from edge_llm.errors import (
@@ -43,16 +42,13 @@ class UpstreamRouter:
         settings: StreamSettings,
         metrics: BackendMetrics,
         events: EventSink,
-        cancel_local_session: Callable[[str], None],
     ) -> None:
         self.registry = registry
         self.local_models = local_models  # the device's models, the default first
         self.settings = settings
         self.metrics = metrics
         self.events = events
-        self._cancel_local_session = cancel_local_session
         self._live: dict[str, UpstreamStream] = {}
-        self._sessions: dict[str, UpstreamStream] = {}
         self._recent: deque[UpstreamStream] = deque(maxlen=_RECENT)
 
     # -- decisions ---------------------------------------------------------------------
@@ -85,10 +81,9 @@ class UpstreamRouter:
             return []
         return [u for u in self.registry.fallbacks() if u.healthy and u.has_room]
 
-    def note_local(self, session: str | None) -> None:
-        """A request runs locally: it supersedes its session's upstream stream."""
+    def count_local(self) -> None:
+        """A request runs locally (the requests counter's ``local`` backend)."""
         self.metrics.requests.labels(LOCAL, "local").inc()
-        self._supersede(session)
 
     # -- streams -----------------------------------------------------------------------
 
@@ -120,10 +115,6 @@ class UpstreamRouter:
             metrics=self.metrics,
             events=self.events,
         )
-        self._supersede(session)
-        if session:
-            self._cancel_local_session(session)
-            self._sessions[session] = stream
         self._live[stream.id] = stream
         backend = usable[0].name if usable else "none"
         self.metrics.requests.labels(backend, route).inc()
@@ -143,14 +134,7 @@ class UpstreamRouter:
         if not stream.finished:
             stream.cancel("disconnect")
         self._live.pop(stream.id, None)
-        if stream.session and self._sessions.get(stream.session) is stream:
-            del self._sessions[stream.session]
         self._recent.append(stream)
-
-    def _supersede(self, session: str | None) -> None:
-        old = self._sessions.pop(session, None) if session else None
-        if old is not None and not old.finished:
-            old.cancel("superseded")
 
     def cancel_all(self, reason: str) -> None:
         for stream in list(self._live.values()):

@@ -1,0 +1,1 @@
+"""The generation layer, between the served models and the HTTP routes."""
