@@ -120,7 +120,7 @@ class FakeBackend:
     ) -> str:
         return "".join(f"<{m['role']}>{m.get('content') or ''}" for m in messages) + "<assistant>"
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
         if token in SPLIT_CHAR:
             return SPLIT_CHAR[token]
         if token >= TEXT_BASE:

@@ -28,6 +28,30 @@ from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
 
+# The fields of vLLM, SGLang and llama-server (SPEC section 20) at valid values: the
+# fuzzers mutate them with the rest of the bodies.
+DIALECT_FIELDS: dict[str, Any] = {
+    "ignore_eos": True,
+    "min_tokens": 1,
+    "top_k": 40,
+    "min_p": 0.05,
+    "repetition_penalty": 1.1,
+    "stop_token_ids": [2],
+    "include_stop_str_in_output": True,
+    "no_stop_trim": False,
+    "skip_special_tokens": False,
+    "cache_prompt": True,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_hidden_states": False,
+    "max_completion_tokens": 3,
+    "logprobs": False,
+}
+# Values of every type and range, each set in turn on each dialect field.
+HOSTILE_VALUES: list[Any] = [
+    None, True, False, -1, 0, 1, 2**64, -(2**63), 1e308, -1e-308, 0.5, "", "x" * 300,
+    [], [2**70], [-1], [0.5], ["2"], list(range(100)), {}, {"a": 1},
+]  # fmt: skip
 # Valid bodies to mutate, per POST path. A route without one is fuzzed from `{}`.
 BASE_BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {
@@ -37,9 +61,19 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
         "temperature": 0,
         "stream": True,
         "stop": ["\n\n"],
-        "stream_options": {"include_usage": True},
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        **DIALECT_FIELDS,
+        "continue_final_message": False,
+        "add_generation_prompt": True,
     },
-    "/v1/completions": {"model": "any", "prompt": "Once upon", "max_tokens": 3, "temperature": 0},
+    "/v1/completions": {
+        "model": "any",
+        "prompt": "Once upon",
+        "max_tokens": 3,
+        "temperature": 0,
+        **DIALECT_FIELDS,
+        "repeat_penalty": 1.1,
+    },
     "/v1/messages": {
         "model": "claude-any",
         "max_tokens": 3,

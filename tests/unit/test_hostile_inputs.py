@@ -25,6 +25,8 @@ from conftest import app_over, stop_app_engine
 from fakes import FakeBackend
 from hostile import (
     BASE_BODIES,
+    DIALECT_FIELDS,
+    HOSTILE_VALUES,
     NORMAL_CHAT,
     PING,
     PONG,
@@ -112,6 +114,29 @@ def test_the_reported_hostile_bodies_are_400_naming_the_field(
         assert reply.status == 400, reply
         check_reply(path, reply)
         assert (param or "nested deeper") in reply.body.decode()
+
+
+DIALECT_PATHS = ("/v1/chat/completions", "/v1/completions")
+# Two values of the one penalty disagree: the refusal names the second name.
+SAME_PENALTY = {"repetition_penalty": ("repeat_penalty",)}
+DIALECT_KEYS = [*DIALECT_FIELDS, "repeat_penalty", "continue_final_message",
+                "add_generation_prompt", "stream_options"]  # fmt: skip
+
+
+@pytest.mark.parametrize("field", DIALECT_KEYS)
+def test_no_value_of_a_dialect_field_gets_a_5xx(server: FakeServer, field: str) -> None:
+    """Every type and range on each field of vLLM, SGLang and llama-server: a 200 or
+    a 400 in the API's shape naming the field, never a 5xx."""
+    for path in DIALECT_PATHS:
+        for value in HOSTILE_VALUES:
+            hostile = {"continuous_usage_stats": value} if field == "stream_options" else value
+            body = {**BASE_BODIES[path], field: hostile}
+            reply = post_raw(server.url, path, _json(body))
+            check_reply(path, reply)
+            if reply.status == 400:
+                error = json.loads(reply.body)["error"]
+                named = (error["param"] or "").split(".")[0]
+                assert named in (field, *SAME_PENALTY.get(field, ())), (field, value, error)
 
 
 UNHASHABLE_TYPE_BODIES = {

@@ -191,7 +191,8 @@ async def test_ollama_errors_have_ollamas_shape(client_of) -> None:
     cases = [
         ({"model": "nope", "messages": []}, 404, 'model "nope" not found'),
         ({**chat, "options": {"temperature": "hot"}}, 400, "options.temperature"),
-        ({**chat, "options": {"repeat_penalty": 1.3}}, 400, "options.repeat_penalty"),
+        ({**chat, "options": {"repeat_penalty": 0}}, 400, "options.repeat_penalty"),
+        ({**chat, "options": {"mirostat": 2}}, 400, "options.mirostat"),
         ({**chat, "format": "yaml"}, 400, "format"),
         ({**chat, "think": True}, 400, "does not support thinking"),
         ({**chat, "keep_alive": "soon"}, 400, "keep_alive"),

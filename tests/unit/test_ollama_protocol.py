@@ -36,12 +36,13 @@ def test_a_bad_keep_alive_is_refused(value: str) -> None:
 def test_options_map_onto_sampling_and_limits() -> None:
     got = ollama.options(
         {"temperature": 0, "top_p": 0.5, "top_k": 40, "seed": 7, "stop": "\n", "num_predict": 9,
-         "num_ctx": 64, "num_gpu": 99, "repeat_penalty": 1.0, "presence_penalty": 0.5},
+         "num_ctx": 64, "num_gpu": 99, "repeat_penalty": 1.2, "presence_penalty": 0.5},
         DEFAULTS, 4096,
     )  # fmt: skip
     s = got.sampling
     assert (s.temperature, s.top_p, s.top_k, s.seed, s.stop) == (0.0, 0.5, 40, 7, ("\n",))
     assert s.presence_penalty == 0.5
+    assert s.repetition_penalty == 1.2
     assert (got.max_tokens, got.num_ctx) == (9, 64)
     empty = ollama.options(None, DEFAULTS, 4096)
     assert (empty.sampling.temperature, empty.sampling.top_p, empty.max_tokens) == (0.2, 0.9, None)

@@ -89,8 +89,9 @@ class Backend(Protocol):
         ``tools`` (Chat Completions' shape) only when ``template_has_tools``."""
         ...
 
-    def token_bytes(self, token: int) -> bytes:
-        """The bytes a token stands for (may be part of a UTF-8 character)."""
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        """The bytes a token stands for (may be part of a UTF-8 character);
+        ``special``: a control token's text too (else it is empty)."""
         ...
 
     def is_end_of_generation(self, token: int) -> bool: ...

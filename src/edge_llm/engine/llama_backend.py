@@ -35,9 +35,8 @@ from edge_llm.engine.backend import (
 from edge_llm.engine.chat_template import ChatTemplate
 from edge_llm.engine.disk_cache import fingerprint
 from edge_llm.engine.sampling import (
-    LogitBias,
+    LogitRules,
     Logits,
-    Penalties,
     check_schema_bounds,
     token_logprob,
 )
@@ -199,6 +198,7 @@ class LlamaBackend:
         self._batch = _Batch(max_batch_tokens)
         self._samplers: dict[str, _SequenceSampler] = {}
         self._pieces: dict[int, bytes] = {}
+        self._end_tokens: list[int] | None = None  # read once, when a request holds them
         self._template = ChatTemplate(self._read_chat_template(), _apply_builtin_template)
         self.template_has_tools = self._template.renders_tools
 
@@ -305,17 +305,21 @@ class LlamaBackend:
             raise BackendError(f"tokenizer needed {-n} tokens for {len(data)} bytes")
         return list(tokens[:n])
 
-    def token_bytes(self, token: int) -> bytes:
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        if special:
+            return self._piece(token, special=True)  # rarely asked for: not cached
         piece = self._pieces.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, False)
-            piece = buf.raw[:n]
-            self._pieces[token] = piece
+            piece = self._pieces[token] = self._piece(token, special=False)
         return piece
+
+    def _piece(self, token: int, *, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(llama.llama_vocab_is_eog(self._vocab, token))
@@ -350,7 +354,15 @@ class LlamaBackend:
                 grammar = _new_grammar(self._vocab, params.grammar)
             except InvalidRequest as exc:
                 error = f"grammar: {exc}"  # reported by this sequence's first decode
-        self._samplers[key] = _SequenceSampler(params, grammar, self.info.n_vocab, error)
+        end_tokens = self._end_of_generation_tokens() if params.holds_end else []
+        rules = LogitRules(params, self.info.n_vocab, end_tokens)
+        self._samplers[key] = _SequenceSampler(params, grammar, self.info.n_vocab, rules, error)
+
+    def _end_of_generation_tokens(self) -> list[int]:
+        if self._end_tokens is None:
+            n_vocab = self.info.n_vocab
+            self._end_tokens = [t for t in range(n_vocab) if self.is_end_of_generation(t)]
+        return self._end_tokens
 
     def end_sequence(self, key: str) -> None:
         sampler = self._samplers.pop(key, None)
@@ -555,8 +567,9 @@ class LlamaEmbedder:
 
 
 class _SequenceSampler:
-    """One sequence's sampling: logit bias and penalties (in place on its row of
-    logits), then argmax or llama.cpp's chain, then its grammar.
+    """One sequence's sampling: its logit rules (bias, penalties, held-off end
+    tokens; in place on its row of logits), then argmax or llama.cpp's chain,
+    then its grammar.
 
     The grammar checks the picked token first and constrains the whole vocabulary
     only when that token is not allowed (as llama.cpp's common sampler does): the
@@ -569,6 +582,7 @@ class _SequenceSampler:
         params: SamplingParams,
         grammar: ctypes.c_void_p | None,
         n_vocab: int,
+        rules: LogitRules,
         error: str | None = None,
     ) -> None:
         self.params = params
@@ -576,26 +590,20 @@ class _SequenceSampler:
         self.n_vocab = n_vocab
         self.chain = None if params.greedy else _new_chain(params)
         self.grammar = grammar
-        self.bias = LogitBias(params.logit_bias) if params.logit_bias else None
-        penalized = params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-        self.penalties = (
-            Penalties(params.presence_penalty, params.frequency_penalty) if penalized else None
-        )
+        self.rules = rules
         self._single = (llama.llama_token_data * 1)()
 
     def sample(self, ctx: ctypes.c_void_p, index: int | None, logits: Logits) -> Sampled:
         """``index``: the batch row of ``logits`` in ``ctx``; None for kept logits."""
         k = self.params.n_logprobs
         raw = logits.copy() if k is not None else logits
-        if self.bias is not None:
-            self.bias.apply(logits)
-        if self.penalties is not None:
-            self.penalties.apply(logits)
+        if self.rules:
+            self.rules.apply(logits)
         token = self._pick(ctx, index, logits)
         if self.grammar is not None:
             llama.llama_sampler_accept(self.grammar, token)
-        if self.penalties is not None:
-            self.penalties.accept(token)
+        if self.rules:
+            self.rules.accept(token)
         return Sampled(token, token_logprob(raw, token, k) if k is not None else None)
 
     def _pick(self, ctx: ctypes.c_void_p, index: int | None, logits: Logits) -> int:

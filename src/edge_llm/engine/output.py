@@ -113,6 +113,7 @@ class Output:
 
     def _emit_token(self, handle: StreamHandle, sampled: Sampled, now: float) -> _End | None:
         seq, token = handle.seq, sampled.token
+        sampling = seq.request.sampling
         cause = seq.pause_cause
         if cause is not None:
             seq.tokens_while_paused += 1
@@ -122,9 +123,10 @@ class Output:
         self.scheduler.record_token(seq, token, now)
         self._observe_latency(handle, now)
         self.streams.touch(handle)
-        if self.backend.is_end_of_generation(token):
+        if self.backend.is_end_of_generation(token) or token in sampling.stop_token_ids:
             return _End("stop")
-        text = handle.detokenizer.push(self.backend.token_bytes(token))
+        piece = self.backend.token_bytes(token, special=not sampling.skip_special_tokens)
+        text = handle.detokenizer.push(piece)
         text, hit_stop = handle.stop_matcher.push(text)
         handle.ring.push(text, sampled.logprob)
         if hit_stop:

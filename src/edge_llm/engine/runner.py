@@ -43,7 +43,8 @@ class ModelRunner:
 
     def start(self, started: list[Sequence]) -> None:
         for seq in started:
-            self.backend.start_sequence(seq.id, seq.request.sampling)
+            request = seq.request
+            self.backend.start_sequence(seq.id, request.sampling.with_prompt(request.prompt_tokens))
 
     def decode(self, plan: StepPlan, unpaused: Callable[[str], bool]) -> list[ChunkResult]:
         """Decode the whole plan; on failure, retry each chunk alone so one bad

@@ -38,7 +38,7 @@ class StreamHandle:
         self.ring = ring
         self.outcome: Outcome | None = None
         self.detokenizer = IncrementalDetokenizer()
-        self.stop_matcher = StopMatcher(stops)
+        self.stop_matcher = StopMatcher(stops, keep=seq.request.sampling.include_stop_str)
         self.last_token_at: float | None = None
         self._changed = asyncio.Event()
         self._done = asyncio.Event()

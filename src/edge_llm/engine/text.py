@@ -30,11 +30,13 @@ class StopMatcher:
 
     Text that could still be the start of a stop string is held back; once it
     cannot, it is released. On a match, the text before the stop is released and
-    the stop string itself is dropped, as OpenAI's API does.
+    the stop string itself is dropped, as OpenAI's API does (released too with
+    ``keep``: vLLM's ``include_stop_str_in_output``).
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], *, keep: bool = False) -> None:
         self._stops = tuple(s for s in stops if s)
+        self._keep = keep
         self._held = ""
         self.matched: str | None = None
 
@@ -47,7 +49,8 @@ class StopMatcher:
         if hit is not None:
             position, self.matched = hit
             self._held = ""
-            return buffer[:position], True
+            end = position + len(self.matched) if self._keep else position
+            return buffer[:end], True
         keep = self._longest_partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False

@@ -4,8 +4,8 @@
 Requests are validated as Ollama reads them: unknown top-level fields are ignored,
 and so are the ``options`` that tune how Ollama runs a model (GPU layers, threads,
 mmap, batch size), which mean nothing here. A sampling option that cannot be
-honoured with a value other than its neutral one (``repeat_penalty``, ``mirostat``,
-``typical_p``, ``tfs_z``) is refused, naming it, as is a field that asks for
+honoured with a value other than its neutral one (``mirostat``, ``typical_p``,
+``tfs_z``) is refused, naming it, as is a field that asks for
 something this engine does not do (``images``, ``suffix``, ``template``,
 ``context``, ``think``, ``logprobs``). Errors are ``{"error": "..."}``.
 """
@@ -36,7 +36,7 @@ _RUNNER_OPTIONS = frozenset({
     "penalize_newline", "repeat_last_n",
 })  # fmt: skip
 # Sampling options this engine does not have: refused unless neutral.
-_NEUTRAL_OPTIONS = {"repeat_penalty": 1.0, "mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+_NEUTRAL_OPTIONS = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -241,6 +241,7 @@ def options(
         stop=tuple(stops),
         presence_penalty=_ranged(given, "presence_penalty", -2.0, 2.0, 0.0),
         frequency_penalty=_ranged(given, "frequency_penalty", -2.0, 2.0, 0.0),
+        repetition_penalty=_ranged(given, "repeat_penalty", 0.01, 10.0, 1.0),
     )
     return Options(sampling, _num_predict(given, max_tokens_cap), _num_ctx(given))
 
@@ -301,7 +302,8 @@ def _num_ctx(given: Mapping[str, Any]) -> int | None:
 def ignored_options(raw: Mapping[str, Any] | None) -> list[str]:
     """The options accepted without effect (Ollama's runner settings, unknown keys)."""
     known = {"temperature", "top_p", "top_k", "min_p", "seed", "stop", "num_predict",
-             "num_ctx", "presence_penalty", "frequency_penalty", *_NEUTRAL_OPTIONS}  # fmt: skip
+             "num_ctx", "presence_penalty", "frequency_penalty", "repeat_penalty",
+             *_NEUTRAL_OPTIONS}  # fmt: skip
     return sorted(name for name in raw or {} if name not in known)
 
 

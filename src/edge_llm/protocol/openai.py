@@ -41,6 +41,8 @@ _MAX_STOP_CHARS = 256
 _MAX_LOGIT_BIAS = 1024
 _MAX_TOP_LOGPROBS = 20
 _Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+_Repetition = Annotated[float, Field(ge=0.01, le=10.0)]  # logits stay finite
+_MAX_STOP_TOKEN_IDS = 64
 
 
 _UNSUPPORTED_PARTS = {
@@ -170,6 +172,7 @@ class NamedToolChoice(Strict):
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage (so far) on every chunk
     include_progress: bool = False  # this engine's: progress chunks while no token flows
 
 
@@ -204,7 +207,7 @@ class _Sampling(Strict):
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0, le=100000)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=100000)] | None = None  # vLLM's -1: off, as 0
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     seed: Annotated[int, Field(ge=-_MAX_SEED, le=_MAX_SEED)] | None = None
     stop: str | list[str] | None = None
@@ -220,6 +223,68 @@ class _Sampling(Strict):
     priority: Priority | None = None
     service_tier: OpenAITier | None = None
     return_progress: bool = False  # llama-server's name for include_progress
+    # The dialects of vLLM, SGLang and llama-server (docs/http-api.md#request-dialects).
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+    repetition_penalty: _Repetition | None = None  # vLLM / SGLang
+    repeat_penalty: _Repetition | None = None  # llama-server: the same penalty here
+    stop_token_ids: (
+        Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=_MAX_STOP_TOKEN_IDS)] | None
+    ) = None
+    include_stop_str_in_output: bool = False
+    no_stop_trim: bool = False  # SGLang's name for include_stop_str_in_output
+    skip_special_tokens: bool = True
+    cache_prompt: bool = True  # llama-server's; the prefix cache is always used
+    # SGLang's, sent by its gateway at these defaults: no reasoning, no hidden states here.
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    return_hidden_states: bool = False
+
+    @field_validator("cache_prompt")
+    @classmethod
+    def _cache_kept(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "false is not supported: cached prefixes are always reused here "
+                "(the output does not depend on it; --deterministic makes that bitwise)"
+            )
+        return value
+
+    @field_validator("return_hidden_states")
+    @classmethod
+    def _no_hidden_states(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("true is not supported: this engine does not return hidden states")
+        return value
+
+    @model_validator(mode="after")
+    def _dialects_agree(self) -> _Sampling:
+        """Combinations that cannot be honoured, named (vLLM refuses the first too)."""
+        limit = self.requested_max_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise InvalidRequest(
+                f"min_tokens: {self.min_tokens} is above max_tokens ({limit})", param="min_tokens"
+            )
+        given = [p for p in (self.repetition_penalty, self.repeat_penalty) if p is not None]
+        if len(set(given)) > 1:
+            raise InvalidRequest(
+                "repeat_penalty: differs from repetition_penalty (the same penalty: give one)",
+                param="repeat_penalty",
+            )
+        if self.wants_json:
+            self._check_no_end_hold("response_format")
+        return self
+
+    def _check_no_end_hold(self, grammar_field: str) -> None:
+        """A grammar ends the output where it is complete: it cannot wait for an end
+        token kept from being sampled."""
+        for name, held in (("ignore_eos", self.ignore_eos), ("min_tokens", self.min_tokens)):
+            if held:
+                raise InvalidRequest(
+                    f"{name}: cannot be combined with {grammar_field} (its grammar ends the "
+                    "output where it is complete)",
+                    param=name,
+                )
 
     @field_validator("logit_bias")
     @classmethod
@@ -245,7 +310,7 @@ class _Sampling(Strict):
         return SamplingParams(
             temperature=_given(self.temperature, defaults.temperature),
             top_p=_given(self.top_p, defaults.top_p),
-            top_k=_given(self.top_k, defaults.top_k),
+            top_k=max(_given(self.top_k, defaults.top_k), 0),
             min_p=_given(self.min_p, defaults.min_p),
             seed=self.seed,
             stop=tuple(stops),
@@ -253,11 +318,26 @@ class _Sampling(Strict):
             frequency_penalty=self.frequency_penalty or 0.0,
             logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()),
             n_logprobs=self.n_logprobs,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+            repetition_penalty=_given(self.repetition_penalty, self.repeat_penalty or 1.0),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str=self.include_stop_str_in_output or self.no_stop_trim,
+            skip_special_tokens=self.skip_special_tokens,
         )
 
     @property
     def n_logprobs(self) -> int | None:
         return None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage (so far) on every streamed chunk."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
     @property
     def wants_json(self) -> bool:
@@ -303,6 +383,33 @@ class ChatCompletionRequest(_Sampling):
     prompt_cache_retention: str | None = None
     safety_identifier: str | None = None
     modalities: list[Literal["text"]] | None = None
+    # vLLM's: the answer continues the last (assistant) message instead of a new turn.
+    continue_final_message: bool = False
+    add_generation_prompt: bool | None = None  # default true; false only when continuing
+
+    @model_validator(mode="after")
+    def _continuation(self) -> ChatCompletionRequest:
+        if self.continue_final_message:
+            last = self.messages[-1]
+            if last.role != "assistant" or last.tool_calls:
+                raise InvalidRequest(
+                    "continue_final_message: the last message must be an assistant's text",
+                    param="continue_final_message",
+                )
+            if self.add_generation_prompt:
+                raise InvalidRequest(
+                    "add_generation_prompt: cannot be true with continue_final_message "
+                    "(the answer continues the last message, no new turn is opened)",
+                    param="add_generation_prompt",
+                )
+        elif self.add_generation_prompt is False:
+            raise InvalidRequest(
+                "add_generation_prompt: false is supported only with "
+                "continue_final_message: true (an answer always follows a generation prompt "
+                "or continues the last assistant message)",
+                param="add_generation_prompt",
+            )
+        return self
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -343,7 +450,15 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        return [m.template_dict() for m in self.messages]
+        """The conversation rendered before the answer (without the message the
+        answer continues, see :attr:`prefill`)."""
+        messages = self.messages[:-1] if self.continue_final_message else self.messages
+        return [m.template_dict() for m in messages]
+
+    @property
+    def prefill(self) -> str:
+        """Text the answer continues: the last message's with ``continue_final_message``."""
+        return self.messages[-1].text() if self.continue_final_message else ""
 
     def tool_setup(self) -> ToolSetup | None:
         """The tools and what is asked of them; raises InvalidRequest when
@@ -360,17 +475,22 @@ class ChatCompletionRequest(_Sampling):
             choice = ToolChoice("required", self.tool_choice.function["name"])
         else:
             choice = ToolChoice(self.tool_choice or "auto")
-        return ToolSetup(tools, choice, self.parallel_tool_calls is not False)
+        setup = ToolSetup(tools, choice, self.parallel_tool_calls is not False)
+        if setup.forced:
+            self._check_no_end_hold("tool_choice")
+        return setup
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
     echo: Literal[False] | None = None
-    logprobs: Annotated[int, Field(ge=0, le=_MAX_TOP_LOGPROBS)] | None = None
+    # An int here; false (as SGLang's gateway sends on chat) is no logprobs.
+    logprobs: Annotated[int, Field(ge=0, le=_MAX_TOP_LOGPROBS)] | Literal[False] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
 
     @property
     def n_logprobs(self) -> int | None:
-        return self.logprobs
+        return None if self.logprobs is False else self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -381,7 +501,7 @@ class CompletionRequest(_Sampling):
 
     @property
     def requested_max_tokens(self) -> int | None:
-        return self.max_tokens
+        return self.max_completion_tokens or self.max_tokens
 
     def prompt_text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]

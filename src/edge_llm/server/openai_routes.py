@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -138,6 +138,7 @@ async def _start_chat(
         sampling=request_sampling(service, req),
         session=session,
         tools=setup,
+        prefill=req.prefill,
         priority=priority,
     )
 
@@ -204,12 +205,13 @@ async def _stream_sse(
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, answer.id, answer.headers)
     first = shape.first(ids)
+    usage = _usage_so_far(answer, req)
     async for event in answer.events():
         if isinstance(event, Delta):
             prefix = b""
             if first is not None:
-                prefix, first = sse.encode_data(first), None
-            chunk = shape.chunk(ids, event.text, None, event.logprobs)
+                prefix, first = sse.encode_data(usage(first)), None
+            chunk = usage(shape.chunk(ids, event.text, None, event.logprobs))
             await writer.send(prefix + sse.encode_data(chunk))
         elif isinstance(event, Heartbeat):
             await writer.send(_beat(ids, event, req, chat=shape.chat))
@@ -217,11 +219,21 @@ async def _stream_sse(
             outcome = event.outcome
             if outcome.error is not None:
                 return await writer.fail(outcome.error, sse.encode_data(outcome.error.to_dict()))
-            tail = [shape.chunk(ids, "", outcome.finish_reason or "stop")]
+            tail = [usage(shape.chunk(ids, "", outcome.finish_reason or "stop"))]
             if req.include_usage:
                 tail.append(openai.usage_chunk(*ids, answer.usage(), chat=shape.chat))
             await writer.send(b"".join(sse.encode_data(c) for c in tail) + sse.DONE)
     return await writer.finish()
+
+
+def _usage_so_far(
+    answer: Answer, req: openai.ChatCompletionRequest | openai.CompletionRequest
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Adds the usage so far to a chunk when the request asked for it on every chunk
+    (``stream_options.continuous_usage_stats``, as vLLM; guidellm reads it)."""
+    if not req.continuous_usage:
+        return lambda chunk: chunk
+    return lambda chunk: chunk | {"usage": answer.usage()}
 
 
 def _beat(
@@ -276,10 +288,11 @@ async def _stream_tools(
     req: openai.ChatCompletionRequest,
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, answer.id, answer.headers)
-    first = sse.encode_data(openai.chat_chunk(*ids, role="assistant", content=""))
+    usage = _usage_so_far(answer, req)
+    first = sse.encode_data(usage(openai.chat_chunk(*ids, role="assistant", content="")))
     async for event in answer.events():
         if isinstance(event, Delta):
-            chunks = _tool_chunks(ids, parser.feed(event.text))
+            chunks = _tool_chunks(ids, parser.feed(event.text), usage)
             if chunks or first:
                 await writer.send(first + chunks)
                 first = b""
@@ -291,23 +304,25 @@ async def _stream_tools(
             outcome = event.outcome
             if outcome.error is not None:
                 return await writer.fail(outcome.error, sse.encode_data(outcome.error.to_dict()))
-            tail = _tool_chunks(ids, parser.finish())
+            tail = _tool_chunks(ids, parser.finish(), usage)
             reason = _finish_reason(parser, outcome.finish_reason)
-            tail += sse.encode_data(openai.chat_chunk(*ids, finish_reason=reason))
+            tail += sse.encode_data(usage(openai.chat_chunk(*ids, finish_reason=reason)))
             if req.include_usage:
                 tail += sse.encode_data(openai.usage_chunk(*ids, answer.usage(), chat=True))
             await writer.send(first + tail + sse.DONE)
     return await writer.finish()
 
 
-def _tool_chunks(ids: _Ids, events: list[OutputEvent]) -> bytes:
+def _tool_chunks(
+    ids: _Ids, events: list[OutputEvent], usage: Callable[[dict[str, Any]], dict[str, Any]]
+) -> bytes:
     chunks = []
     for event in events:
         if isinstance(event, TextOut):
             chunk = openai.chat_chunk(*ids, content=event.text)
         else:
             chunk = openai.chat_chunk(*ids, tool_calls=openai.tool_call_delta(event))
-        chunks.append(sse.encode_data(chunk))
+        chunks.append(sse.encode_data(usage(chunk)))
     return b"".join(chunks)
 
 

@@ -107,11 +107,12 @@ class GenerationService:
 
     def _check_sampling(self, sampling: SamplingParams) -> None:
         n_vocab = self.backend.info.n_vocab
-        for token, _ in sampling.logit_bias:
+        named = [("logit_bias", t) for t, _ in sampling.logit_bias]
+        for field, token in named + [("stop_token_ids", t) for t in sampling.stop_token_ids]:
             if token >= n_vocab:
                 raise InvalidRequest(
-                    f"logit_bias: token id {token} is not in the vocabulary (0..{n_vocab - 1})",
-                    param="logit_bias",
+                    f"{field}: token id {token} is not in the vocabulary (0..{n_vocab - 1})",
+                    param=field,
                 )
 
     async def prepare_chat(
