@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from edge_llm.server.access_log import LOGGER_NAME
 
+from conftest import app_engine
 from fakes import FakeBackend
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
@@ -109,7 +110,7 @@ async def test_a_refusal_names_its_code(client_of, access) -> None:
     assert response.status == 400
     [line] = lines(access)
     assert line == {
-        "id": "-",
+        "id": response.headers["X-Request-Id"],
         "method": "POST",
         "path": "/v1/chat/completions",
         "status": "400",
@@ -118,6 +119,24 @@ async def test_a_refusal_names_its_code(client_of, access) -> None:
         "end": "prompt_too_long",
         "backend": "-",
     }
+
+
+async def test_every_refusal_has_an_id_in_its_header_and_its_line(client_of, access) -> None:
+    """Support and ``blame`` name a refused request by the id its client saw."""
+    client = await client_of(api_key=["k"], max_body_bytes=1024)
+    key = {"Authorization": "Bearer k"}
+    refusals = [
+        await client.post("/v1/chat/completions", json={**CHAT, "bogus": 1}, headers=key),
+        await client.post("/v1/chat/completions", json=CHAT),
+        await client.post("/v1/completions", data=b"x" * 4096, headers=key),
+        await client.get("/nope", headers=key),
+    ]
+    app_engine(client.app).begin_drain()  # 503 engine_unavailable from now on
+    refusals.append(await client.post("/v1/chat/completions", json=CHAT, headers=key))
+    assert [r.status for r in refusals] == [400, 401, 413, 404, 503]
+    ids = [r.headers["X-Request-Id"] for r in refusals]
+    assert all(i.startswith("chatcmpl-") for i in ids) and len(set(ids)) == len(ids)
+    assert [line["id"] for line in lines(access)] == ids
 
 
 async def test_auth_failures_and_unknown_routes(client_of, access) -> None:

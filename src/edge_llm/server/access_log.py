@@ -2,12 +2,13 @@
 
     chatcmpl-5f0c9a1e… POST /v1/chat/completions 200 ttft_ms=412 tokens=33/64 end=stop backend=local
 
-Fields, in order: the request id (``-`` when the request was refused before it got
-one), method and path, status, ``ttft_ms``, ``tokens`` (prompt/generated), ``end``
-(how it ended: the finish reason ``stop`` / ``length`` / ``tool_calls``,
-``cancelled:REASON``, or the error code) and ``backend`` (``local`` or the upstream's
-name); a field a request does not have is ``-``. A client that goes away before its
-answer is complete gets status 499 and ``end=cancelled:disconnect``, as nginx logs it.
+Fields, in order: the request id (a refused request's is the one its
+``X-Request-Id`` header carries, see :func:`request_id`), method and path, status,
+``ttft_ms``, ``tokens`` (prompt/generated), ``end`` (how it ended: the finish reason
+``stop`` / ``length`` / ``tool_calls``, ``cancelled:REASON``, or the error code) and
+``backend`` (``local`` or the upstream's name); a field a request does not have is
+``-``. A client that goes away before its answer is complete gets status 499 and
+``end=cancelled:disconnect``, as nginx logs it.
 
 :func:`middleware` writes the line when the handler returns, which for a stream is
 when the stream has ended. Each route scopes its dispatched answer with
@@ -24,6 +25,7 @@ access_log``).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,13 +72,14 @@ class AccessRecord:
     status: int | None = None
     error_code: str | None = None
     answer: Answer | None = None
+    refusal_id: str | None = None  # the id of a request refused before it had an answer
 
     def line(self) -> str:
         """The log line; the answer's facts are read now, when it has ended."""
         answer = self.answer
         return " ".join(
             [
-                answer.id if answer is not None else "-",
+                answer.id if answer is not None else self.refusal_id or "-",
                 self.method,
                 self.path,
                 _text(self.status),
@@ -133,6 +136,21 @@ def answering(request: web.Request, answer: Answer) -> Iterator[None]:
         yield
     finally:
         _write(stream)
+
+
+def request_id(request: web.Request) -> str:
+    """The id of ``request``'s answer, or, for a request refused before it had one
+    (400, 401, 413, 429, 503...), a new id in the same form that its line shows too:
+    the ``X-Request-Id`` of every response names its log line."""
+    record: AccessRecord | None = request.get(RECORD)
+    if record is not None and record.answer is not None:
+        return record.answer.id
+    if record is not None and record.refusal_id is not None:
+        return record.refusal_id
+    new_id = "chatcmpl-" + uuid.uuid4().hex[:24]
+    if record is not None:
+        record.refusal_id = new_id
+    return new_id
 
 
 def refused(request: web.Request, error: EdgeLLMError) -> None:

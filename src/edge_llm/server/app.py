@@ -73,14 +73,17 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every error leaves with its status, in the shape of the API its path belongs
     to (Anthropic's under /v1/messages, else OpenAI's); bad input is never a 500."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except (ConnectionResetError, ConnectionAbortedError):
         raise
     except Exception as exc:
         error = _as_engine_error(request, exc)
         if error is None:
             raise
-        return error_response(error, request.path)
+        response = error_response(error, request.path)
+    if response.status >= 400 and not response.prepared:
+        response.headers.setdefault("X-Request-Id", access_log.request_id(request))
+    return response
 
 
 def _as_engine_error(request: web.Request, exc: Exception) -> EdgeLLMError | None:
