@@ -59,6 +59,7 @@ class Output:
         """Queue time, ``scheduled`` and ``cache_hit`` of the sequences the plan
         started, and the cells sequences attached from a prefill in flight."""
         for seq in plan.started:
+            self.metrics.prefix_cache_queries.inc(seq.n_prompt)
             if seq.admitted_at is not None:
                 self.metrics.queue_time.observe(seq.admitted_at - seq.created_at)
             queue_ms = round(((seq.admitted_at or seq.created_at) - seq.created_at) * 1000, 3)

@@ -109,6 +109,7 @@ def bind_gauges(engine: Engine) -> None:
         paused=engine.locked(lambda e: e.streams.count_paused()),
         kv_used=engine.locked(lambda e: tier_bytes(e)["device_live"]),
         backpressure_peak=engine.locked(lambda e: e.streams.backpressure_peak),
+        kv_usage=engine.locked(lambda e: e.kv.stats().used_tokens / e.kv.capacity_tokens),
     )
     metrics.bind_tiers(engine.tier_bytes)
     metrics.memory_available.set_function(engine.locked(_memory_available))

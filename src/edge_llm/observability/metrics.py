@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 PREFIX = "edge_llm_"
 # The tiers KV bytes are reported for (kv_cache_tier_bytes{tier}).
@@ -13,6 +16,13 @@ _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# Our series that vLLM has under another name (VllmNames).
+_VLLM_RENAMED = {
+    PREFIX + "requests_running": "vllm:num_requests_running",
+    PREFIX + "requests_waiting": "vllm:num_requests_waiting",
+    PREFIX + "time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    PREFIX + "inter_token_latency_seconds": "vllm:inter_token_latency_seconds",
+}
 
 
 class EngineMetrics:
@@ -70,6 +80,11 @@ class EngineMetrics:
         )
         self.prompt_tokens_cached = Counter(
             PREFIX + "prompt_tokens_cached", "Prompt tokens found in the prefix cache", registry=r
+        )
+        self.prefix_cache_queries = Counter(  # vLLM's name only (VllmNames)
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            registry=r,
         )
         self.kv_tier_bytes = Gauge(
             PREFIX + "kv_cache_tier_bytes",
@@ -142,6 +157,8 @@ class EngineMetrics:
         )
         self._priorities_seen: set[str] = set()
         self._init_labels()
+        self.kv_usage: Callable[[], float] = lambda: 0.0
+        r.register(VllmNames(self))
 
     def set_waiting_by_priority(self, counts: Mapping[str, int]) -> None:
         """Requests waiting per priority; a priority seen before goes back to zero."""
@@ -186,8 +203,12 @@ class EngineMetrics:
         paused: Callable[[], float],
         kv_used: Callable[[], float],
         backpressure_peak: Callable[[], float],
+        *,
+        kv_usage: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        """Gauges read the engine's state when scraped."""
+        """Gauges read the engine's state when scraped; ``kv_usage``: the fraction
+        of the KV budget running sequences hold (0 to 1)."""
+        self.kv_usage = kv_usage
         self.requests_running.set_function(running)
         self.requests_waiting.set_function(waiting)
         self.streams_paused.set_function(paused)
@@ -201,6 +222,48 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class VllmNames(Collector):
+    """The series gateways score workers by (llm-d, vLLM production-stack), under
+    vLLM's names, with vLLM's meaning and unit, read from this engine's own metrics
+    when scraped (``vllm:prefix_cache_queries`` is a counter of its own): a fleet's
+    router reads an edge-llm node as it reads a vLLM one (docs/observability.md)."""
+
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        for metric in (m.requests_running, m.requests_waiting, m.ttft, m.itl):
+            for family in metric.collect():
+                yield _renamed(family, _VLLM_RENAMED[family.name])
+        yield GaugeMetricFamily(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            value=m.kv_usage(),
+        )
+        yield CounterMetricFamily(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            value=_total(m.prompt_tokens_cached),
+        )
+
+    def describe(self) -> list[Metric]:
+        return []  # no fixed description: the registry must not collect at register
+
+
+def _renamed(family: Metric, name: str) -> Metric:
+    out = Metric(name, family.documentation, family.type, family.unit)
+    for sample in family.samples:
+        suffix = sample.name.removeprefix(family.name)
+        out.add_sample(name + suffix, sample.labels, sample.value, sample.timestamp)
+    return out
+
+
+def _total(counter: Counter) -> float:
+    """A counter's value (without labels)."""
+    return sum(s.value for f in counter.collect() for s in f.samples if s.name.endswith("_total"))
 
 
 def _reader(tiers: Callable[[], dict[str, int]], tier: str) -> Callable[[], float]:
