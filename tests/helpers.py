@@ -4,11 +4,14 @@ Prometheus text and a client event sink."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+
+from edge_llm.protocol.sse import SSEParser
 
 FRAME_TIMEOUT_S = 120.0
 
@@ -41,6 +44,15 @@ async def next_frame(
 def delta_text(frames: list[dict[str, Any]]) -> str:
     """The text of the ``delta`` frames among ``frames``."""
     return "".join(frame["text"] for frame in frames if frame["type"] == "delta")
+
+
+def sse_events(body: bytes | str) -> list[tuple[str | None, Any]]:
+    """The events of a whole SSE body, in order: (its ``event:`` name or None, its
+    JSON data, or None for ``[DONE]``)."""
+    parser = SSEParser()
+    raw = body.encode() if isinstance(body, str) else body
+    events = parser.feed(raw) + parser.close()
+    return [(e.event, None if e.data == "[DONE]" else json.loads(e.data)) for e in events]
 
 
 def metric(text: str, name: str, *, absent: float | None = None, **labels: str) -> float:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ import pytest
 
 from conftest import EngineProcess, start_engine
 from doc_examples import ROOT, Example, examples, matches, pages
+from helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -105,12 +105,6 @@ def environment(workdir: Path, engine: EngineProcess | None) -> dict[str, str]:
     if engine is not None:
         env["EDGE_LLM_BASE_URL"] = engine.base_url
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def addresses(example: Example, engine: EngineProcess | None) -> dict[str, str]:

@@ -7,7 +7,8 @@ install wrote why into ``agent-clis.skip`` and these tests skip with that reason
 Each run gets a fresh HOME (so no user settings, credentials or history are read
 or written), the only base URL it knows is a 127.0.0.1 one, telemetry and update
 checks are switched off, and every proxy variable points at a closed local port,
-so anything that still tried to reach the internet would fail at once.
+so anything that still tried to reach the internet would fail at once. The CLIs'
+own retries are off: each of their calls reaches the engine once.
 """
 
 from __future__ import annotations
@@ -92,12 +93,14 @@ def claude_env(home: Path, base_url: str, **extra: str) -> dict[str, str]:
         DISABLE_TELEMETRY="1",
         DISABLE_AUTOUPDATER="1",
         DISABLE_ERROR_REPORTING="1",
+        CLAUDE_CODE_MAX_RETRIES="0",
         **extra,
     )
 
 
 def codex_env(home: Path, base_url: str) -> dict[str, str]:
-    """A CODEX_HOME whose config.toml is what ``edge-llm config codex`` writes."""
+    """A CODEX_HOME whose config.toml is what ``edge-llm config codex`` writes, with
+    Codex's request and stream retries off."""
     codex_home = home / ".codex"
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(
@@ -109,7 +112,9 @@ def codex_env(home: Path, base_url: str) -> dict[str, str]:
         'name = "edge-llm"\n'
         f'base_url = "{base_url}/v1"\n'
         'env_key = "EDGE_LLM_API_KEY"\n'
-        'wire_api = "responses"\n',
+        'wire_api = "responses"\n'
+        "request_max_retries = 0\n"
+        "stream_max_retries = 0\n",
         encoding="utf-8",
     )
     return sealed_env(home, CODEX_HOME=str(codex_home), EDGE_LLM_API_KEY="sk-local")

@@ -7,11 +7,13 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import anthropic
+import openai
 import psutil
 
 from conftest import EngineProcess
@@ -64,16 +66,46 @@ def chat_body(
     }
 
 
-async def complete(url: str, body: dict[str, Any]) -> dict[str, Any]:
+async def complete(url: str, body: dict[str, Any], **headers: str) -> dict[str, Any]:
     """The non-streamed chat completion of ``body`` from the engine at ``url`` (its
-    root); fails unless the answer is a 200."""
+    root), sent with ``headers``; fails unless the answer is a 200."""
     async with aiohttp.ClientSession() as session:
         async with session.post(
-            url + "/v1/chat/completions", json={**body, "stream": False}
+            url + "/v1/chat/completions", json={**body, "stream": False}, headers=headers
         ) as response:
             assert response.status == 200, await response.text()
             result: dict[str, Any] = await response.json()
             return result
+
+
+async def read_sse(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any] | str]:
+    """The data events of an SSE response as they arrive (``: ping`` as the string
+    "ping"), until [DONE]."""
+    while True:
+        event = (await response.content.readuntil(b"\n\n")).decode().strip()
+        if event == ": ping":
+            yield "ping"
+        elif event == "data: [DONE]":
+            return
+        elif event.startswith("data: "):
+            yield json.loads(event.removeprefix("data: "))
+
+
+def served_model(engine: EngineProcess) -> str:
+    """The id of the engine's (first) model, as /v1/models lists it."""
+    return str(engine.get_json("/v1/models")["data"][0]["id"])
+
+
+def openai_sdk(engine: EngineProcess) -> openai.OpenAI:
+    """The official OpenAI SDK against the engine, without its own retries: a test
+    that counts requests sees each call once."""
+    return openai.OpenAI(base_url=engine.base_url, api_key="unused", max_retries=0)
+
+
+def anthropic_sdk(engine: EngineProcess, **options: Any) -> anthropic.Anthropic:
+    """The official Anthropic SDK against the engine, without its own retries."""
+    options.setdefault("api_key", "unused")
+    return anthropic.Anthropic(base_url=engine.url, max_retries=0, **options)
 
 
 def text_of(result: dict[str, Any]) -> str:

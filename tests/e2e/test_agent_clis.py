@@ -141,6 +141,7 @@ async def test_claude_code_round_trip_on_the_embedded_model(
     clamped = [e for e in events if e["event"] == "max_tokens_clamped"]
     assert clamped and clamped[0]["requested"] == 32000, clamped
     admitted = [e for e in events if e["event"] == "admitted"]
+    assert len(admitted) == 1, admitted  # one call, retries off
     report = {"answer": run.stdout.strip(), "n_prompt_tokens": admitted[0]["n_prompt_tokens"]}
     print(json.dumps({"claude_code": report, "clamped": clamped[0]}))
 
@@ -200,6 +201,7 @@ async def test_codex_round_trip_on_the_embedded_model(
     assert run.returncode == 0, run.output
     assert run.stdout.strip(), run.output
     admitted = [e for e in roomy_engine.events()[before:] if e["event"] == "admitted"]
+    assert len(admitted) == 1, admitted  # one call, retries off
     report = {"answer": run.stdout.strip(), "n_prompt_tokens": admitted[0]["n_prompt_tokens"]}
     print(json.dumps({"codex": report}))
 

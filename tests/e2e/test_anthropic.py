@@ -16,6 +16,8 @@ import pytest
 
 from edge_llm.protocol.sse import SSEParser
 
+from support import anthropic_sdk, served_model
+
 pytestmark = pytest.mark.e2e
 
 QUESTION = [{"role": "user", "content": "Name the capital of France."}]
@@ -24,17 +26,8 @@ FOREIGN_MODEL = "claude-sonnet-4-5"  # what Claude Code sends unless ANTHROPIC_M
 GREEDY = {"temperature": 0}
 
 
-def sdk(engine: Any, **options: Any) -> anthropic.Anthropic:
-    options.setdefault("api_key", "unused")
-    return anthropic.Anthropic(base_url=engine.url, max_retries=0, **options)
-
-
-def served_model(engine: Any) -> str:
-    return str(engine.get_json("/v1/models")["data"][0]["id"])
-
-
 def test_sdk_non_streaming_and_streaming(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with anthropic_sdk(engine_server) as client:
         reply = client.messages.create(
             model=FOREIGN_MODEL, max_tokens=24, extra_body=GREEDY, messages=QUESTION
         )
@@ -92,7 +85,7 @@ def test_raw_event_sequence(engine_server: Any) -> None:
 
 
 def test_max_tokens_and_stop_sequences(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with anthropic_sdk(engine_server) as client:
         short = client.messages.create(
             model="m", max_tokens=3, extra_body=GREEDY, messages=QUESTION
         )
@@ -117,7 +110,7 @@ def test_max_tokens_and_stop_sequences(engine_server: Any) -> None:
 
 
 def test_invalid_requests_get_anthropic_errors(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with anthropic_sdk(engine_server) as client:
         with pytest.raises(anthropic.BadRequestError) as info:
             client.messages.create(model="m", max_tokens=0, messages=QUESTION)
         assert isinstance(info.value.body, dict)
@@ -133,7 +126,7 @@ def test_invalid_requests_get_anthropic_errors(engine_server: Any) -> None:
 
 
 def test_superseded_stream_ends_with_an_error_event(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with anthropic_sdk(engine_server) as client:
         counting = [{"role": "user", "content": "Count from 1 to 100, separated by commas."}]
         session = {"X-Session-Id": "e2e-anthropic-supersede"}
         with client.messages.stream(
@@ -157,8 +150,9 @@ def test_superseded_stream_ends_with_an_error_event(engine_server: Any) -> None:
 def test_api_key_as_x_api_key_or_bearer(engine_factory: Any) -> None:
     engine = engine_factory("--api-key", "sk-test")
     for options in ({"api_key": "sk-test"}, {"auth_token": "sk-test", "api_key": None}):
-        with sdk(engine, **options) as client:
+        with anthropic_sdk(engine, **options) as client:
             reply = client.messages.create(model="m", max_tokens=2, messages=QUESTION)
         assert reply.usage.output_tokens > 0
-    with sdk(engine, api_key="sk-wrong") as client, pytest.raises(anthropic.AuthenticationError):
+    wrong = anthropic_sdk(engine, api_key="sk-wrong")
+    with wrong as client, pytest.raises(anthropic.AuthenticationError):
         client.messages.create(model="m", max_tokens=2, messages=QUESTION)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import anthropic
 import pytest
+
+from support import anthropic_sdk
 
 pytestmark = pytest.mark.e2e
 
@@ -23,12 +24,8 @@ WEATHER = {
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 
 
-def sdk(engine: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=engine.url, api_key="unused", max_retries=0)
-
-
 def test_count_tokens_matches_the_prompt_a_message_uses(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with anthropic_sdk(engine_server) as client:
         with_tools = client.messages.count_tokens(
             model="m", messages=[QUESTION], tools=[WEATHER], system="Be brief."
         )
@@ -68,7 +65,7 @@ def test_tool_result_in_the_history_gets_an_answer(engine_server: Any) -> None:
             ],
         },
     ]
-    with sdk(engine_server) as client:
+    with anthropic_sdk(engine_server) as client:
         answer = client.messages.create(
             model="m",
             max_tokens=32,

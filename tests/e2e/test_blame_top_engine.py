@@ -17,7 +17,7 @@ from edge_llm.client import ClientConfig, StreamClient
 from edge_llm.observability.events import Event, EventLog, read_events
 
 from helpers import next_frame
-from support import chat_body, wait_until
+from support import chat_body, served_model, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -45,12 +45,12 @@ class ClientEvents:
 
 
 def client_config(engine: Any) -> ClientConfig:
-    model_id = engine.get_json("/v1/models")["data"][0]["id"]
     return ClientConfig(
         base_url=engine.base_url,
         api_key="",
-        model_id=model_id,
+        model_id=served_model(engine),
         render_queue_capacity=QUEUE_CAPACITY,
+        retry={"max_attempts": 1},  # one request per stream: blame judges each once
     )
 
 

@@ -15,7 +15,7 @@ from edge_llm.client import ClientConfig, StreamClient, TtftTimeoutError
 from edge_llm.observability.events import read_events
 
 from helpers import Recorder, next_frame
-from support import chat_body, wait_until
+from support import chat_body, served_model, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -24,7 +24,10 @@ STORY = [{"role": "user", "content": "Write a long story about a dragon who lear
 
 
 def config(engine: Any, **fields: Any) -> ClientConfig:
-    model_id = engine.get_json("/v1/models")["data"][0]["id"]
+    """The client against ``engine``; one attempt per call unless ``retry`` says more
+    (the seed's two attempts would hide a failed first one from a test that counts)."""
+    fields.setdefault("retry", {"max_attempts": 1})
+    model_id = served_model(engine)
     return ClientConfig(base_url=engine.base_url, api_key="", model_id=model_id, **fields)
 
 
@@ -34,6 +37,7 @@ def engine_events(engine: Any, request_id: str) -> list[str]:
 
 async def test_sse_and_ws_give_the_same_answer_with_server_ids(engine_server: Any) -> None:
     events = Recorder()
+    n_admitted = len(engine_server.events_of("admitted"))
     async with StreamClient(config(engine_server), event_log=events) as client:
         sse = await client.complete(QUESTION, max_tokens=24, temperature=0)
         ws = await client.complete(QUESTION, max_tokens=24, temperature=0, transport="ws")
@@ -45,6 +49,7 @@ async def test_sse_and_ws_give_the_same_answer_with_server_ids(engine_server: An
         assert result.ttft_ms is not None
         assert result.ttfr_ms is not None
         assert result.request_id
+        assert result.attempts == 1
     assert ws.request_id != sse.request_id
     assert sse.usage is not None and sse.usage["completion_tokens"] == sse.n_tokens
     assert ws.server_stats is not None and "ttft_ms" in ws.server_stats
@@ -55,6 +60,10 @@ async def test_sse_and_ws_give_the_same_answer_with_server_ids(engine_server: An
         assert result.request_id is not None
         rid = result.request_id
         await wait_until(lambda rid=rid: "end" in engine_events(engine_server, rid), what="end")
+    # one request per call reached the engine (lines are written in order: both ends
+    # are in the log, so every admission before them is too)
+    admitted = [e["request_id"] for e in engine_server.events_of("admitted")[n_admitted:]]
+    assert admitted == [sse.request_id, ws.request_id]
 
 
 async def test_ttft_timeout_cancels_on_the_engine(engine_factory: Any) -> None:
@@ -103,6 +112,7 @@ async def test_sse_slow_renderer_stops_reading(engine_server: Any) -> None:
         texts = [text async for text in stream]
     assert "".join(texts) == stream.result.text
     assert stream.result.n_tokens > 8
+    assert stream.result.attempts == 1
     assert events.of("read_resumed")
 
 
@@ -122,10 +132,10 @@ def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_pat
     runs these tests (the engine makes dozens a second), and the queue drains to the
     low watermark (empty) before the end."""
     log = tmp_path / "client.jsonl"
-    model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    model_id = served_model(engine_server)
     config_path = tmp_path / "client.json"
     section = {"base_url": engine_server.base_url, "api_key": "", "model_id": model_id,
-               "render_queue_capacity": 2}  # fmt: skip
+               "render_queue_capacity": 2, "retry": {"max_attempts": 1}}  # fmt: skip
     config_path.write_text(json.dumps({"edge_llm_client": section}), encoding="utf-8")
     proc = run_cli(
         "--config", str(config_path), "--ws", "--render-delay-ms", "1000",
@@ -135,6 +145,7 @@ def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_pat
     assert proc.stdout.strip()
     events = read_events(log)
     names = [e["event"] for e in events]
+    assert names.count("request_sent") == 1, names
     for name in ("watermark_high", "pause_sent", "watermark_low", "resume_sent", "end"):
         assert name in names, names
     assert names.index("pause_sent") < names.index("resume_sent")
@@ -146,7 +157,7 @@ def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_pat
 
 
 def test_chat_sse_one_shot_and_failure_exit_code(engine_server: Any, tmp_path: Path) -> None:
-    model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    model_id = served_model(engine_server)
     question = "Name the capital of France."
     ok = run_cli("--base-url", engine_server.base_url + "/", "--model", model_id,
                  "--max-tokens", "16", "--temperature", "0", question)  # fmt: skip
@@ -159,7 +170,7 @@ def test_chat_sse_one_shot_and_failure_exit_code(engine_server: Any, tmp_path: P
 
 
 def test_chat_reads_the_seed_config_shape(engine_server: Any, tmp_path: Path) -> None:
-    model_id = engine_server.get_json("/v1/models")["data"][0]["id"]
+    model_id = served_model(engine_server)
     path = tmp_path / "client.json"
     section = {"base_url": engine_server.url, "api_key": " sk-local ", "model_id": model_id}
     path.write_text(json.dumps({"edge_llm_client": section}))

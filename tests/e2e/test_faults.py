@@ -17,12 +17,11 @@ import pytest
 from edge_llm.client import ClientConfig, ConnectError, RetryConfig, StreamClient
 
 from helpers import free_port
-from support import chat_body, wait_until
+from support import STORY, chat_body, served_model, wait_until
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = [{"role": "user", "content": "Name the capital of France."}]
-STORY = "Write a very long story about a dragon and a knight."
 
 # A reader in its own process: a small receive buffer, reads until the first
 # token, prints the request id, then keeps reading until the test freezes it.
@@ -109,12 +108,11 @@ async def test_engine_killed_and_restarted_on_the_same_port(engine_factory) -> N
     once an engine listens on the same port again, the same client succeeds."""
     port = str(free_port())
     engine = engine_factory("--port", port)
-    model_id = engine.get_json("/v1/models")["data"][0]["id"]
     retry = RetryConfig(max_attempts=3, backoff_ms=50, retry_on=["connect_error"])
     config = ClientConfig(
         base_url=engine.base_url,
         api_key="",
-        model_id=model_id,
+        model_id=served_model(engine),
         retry=retry,
         ttft_warn_ms=120_000,  # a loaded machine must not turn into a TTFT error
         ttft_hard_timeout_ms=240_000,

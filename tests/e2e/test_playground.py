@@ -23,6 +23,7 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 from edge_llm.observability.units import mib
 
 from conftest import EngineFactory, EngineProcess
+from support import STORY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -35,7 +36,6 @@ CHROMIUM_ARGS = [
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
 ]  # fmt: skip
 TIMEOUT_MS = 300_000  # a page condition; decode ran at 0.2 tok/s under load here
-STORY = "Write a very long story about a dragon and a knight."
 FRANCE = "Name the capital of France."
 expect.set_options(timeout=TIMEOUT_MS)
 

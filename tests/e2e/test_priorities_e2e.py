@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,7 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import STORY, chat_body, wait_until
+from support import STORY, chat_body, complete, read_sse, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -43,18 +41,7 @@ def tagged(text: str) -> str:
     return f"[{uuid.uuid4().hex[:8]}] {text}"
 
 
-async def complete(url: str, body: dict[str, Any], **headers: str) -> str:
-    """The text of a request that is not streamed."""
-    async with aiohttp.ClientSession() as session:
-        async with session.post(
-            url + "/v1/chat/completions", json={**body, "stream": False}, headers=headers
-        ) as response:
-            assert response.status == 200, await response.text()
-            result = await response.json()
-            return str(result["choices"][0]["message"]["content"])
-
-
-async def occupy(engine: EngineProcess, priority: int) -> asyncio.Task[str]:
+async def occupy(engine: EngineProcess, priority: int) -> asyncio.Task[dict[str, Any]]:
     """A request of class ``priority`` decoding in one slot (its text, once it ends)."""
     body = chat_body(tagged("Write a long poem about the sea."), max_tokens=FILLER_MAX_TOKENS)
     task = asyncio.create_task(complete(engine.url, {**body, "priority": priority}))
@@ -68,23 +55,11 @@ async def occupy(engine: EngineProcess, priority: int) -> asyncio.Task[str]:
     return task
 
 
-async def leave(neighbour: asyncio.Task[str]) -> None:
+async def leave(neighbour: asyncio.Task[dict[str, Any]]) -> None:
     """The neighbour's client goes away (its stream is cancelled, its slot freed)."""
     neighbour.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await neighbour
-
-
-async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any] | str]:
-    """The data events of an SSE response (``: ping`` as the string "ping"), until [DONE]."""
-    while True:
-        event = (await response.content.readuntil(b"\n\n")).decode().strip()
-        if event == ": ping":
-            yield "ping"
-        elif event == "data: [DONE]":
-            return
-        elif event.startswith("data: "):
-            yield json.loads(event.removeprefix("data: "))
 
 
 def content(event: dict[str, Any] | str) -> str:
@@ -102,7 +77,7 @@ async def test_a_more_urgent_request_preempts_and_the_stream_resumes_token_exact
     try:
         low = chat_body(tagged(STORY), max_tokens=LOW_MAX_TOKENS)
         # The uninterrupted run first: the preempted ones are then regenerates of it.
-        reference = await complete(engine.url, low)
+        reference = text_of(await complete(engine.url, low))
         async with aiohttp.ClientSession() as session:
             await _preempted_over_websocket(session, engine, low, reference)
             await _preempted_over_sse(session, engine, low, reference)
@@ -162,7 +137,7 @@ async def _preempted_over_sse(
         kinds: list[str] = []
         text = []
         urgent = None
-        async for event in sse_events(response):
+        async for event in read_sse(response):
             if isinstance(event, str):
                 continue
             if "progress" in event:
@@ -196,7 +171,7 @@ async def test_the_same_class_waits_its_turn_and_progress_comes_in_order(
             first = chat_body(tagged(STORY), max_tokens=LOW_MAX_TOKENS, priority=3)
             async with session.post(engine.base_url + "/chat/completions", json=first) as running:
                 first_id = running.headers["X-Request-Id"]
-                events = sse_events(running)
+                events = read_sse(running)
                 while not content(await anext(events)):
                     pass
                 waiting = asyncio.create_task(_progress_of_a_waiting_request(session, engine))
@@ -233,7 +208,7 @@ async def _progress_of_a_waiting_request(
     kinds: list[tuple[str, int | None]] = []
     async with session.post(engine.base_url + "/chat/completions", json=body) as response:
         assert response.status == 200
-        async for event in sse_events(response):
+        async for event in read_sse(response):
             if isinstance(event, str):
                 continue
             if "progress" in event:

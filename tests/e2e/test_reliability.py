@@ -15,11 +15,10 @@ import pytest
 from edge_llm.config import EngineConfig
 from edge_llm.engine.llama_backend import default_model_path
 
-from support import RawSseClient, RssSampler, chat_body, wait_until
+from support import STORY, RawSseClient, RssSampler, chat_body, wait_until
 
 pytestmark = pytest.mark.e2e
 
-STORY = "Write a very long story about a dragon and a knight."
 MARGIN_BYTES = 150 * 1024 * 1024  # docs/design.md §9: model + KV budget + 150 MB
 
 

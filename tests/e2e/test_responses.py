@@ -7,25 +7,16 @@ from typing import Any
 import openai
 import pytest
 
-from support import RawSseClient, wait_until
+from support import STORY, RawSseClient, openai_sdk, served_model, wait_until
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = "Name the capital of France."
-STORY = "Write a very long story about a dragon and a knight."
-
-
-def sdk(engine: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=engine.base_url, api_key="unused", max_retries=0)
-
-
-def served_model(engine: Any) -> str:
-    return str(engine.get_json("/v1/models")["data"][0]["id"])
 
 
 def test_text_create_and_stream_agree(engine_server: Any) -> None:
     model = served_model(engine_server)
-    with sdk(engine_server) as client:
+    with openai_sdk(engine_server) as client:
         whole = client.responses.create(
             model=model, input=QUESTION, temperature=0, max_output_tokens=24
         )
@@ -58,7 +49,7 @@ def test_text_create_and_stream_agree(engine_server: Any) -> None:
 
 
 def test_max_output_tokens_makes_it_incomplete(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with openai_sdk(engine_server) as client:
         response = client.responses.create(input=STORY, temperature=0, max_output_tokens=5)
     assert response.status == "incomplete"
     assert response.incomplete_details is not None
@@ -67,7 +58,7 @@ def test_max_output_tokens_makes_it_incomplete(engine_server: Any) -> None:
 
 
 def test_previous_response_id_continues_the_stored_conversation(engine_server: Any) -> None:
-    with sdk(engine_server) as client:
+    with openai_sdk(engine_server) as client:
         first = client.responses.create(
             input="My name is Ada.", instructions="Be brief.", temperature=0, max_output_tokens=16
         )
@@ -119,7 +110,7 @@ async def test_stalled_reader_pauses_and_disconnect_frees_kv(engine_server: Any)
 
 def test_same_session_supersedes_a_running_response(engine_server: Any) -> None:
     ask = {"input": STORY, "temperature": 0, "max_output_tokens": 200, "user": "e2e-responses"}
-    with sdk(engine_server) as client:
+    with openai_sdk(engine_server) as client:
         with client.responses.stream(model=served_model(engine_server), **ask) as stream:
             events = iter(stream)
             while next(events).type != "response.output_text.delta":

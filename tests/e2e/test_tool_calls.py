@@ -9,12 +9,11 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import jsonschema
-import openai
 import pytest
 
 from conftest import EngineProcess, start_engine
+from support import anthropic_sdk, openai_sdk, served_model
 
 pytestmark = pytest.mark.e2e
 
@@ -46,18 +45,6 @@ def engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePr
     engine = start_engine(tmp_path_factory.mktemp("tools"), "--ttft-timeout-ms", "0")
     yield engine
     engine.stop()
-
-
-def openai_sdk(engine: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=engine.base_url, api_key="unused", max_retries=0)
-
-
-def anthropic_sdk(engine: Any) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=engine.url, api_key="unused", max_retries=0)
-
-
-def served_model(engine: Any) -> str:
-    return str(engine.get_json("/v1/models")["data"][0]["id"])
 
 
 def test_chat_required_call_validates_and_streams_the_same(engine_server: Any) -> None:

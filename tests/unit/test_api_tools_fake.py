@@ -11,10 +11,10 @@ import pytest
 from aiohttp import WSCloseCode, WSMsgType
 from aiohttp.test_utils import TestClient
 
-from edge_llm.protocol.sse import SSEParser
 from edge_llm.server import ws_route
 
 from fakes import FakeBackend, text_script
+from helpers import sse_events
 
 CALL = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
 TOOL = {
@@ -40,12 +40,6 @@ def served(client_of) -> Served:
         return await client_of(backend), backend
 
     return make
-
-
-def sse_events(text: str) -> list[tuple[str | None, Any]]:
-    parser = SSEParser()
-    events = parser.feed(text.encode())
-    return [(e.event, None if e.data == "[DONE]" else json.loads(e.data)) for e in events]
 
 
 async def test_chat_required_tool_call_stream_and_not(served: Served) -> None:

@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestClient
 from edge_llm.protocol import sse
 
 from fakes import FakeBackend, text_script
+from helpers import sse_events
 
 CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
 ROUTES: dict[str, dict[str, Any]] = {
@@ -171,13 +172,6 @@ async def test_without_opt_in_a_waiting_stream_sends_only_pings(client_of) -> No
     assert b"progress" not in rest
 
 
-async def sse_events(response: Any) -> list[dict[str, Any]]:
-    """The JSON data events of a whole stream, in order ([DONE] left out)."""
-    parser = sse.SSEParser()
-    events = parser.feed(await response.read()) + parser.close()
-    return [json.loads(e.data) for e in events if e.data != "[DONE]"]
-
-
 async def test_progress_comes_in_order_queued_prefill_then_tokens(client_of) -> None:
     backend = FakeBackend(text_script("answer"), max_sequences=1)
     backend.gate = threading.Semaphore(0)
@@ -201,7 +195,7 @@ async def test_progress_comes_in_order_queued_prefill_then_tokens(client_of) -> 
     assert isinstance(progress["predicted_wait_ms"], int)
     backend.step_delay_s = 0.05  # each prefill chunk is seen before the next
     backend.gate.release(10_000)
-    events = await sse_events(response)
+    events = [data for _, data in sse_events(await response.read()) if data is not None]
     await (await holder).read()
     kinds = [
         e["progress"]["state"] if "progress" in e else "token"
