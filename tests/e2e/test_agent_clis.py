@@ -98,6 +98,15 @@ def assert_only_the_token_limit_refuses(status: int, payload: dict[str, Any]) ->
     assert error["n_prompt_tokens"] > error["max_prompt_tokens"]
 
 
+def test_a_missing_cli_skips_here_and_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no-such-cli CLI unavailable"):
+        cli_path("no-such-cli")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true"):
+        cli_path("no-such-cli")
+
+
 # -- Claude Code --------------------------------------------------------------------------
 
 

@@ -1,5 +1,5 @@
-"""llama.cpp's own ``llama-server`` as an upstream (from ``make bench-deps``;
-skipped with a message when it is not installed)."""
+"""llama.cpp's own ``llama-server`` as an upstream (built by ``make bench-deps``, which
+``make test`` runs; the tests fail, never skip, when it is not installed)."""
 
 from __future__ import annotations
 
