@@ -55,7 +55,9 @@ class Figures:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--rounds", type=int, default=5, help="fresh servers per configuration")
     parser.add_argument("--quiet-rounds", type=int, default=2)
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the servers")

@@ -41,7 +41,9 @@ def block(backend: LlamaBackend, prompt: list[int], context: int, pad: int, step
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--contexts", default="100,600")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=6)

@@ -42,7 +42,7 @@ N_STREAMS = len(PROMPTS)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=128, help="decode steps per run")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each scenario")
     parser.add_argument("--threads", type=int, default=2)

@@ -72,7 +72,9 @@ DASH = "-"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     add = parser.add_argument
     add("--model", help="GGUF (default: the embedded SmolLM2-135M)")
     add("--threads", type=int, default=os.cpu_count() or 2,
@@ -101,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def server_config(extra: list[str]) -> EngineConfig:
     """The configuration the server resolves from the same flags and environment."""
-    parser = argparse.ArgumentParser(prog="edge-llm serve")
+    parser = argparse.ArgumentParser(prog="edge-llm serve", allow_abbrev=False)
     parser.add_argument("--config")
     add_config_flags(parser)
     flags = parser.parse_args(extra)

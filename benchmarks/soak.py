@@ -151,7 +151,7 @@ async def soak(url: str, process: psutil.Process, args: argparse.Namespace) -> S
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--report-every", type=int, default=200)

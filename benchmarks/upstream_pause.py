@@ -169,7 +169,7 @@ async def run(hold_s: float, threads: int) -> list[Row]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--hold", type=float, default=10.0, help="seconds paused")
     parser.add_argument("--threads", type=int, default=1, help="threads of each server")
     add_output_flags(parser)

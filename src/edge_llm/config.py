@@ -261,7 +261,7 @@ class ModelConfig(_Section):
     model_path: str | None = Field(
         None,
         description="GGUF file of the default model (also --model PATH); any llama.cpp "
-        "model (a model without a chat template gets a plain role: text transcript)",
+        "model (one without a chat template, a base model, serves completions only)",
         json_schema_extra={DOC_DEFAULT: "the embedded SmolLM2-135M-Instruct"},
     )
     model_id: str | None = Field(

@@ -40,7 +40,7 @@ _MODEL_PATH_ENV = f"`{ENV_PREFIX}MODELS=NAME=PATH,...`"
 
 def serve_flags() -> dict[str, list[str]]:
     """Option strings of ``edge-llm serve`` by configuration key."""
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     add_config_flags(parser)
     return {action.dest: list(action.option_strings) for action in parser._actions}
 
@@ -132,7 +132,9 @@ def generated_part(page: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--write", metavar="PAGE", help="replace the reference in this page")
     args = parser.parse_args(argv)
     if args.write is None:

@@ -4,7 +4,8 @@ EdgeLLMError                      500 internal_error
 ├── InvalidRequest                400 invalid_request (param names the field)
 │   ├── PromptTooLong             400 prompt_too_long
 │   ├── KvBudgetNeverFits         400 kv_budget_exceeded (larger than the whole budget)
-│   └── TemplateRefused           400 invalid_request (the chat template's raise_exception)
+│   ├── TemplateRefused           400 invalid_request (the chat template's raise_exception)
+│   └── NoChatTemplate            400 no_chat_template (a base model: chat cannot be formatted)
 ├── AuthenticationFailed          401 invalid_api_key
 ├── ForbiddenOrigin               403 forbidden_origin (a WebSocket from another site)
 ├── NotFound                      404 not_found
@@ -120,6 +121,22 @@ class TemplateRefused(InvalidRequest):
     def __init__(self, message: str) -> None:
         super().__init__(f"the model's chat template refused the messages: {message}",
                          param="messages")  # fmt: skip
+
+
+class NoChatTemplate(InvalidRequest):
+    """The model's GGUF has no chat template (a base model): a transcript in an invented
+    format would be answered with junk, so chat is refused and the completions
+    endpoints named."""
+
+    code = "no_chat_template"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "this model has no chat template (a base model): chat messages cannot be "
+            "formatted for it; send the text to complete to /v1/completions "
+            "(Ollama: /api/generate)",
+            param="messages",
+        )
 
 
 class AuthenticationFailed(EdgeLLMError):

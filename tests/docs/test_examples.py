@@ -1,8 +1,11 @@
 """The docs' runnable examples run as written, and print what the docs show beside them.
 
 Each page's examples run in order in a working directory of their own, which holds
-a link to the repository's ``src`` (examples read the shipped configs from there)
-and, when the page uses an engine, its event log as ``engine.jsonl``. Examples
+a link to the repository's ``src`` (examples read the shipped configs from there),
+one to the virtualenv as ``.venv`` (as in a clone after ``make install``) and, when
+the page uses an engine, its event log as ``engine.jsonl``. They run as in a shell
+where the docs' PATH note was followed (``source .venv/bin/activate``): the
+virtualenv's ``bin`` first on ``PATH`` and ``VIRTUAL_ENV`` set. Examples
 marked ``run: server`` get a real ``edge-llm serve --port 0`` on 127.0.0.1 (shared by
 the page's blocks with the same flags, stopped before the next page); the
 ``127.0.0.1:8000`` they name is rewritten to that engine's address, and back in
@@ -79,6 +82,7 @@ class Pages:
             (workdir / "engines").mkdir(parents=True)
             (workdir / "home").mkdir()
             (workdir / "src").symlink_to(ROOT / "src")
+            (workdir / ".venv").symlink_to(VENV_BIN.parent)
             self.current = PageRun(page, workdir)
         return self.current
 
@@ -98,6 +102,7 @@ def environment(workdir: Path, engine: EngineProcess | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
     env.update(
         PATH=f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+        VIRTUAL_ENV=str(VENV_BIN.parent),
         HOME=str(workdir / "home"),
         PYTHONUNBUFFERED="1",
         **PATIENT_ENGINE,

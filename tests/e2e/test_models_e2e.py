@@ -78,11 +78,11 @@ def test_switching_models_that_do_not_fit_together_stays_in_the_budget(tmp_path:
     try:
         post(engine, "/models/unload", {"model": "smol"})
         base = psutil.Process(engine.proc.pid).memory_info().rss
-        chat = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
-                "temperature": 0}  # fmt: skip
+        # Completions: Gemma 3 270M is a base model, without the chat template chat needs.
+        text = {"prompt": "Hello", "max_tokens": 8, "temperature": 0}
         with RssSampler(engine.proc.pid, period_s=0.01) as rss:
             for model in ("gemma", "smol", "gemma", "smol"):
-                answer = post(engine, "/v1/chat/completions", {**chat, "model": model})
+                answer = post(engine, "/v1/completions", {**text, "model": model})
                 assert answer["model"] == model
                 other = "smol" if model == "gemma" else "gemma"
                 assert states(engine) == {model: "loaded", other: "unloaded"}
@@ -104,12 +104,11 @@ async def test_concurrent_first_requests_load_the_model_once(two_models) -> None
     engine = two_models
     post(engine, "/models/unload", {"model": "gemma"})
     before = loads(engine, "gemma")
-    body = {"model": "gemma", "messages": [{"role": "user", "content": "Hi"}],
-            "max_tokens": 4, "temperature": 0}  # fmt: skip
+    body = {"model": "gemma", "prompt": "Hi", "max_tokens": 4, "temperature": 0}
     async with aiohttp.ClientSession() as session:
 
         async def ask() -> int:
-            async with session.post(engine.base_url + "/chat/completions", json=body) as reply:
+            async with session.post(engine.base_url + "/completions", json=body) as reply:
                 await reply.read()
                 return reply.status
 

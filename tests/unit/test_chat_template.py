@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from edge_llm.engine.chat_template import ChatTemplate
-from edge_llm.errors import TemplateRefused
+from edge_llm.errors import NoChatTemplate, TemplateRefused
 
 USER = [{"role": "user", "content": "hi"}]
 REFUSING = (
@@ -48,6 +48,14 @@ def test_templates_jinja_cannot_run_go_to_the_builtin_then_to_a_transcript() -> 
     broken = ChatTemplate("{% for %}", builtin)
     assert broken.render(USER) == "user: hi\nassistant:"
     assert seen == ["{% for %}"]
-    assert ChatTemplate(None, no_builtin).render(USER) == "user: hi\nassistant:"
     tools = ChatTemplate("{% for t in tools or [] %}{{ t.function.name }}{% endfor %}", no_builtin)
     assert tools.renders_tools
+
+
+def test_a_model_without_a_template_refuses_chat_naming_the_completions_endpoints() -> None:
+    with pytest.raises(NoChatTemplate) as refused:
+        ChatTemplate(None, no_builtin).render(USER)
+    assert (refused.value.status, refused.value.code) == (400, "no_chat_template")
+    assert refused.value.param == "messages"
+    assert "/v1/completions" in refused.value.message
+    assert "/api/generate" in refused.value.message

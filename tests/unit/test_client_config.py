@@ -28,7 +28,7 @@ def test_seed_json_loads_verbatim() -> None:
     config = load_client_config(str(path), env={})
     assert config.base_url == "http://127.0.0.1:8000/v1"
     assert config.api_key == "sk-local"
-    assert config.model_id == "SmolLM2-135M-Instruct"
+    assert config.model_id == "SmolLM2-135M-Instruct"  # the seed JSON names it
     assert config.stream is True
     assert (config.ttft_warn_ms, config.ttft_hard_timeout_ms) == (3000, 10000)
     assert config.chunk_interval_ms == 50
@@ -39,10 +39,12 @@ def test_seed_json_loads_verbatim() -> None:
     assert config.retry.retry_on == ("ttft_timeout", "socket_eagain")
 
 
-def test_defaults_are_the_seed_values() -> None:
-    assert load_client_config(env={}) == load_client_config(
+def test_defaults_are_the_seed_values_but_the_model() -> None:
+    seed = load_client_config(
         str(resources.files("edge_llm").joinpath("configs/client.json")), env={}
     )
+    # No model unless one is set: the server's default answers, whatever its id.
+    assert load_client_config(env={}) == seed.model_copy(update={"model_id": None})
 
 
 @pytest.mark.parametrize("missing", ["base_url", "model_id"])

@@ -60,7 +60,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("prompt", nargs="?", help="the question (omit for interactive mode)")
     parser.add_argument("--config", help='client JSON file ({"edge_llm_client": {...}})')
     add_address_flags(parser)
-    parser.add_argument("--model", help="model id (default: $EDGE_LLM_MODEL, else the config's)")
+    parser.add_argument(
+        "--model",
+        help="model id (default: $EDGE_LLM_MODEL, else the config's; none: the server's "
+        "default model answers)",
+    )
     parser.add_argument("--ws", action="store_true", help="use the engine's WebSocket protocol")
     parser.add_argument(
         "--render-delay-ms", type=int, default=0, help="slow renderer: N ms per chunk"

@@ -33,8 +33,10 @@ def not_given(default: object) -> bool:
 
 class HelpParser(argparse.ArgumentParser):
     """An ArgumentParser using :class:`DefaultsOnceFormatter` unless told otherwise
-    (the ``parser_class`` of the subcommands)."""
+    (the ``parser_class`` of the subcommands), with abbreviations off: ``--max-kv-cache``
+    is refused, not taken for ``--max-kv-cache-mb`` (as the same typo in TOML is)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", DefaultsOnceFormatter)
+        kwargs.setdefault("allow_abbrev", False)  # a typo must not pass for another flag
         super().__init__(*args, **kwargs)

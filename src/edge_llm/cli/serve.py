@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import signal
 import sys
 
+from edge_llm.cli.port_holder import port_holder
 from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
+from edge_llm.engine.kv_cache import KvCache
+from edge_llm.engine.kv_slots import KvSlots
 from edge_llm.errors import BackendError
 from edge_llm.observability.units import mib
-from edge_llm.server.runtime import start_server
+from edge_llm.server.runtime import ListenError, start_server
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "EDGE_LLM_<KEY> environment variable; flags win over the environment, which wins "
         "over the file.",
     )
-    parser.add_argument("--config", help="engine TOML file (the seed's format)")
+    parser.add_argument("--config", help="engine TOML file (docs/configuration.md)")
     add_config_flags(parser)
     parser.set_defaults(func=run)
 
@@ -38,10 +42,42 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(_serve(config))
+    except ListenError as exc:
+        print(f"edge-llm serve: {listen_problem(exc)}", file=sys.stderr)
+        return 2
     except BackendError as exc:
         print(f"edge-llm serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def listen_problem(exc: ListenError) -> str:
+    """One line: what is wrong with the address, who holds the port, which flag to change."""
+    if exc.errno != errno.EADDRINUSE:
+        return f"{exc}; check --host and --port"
+    holder = port_holder(exc.port)
+    by = f" by {holder}" if holder else ""
+    other = exc.port + 1 if exc.port < 65535 else exc.port - 1
+    return (
+        f"port {exc.port} on {exc.host} is already in use{by}; stop it or choose another "
+        f'port with --port (make run ARGS="--port {other}")'
+    )
+
+
+def prompt_limit_warning(config: EngineConfig, kv: KvCache | KvSlots) -> str | None:
+    """A warning when ``max_prompt_tokens`` promises prompts that one sequence's share
+    of the KV cache cannot hold (they would be refused below the configured limit)."""
+    limit = config.backpressure.max_prompt_tokens
+    share = kv.sequence_tokens
+    if limit < share:
+        return None
+    layout = "one slot's share" if kv.per_slot else "the whole KV cache"
+    return (
+        f"edge-llm: warning: max_prompt_tokens {limit} does not fit {layout} "
+        f"({share} tokens, prompt and answer together): longer prompts get 400 "
+        "prompt_too_long; raise max_kv_cache_mb, lower max_sequences, or lower "
+        "max_prompt_tokens"
+    )
 
 
 def kv_capacity(config: EngineConfig, capacity_tokens: int, capacity_bytes: int) -> str:
@@ -63,6 +99,9 @@ async def _serve(config: EngineConfig) -> None:
     kv = default.engine.kv
     capacity = kv_capacity(config, kv.capacity_tokens, kv.capacity_bytes)
     print(f"edge-llm: serving {pool.default} on {server.url} ({capacity})", flush=True)
+    warning = prompt_limit_warning(config, kv)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     for name in pool.names[1:]:
         print(f"edge-llm: model {name} ({pool.spec(name).path}): loaded on first request",
               flush=True)  # fmt: skip

@@ -92,8 +92,7 @@ def normalise_base_url(url: str) -> tuple[str, list[str]]:
         notes.append("base_url had a doubled /v1; collapsed to one")
         while path.endswith("/v1/v1"):
             path = path[: -len("/v1")]
-    if not path:
-        notes.append("base_url had no path; using /v1")
+    if not path:  # the documented form without /v1: no repair to report
         path = "/v1"
     return urlunsplit((parts.scheme, parts.netloc, path, "", "")), notes
 

@@ -95,7 +95,9 @@ class ClientConfig(_Strict):
 
     base_url: str = Field(DEFAULT_BASE_URL, description="OpenAI-compatible base URL")
     api_key: str = Field(DEFAULT_API_KEY, description="Bearer key ('' sends no Authorization)")
-    model_id: str = Field("SmolLM2-135M-Instruct", min_length=1, description="Model to ask for")
+    model_id: str | None = Field(
+        None, min_length=1, description="Model to ask for (None: the server's default model)"
+    )
     stream: bool = Field(True, description="false: `edge-llm chat` prints the answer at the end")
     ttft_warn_ms: int = Field(3000, ge=0, description="Log a WARN past this TTFT (0: never)")
     ttft_hard_timeout_ms: int = Field(

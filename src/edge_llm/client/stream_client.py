@@ -160,11 +160,12 @@ class StreamClient:
         extra_body: Mapping[str, Any] | None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.config.model_id,
             "messages": [dict(m) for m in messages],
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.config.model_id is not None:  # else the server's default model answers
+            body["model"] = self.config.model_id
         max_tokens = max_tokens or self.config.max_tokens
         temperature = self.config.temperature if temperature is None else temperature
         if max_tokens is not None:

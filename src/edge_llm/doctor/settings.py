@@ -20,6 +20,7 @@ from edge_llm.client.errors import ConfigError
 
 DEFAULT_TTFT_WARN_MS = 3000
 DEFAULT_TIMEOUT_S = 20.0
+DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"  # the embedded model's id
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def resolve(
 
 
 def _default(name: str) -> Setting:
+    if name == "model_id":  # the client sends none; doctor checks the embedded model's id
+        return Setting(DEFAULT_MODEL_ID, "default")
     return Setting(str(ClientConfig.model_fields[name].default), "default")
 
 

@@ -1,7 +1,8 @@
 """A model's chat template, rendered as llama-server ``--jinja`` renders it: the
 template shipped in the GGUF (its default system prompt included) through a sandboxed
-jinja, llama.cpp's built-in renderer for templates jinja cannot run, and a plain
-transcript for models without a template (base models)."""
+jinja, and llama.cpp's built-in renderer for templates jinja cannot run (a plain
+transcript when neither can). A model without a template (a base model) gets no chat:
+:class:`NoChatTemplate` (400) names the completions endpoints instead."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import jinja2
 import jinja2.sandbox
 
-from edge_llm.errors import TemplateRefused
+from edge_llm.errors import NoChatTemplate, TemplateRefused
 
 Messages = Sequence[dict[str, Any]]
 BuiltinRenderer = Callable[[str, Messages], "str | None"]
@@ -30,9 +31,10 @@ class ChatTemplate:
 
     def render(self, messages: Messages, tools: Sequence[dict[str, Any]] | None = None) -> str:
         """The prompt, ending with the assistant's turn. Raises
-        :class:`TemplateRefused` (400) when the template refuses the messages."""
+        :class:`TemplateRefused` (400) when the template refuses the messages,
+        :class:`NoChatTemplate` (400) when the model has none."""
         if self.source is None:
-            return _plain_transcript(messages)
+            raise NoChatTemplate()
         if self._jinja is not None:
             rendered = _render(self._jinja, messages, tools)
             if rendered is not None:
@@ -86,6 +88,6 @@ def _render(
 
 
 def _plain_transcript(messages: Messages) -> str:
-    """For models without a chat template (base models)."""
+    """For a template neither jinja nor llama.cpp can render."""
     lines = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
     return "\n".join([*lines, "assistant:"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import json
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -291,8 +292,15 @@ class LlamaBackend:
         return ctx  # type: ignore[no-any-return]
 
     def _read_chat_template(self) -> str | None:
-        template = llama.llama_model_chat_template(self._model, None)
-        return template.decode("utf-8", "replace") if template else None
+        template: bytes | None = llama.llama_model_chat_template(self._model, None)
+        if not template:
+            logging.getLogger("edge_llm.engine").warning(
+                "model %s has no chat template (a base model): chat requests get 400 "
+                "no_chat_template; send text to /v1/completions (Ollama: /api/generate)",
+                self.info.model_id,
+            )
+            return None
+        return template.decode("utf-8", "replace")
 
     # -- text -----------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from edge_llm.protocol.tools import FunctionTool, ToolCall, ToolChoice, ToolSetu
 
 # The Ollama API level these routes follow (clients compare it with what they need).
 API_VERSION = "0.12.0"
+NO_TEMPLATE_NOTE = "no chat template (a base model): /api/chat is refused; use /api/generate"
 _FOREVER = dt.datetime(2318, 1, 1, tzinfo=dt.UTC)  # Ollama's expires_at of keep_alive -1
 # Options about how Ollama runs a model: accepted, nothing to do here.
 _RUNNER_OPTIONS = frozenset({
@@ -478,14 +479,18 @@ def running(facts: ModelFacts, size_bytes: int, expires_in_s: float | None) -> d
 def show(
     facts: ModelFacts, model_info: dict[str, Any], template: str, parameters: dict[str, float]
 ) -> dict[str, Any]:
-    """``/api/show``: details, the GGUF's metadata, template and default parameters."""
+    """``/api/show``: details, the GGUF's metadata, template and default parameters.
+    A model without a template says so in its modelfile and has no ``tools``."""
     lines = [f"{name} {value:g}" for name, value in sorted(parameters.items())]
+    modelfile = f"# served by edge-llm\nFROM {facts.name}\n"
+    if not template:
+        modelfile += f"# {NO_TEMPLATE_NOTE}\n"
     return {
-        "modelfile": f"# served by edge-llm\nFROM {facts.name}\n",
+        "modelfile": modelfile,
         "parameters": "\n".join(lines),
         "template": template,
         "details": details(facts),
         "model_info": model_info,
-        "capabilities": ["completion", "tools"],
+        "capabilities": ["completion", "tools"] if template else ["completion"],
         "modified_at": created_at(facts.modified_at),
     }

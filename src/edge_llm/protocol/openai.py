@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from edge_llm.errors import InvalidRequest
+from edge_llm.protocol.field_names import did_you_mean
 from edge_llm.protocol.priority import OPENAI_TIERS, OpenAITier, Priority, body_priority
 from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams, TokenLogprob
 from edge_llm.protocol.tools import (
@@ -522,10 +523,10 @@ def parse_request(model: type[_M], body: object) -> _M:
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        raise _invalid(exc) from exc
+        raise _invalid(exc, model) from exc
 
 
-def _invalid(exc: ValidationError) -> InvalidRequest:
+def _invalid(exc: ValidationError, model: type[BaseModel]) -> InvalidRequest:
     errors = exc.errors()
     # Of a union's branches, the one that got furthest says what is wrong.
     first = max(errors, key=lambda error: len(error["loc"])) if len(errors) > 1 else errors[0]
@@ -535,7 +536,7 @@ def _invalid(exc: ValidationError) -> InvalidRequest:
     if isinstance(value, float) and not math.isfinite(value):
         message = "must be a finite number"
     if first["type"] == "extra_forbidden":
-        message = "unknown field"
+        message = "unknown field" + did_you_mean(model, first["loc"])
     return InvalidRequest(f"{field}: {message}", param=field or None)
 
 

@@ -93,7 +93,7 @@ def _as_engine_error(request: web.Request, exc: Exception) -> EdgeLLMError | Non
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return BodyTooLarge("request body too large")
     if isinstance(exc, web.HTTPNotFound):
-        return NotFound(f"no route for {request.method} {request.path}")
+        return NotFound(f"no route for {request.method} {request.path}{_v1_hint(request)}")
     if isinstance(exc, web.HTTPException):
         if exc.status < 400:
             return None
@@ -105,6 +105,14 @@ def _as_engine_error(request: web.Request, exc: Exception) -> EdgeLLMError | Non
         return error
     _log.exception("unexpected error in %s %s", request.method, request.path)
     return EdgeLLMError(f"internal error: {type(exc).__name__}")
+
+
+def _v1_hint(request: web.Request) -> str:
+    """A path that exists under ``/v1`` (a base URL without it): say so."""
+    wanted = "/v1" + request.path
+    if any(resource.canonical == wanted for resource in request.app.router.resources()):
+        return f"; did you mean {wanted}? (an OpenAI base URL ends in /v1)"
+    return ""
 
 
 @web.middleware

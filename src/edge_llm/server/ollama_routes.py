@@ -64,8 +64,8 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
     setup = req.tool_setup() if isinstance(req, ollama.ChatRequest) else None
     session = session_of(request, None)
     priority = ctx.priorities.resolve(request, None)  # X-Priority, key or route default
-    # A model without a chat template (a base model) completes the prompt as written,
-    # as Ollama's default template ({{ .Prompt }}) does.
+    # A model without a chat template (a base model) completes /api/generate's prompt
+    # as written, as Ollama's default template ({{ .Prompt }}) does; /api/chat is refused.
     templated = bool((await ctx.pool.metadata(name)).get("tokenizer.chat_template"))
     job = Job(
         name,

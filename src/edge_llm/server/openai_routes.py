@@ -179,11 +179,16 @@ async def _respond(
 
 async def models(request: web.Request) -> web.Response:
     """The local models first, the default one leading, each with its ``state``
-    (loaded, loading, unloaded); then every upstream's (``owned_by`` names it)."""
+    (loaded, loading, unloaded) and whether its GGUF has a ``chat_template`` (without
+    one, chat is refused); then every upstream's (``owned_by`` names it)."""
     ctx = context_of(request)
     pool = ctx.pool
     local = [
-        {**openai.model_object(name, ctx.started_at), "state": pool.state(name).value}
+        {
+            **openai.model_object(name, ctx.started_at),
+            "state": pool.state(name).value,
+            "chat_template": bool((await pool.metadata(name)).get("tokenizer.chat_template")),
+        }
         for name in pool.names
     ]
     relayed = [

@@ -160,6 +160,14 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+class ListenError(Exception):
+    """The address could not be bound (in use, not this host's, a privileged port)."""
+
+    def __init__(self, host: str, port: int, cause: OSError) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {cause.strerror or cause}")
+        self.host, self.port, self.errno = host, port, cause.errno
+
+
 @dataclass
 class RunningServer:
     ctx: ServerContext
@@ -187,8 +195,11 @@ class RunningServer:
 
 
 async def start_server(config: EngineConfig, backend: Backend | None = None) -> RunningServer:
-    """Load the model (unless given a backend), start the engine and listen."""
+    """Listen, load the model (unless given a backend), start the engine. Raises
+    :class:`ListenError` before loading anything when the address cannot be bound."""
     server = config.server
+    # Bound first (a taken port fails before the model loads); listens once ready.
+    sock = _bound_socket(server.host, server.port, server.socket_send_buffer_bytes)
     metrics = EngineMetrics()
     event_log = None
     if server.event_log:
@@ -215,7 +226,8 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     aiohttp_server = runner.server
     if aiohttp_server is not None:
         ctx.count_connections = lambda: len(aiohttp_server.connections)
-    sock = _listening_socket(server.host, server.port, server.socket_send_buffer_bytes)
+    sock.listen(1024)
+    sock.setblocking(False)
     await web.SockSite(runner, sock).start()
     host, port = sock.getsockname()[:2]
     _warn_if_exposed(config)
@@ -373,16 +385,18 @@ def build_router(
     )
 
 
-def _listening_socket(host: str, port: int, send_buffer: int) -> socket.socket:
+def _bound_socket(host: str, port: int, send_buffer: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     if send_buffer:
         # Inherited by accepted sockets: the kernel buffers little for a stalled reader.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
-    sock.bind((host, port))
-    sock.listen(1024)
-    sock.setblocking(False)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(host, port, exc) from exc
     return sock
 
 
