@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import pytest
 from test_models_e2e import gemma_path
 
@@ -91,6 +92,27 @@ def test_chat_on_a_model_without_a_template_is_refused_naming_completions(
     status, body = post(engine, "/v1/chat/completions",
                         {"model": "smol", "messages": HELLO, "max_tokens": 4})  # fmt: skip
     assert status == 200, body
+
+
+async def test_every_chat_dialect_refuses_a_model_without_a_template(
+    smol_and_gemma: EngineProcess,
+) -> None:
+    engine = smol_and_gemma
+    status, body = post(engine, "/v1/messages",
+                        {"model": "gemma", "messages": HELLO, "max_tokens": 8})  # fmt: skip
+    assert status == 400, body
+    assert "/v1/completions" in body["error"]["message"]
+    status, body = post(engine, "/v1/responses", {"model": "gemma", "input": "Hello"})
+    assert status == 400, body
+    assert body["error"]["code"] == "no_chat_template"
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(engine.url.replace("http", "ws") + "/v1/stream") as ws:
+            start = {"model": "gemma", "messages": HELLO, "max_tokens": 8}
+            await ws.send_json({"type": "start", "request": start})
+            frame = await ws.receive_json(timeout=120)
+            assert frame["type"] == "error" and frame["code"] == "no_chat_template", frame
+            await ws.send_json({"type": "start", "request": {**start, "model": "smol"}})
+            assert (await ws.receive_json(timeout=120))["type"] == "started"  # still usable
 
 
 def test_api_show_says_which_model_has_no_template(smol_and_gemma: EngineProcess) -> None:
