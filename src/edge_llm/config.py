@@ -67,7 +67,11 @@ class _Section(BaseModel):
 
 class BackpressureConfig(_Section):
     max_kv_cache_mb: int = Field(
-        256, ge=1, description="KV cache for all sequences together (MiB), allocated once at start"
+        256,
+        ge=1,
+        description="Memory for every KV tier together (MiB): the KV context of all sequences "
+        "(allocated once at start: the cap less the host tiers' share, at most a quarter), the "
+        "host cache, offloaded streams and the embeddings context",
     )
     max_prompt_tokens: int = Field(
         512,
@@ -226,13 +230,15 @@ class CacheConfig(_Section):
         256,
         ge=0,
         description="Host memory for the prefix cache's entries that left their slot "
-        "(per-slot layout; MiB; 0: none)",
+        "(per-slot layout; MiB; 0: none): a cap inside max_kv_cache_mb, not an addition; "
+        "it gives its room back first",
     )
     host_offload_mb: int = Field(
         512,
         ge=0,
-        description="Host memory for the KV of offloaded paused streams (MiB); when full the "
-        "oldest offloaded stream is cancelled (pause_timeout); 0: no offload",
+        description="Host memory for the KV of offloaded paused streams (MiB): a cap inside "
+        "max_kv_cache_mb, not an addition; when full the oldest offloaded stream is "
+        "cancelled (pause_timeout); 0: no offload",
     )
     offload_paused_after_ms: int = Field(
         1000,

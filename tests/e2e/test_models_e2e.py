@@ -35,10 +35,11 @@ def gemma_path() -> str:
 
 
 def two_model_flags(*extra: str) -> list[str]:
-    """The embedded SmolLM2 as ``smol`` (the default model) and Gemma, 32 MiB of KV
-    each; first tokens may take a minute on a loaded machine."""
+    """The embedded SmolLM2 as ``smol`` (the default model) and Gemma, 40 MiB of KV
+    each (each model's ledger: its KV context, host tiers and embeddings context);
+    first tokens may take a minute on a loaded machine."""
     return ["--model-id", "smol", "--model", f"gemma={gemma_path()}",
-            "--max-kv-cache-mb", "32", "--ttft-timeout-ms", "60000", *extra]  # fmt: skip
+            "--max-kv-cache-mb", "40", "--ttft-timeout-ms", "60000", *extra]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def loads(engine: EngineProcess, name: str) -> float:
 
 
 def test_switching_models_that_do_not_fit_together_stays_in_the_budget(tmp_path: Path) -> None:
-    # Counted: SmolLM2 about 190 MiB, Gemma about 394 MiB (weights, 32 MiB KV, reserve):
+    # Counted: SmolLM2 about 198 MiB, Gemma about 402 MiB (weights, 40 MiB KV, reserve):
     # each fits 420, both do not (measured resident: about 136 and 320 MiB).
     budget_mb = 420
     engine = start_engine(tmp_path, *two_model_flags("--max-model-memory-mb", str(budget_mb)))

@@ -117,7 +117,7 @@ async def test_flood_of_200_connections_leaves_the_engine_serving(engine_factory
     assert outcomes == ["done"] * len(outcomes), collections.Counter(outcomes)
     assert len(rss.samples) >= 10  # sampled during the flood, not only after it
     model_bytes = default_model_path().stat().st_size
-    limit = model_bytes + snapshot["kv_budget_bytes"] + MARGIN_BYTES
+    limit = model_bytes + snapshot["memory_ledger"]["cap_bytes"] + MARGIN_BYTES  # every KV tier
     assert rss.peak < limit, f"RSS {rss.peak / 1e6:.0f} MB over {limit / 1e6:.0f} MB"
     async with aiohttp.ClientSession() as session:
         assert await read_sse(session, chat_url, chat_body("Still there?", max_tokens=4)) == "done"

@@ -13,6 +13,7 @@ from edge_llm.cli.port_holder import port_holder
 from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
 from edge_llm.engine.kv_cache import KvCache
 from edge_llm.engine.kv_slots import KvSlots
+from edge_llm.engine.ledger import ledger_summary
 from edge_llm.errors import BackendError
 from edge_llm.observability.units import mib
 from edge_llm.server.runtime import ListenError, start_server
@@ -99,6 +100,7 @@ async def _serve(config: EngineConfig) -> None:
     kv = default.engine.kv
     capacity = kv_capacity(config, kv.capacity_tokens, kv.capacity_bytes)
     print(f"edge-llm: serving {pool.default} on {server.url} ({capacity})", flush=True)
+    print(f"edge-llm: {ledger_summary(default.engine.snapshot()['memory_ledger'])}", flush=True)
     warning = prompt_limit_warning(config, kv)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)

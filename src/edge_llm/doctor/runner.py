@@ -1,8 +1,8 @@
 """Runs the checks in order; a check that cannot run after an earlier failure is skipped.
 
 Order: base URL, reachable (DNS/TCP, direct), proxy variables, API key
-characters, key accepted, model served, (for an edge-llm engine: its upstreams
-and KV cache), streaming, chunk format, TTFT. The
+characters, key accepted, model served, (for an edge-llm engine: its upstreams,
+KV cache and memory ledger), streaming, chunk format, TTFT. The
 direct checks use a session with ``trust_env=False`` so a dead proxy is
 diagnosed by the proxy check instead of breaking every other one.
 """
@@ -54,7 +54,7 @@ async def _api_checks(settings: DoctorSettings, base_url: str) -> list[CheckResu
             return [failure] + [skipped(n, "no answer to GET /models") for n in API_CHECKS[1:]]
         models = api_checks.diagnose_models(auth.models, settings.model.value, base_url)
         results = [auth.result, models.result]
-        for engine_check in (upstreams.check_upstreams, kv.check_kv):
+        for engine_check in (upstreams.check_upstreams, kv.check_kv, kv.check_memory):
             found = await engine_check(session, base_url, auth.key)
             if found is not None:
                 results.append(found)

@@ -27,7 +27,14 @@ from edge_llm.engine.host_cache import HostCache
 from edge_llm.engine.kv_apply import KvApplier
 from edge_llm.engine.kv_cache import KvOp
 from edge_llm.engine.kv_slots import KvSlots, kv_book
-from edge_llm.engine.memory import MemoryGuard, MemoryPolicy, MemorySource, ProcMemory
+from edge_llm.engine.ledger import MemoryLedger, try_giver
+from edge_llm.engine.memory import (
+    MemoryGuard,
+    MemoryPolicy,
+    MemorySource,
+    ProcMemory,
+    machine_memory_bytes,
+)
 from edge_llm.engine.offload import HostStore, OffloadPolicy, PreemptionPolicy
 from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.output import Output
@@ -35,7 +42,14 @@ from edge_llm.engine.runner import ChunkResult, ModelRunner
 from edge_llm.engine.scheduler import Scheduler, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
-from edge_llm.engine.snapshot import bind_gauges, count_waiting, progress, snapshot, tier_bytes
+from edge_llm.engine.snapshot import (
+    bind_gauges,
+    count_waiting,
+    ledger_lines,
+    progress,
+    snapshot,
+    tier_bytes,
+)
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.engine.streams import RunGuard, Streams
 from edge_llm.engine.threads import CoreReadings, thread_governor
@@ -73,9 +87,20 @@ class Engine:
         self.metrics = metrics or EngineMetrics()
         self.events = events
         self.clock = clock
-        self.host_cache = HostCache(settings.host_cache_bytes, backend.info.kv_bytes_per_token)
+        self._lock = threading.RLock()
+        self.ledger = MemoryLedger(settings.memory_cap_bytes)  # every KV tier's bytes
+        self.host_cache = HostCache(
+            settings.host_cache_bytes, backend.info.kv_bytes_per_token, self.ledger,
+            lambda give: try_giver(self._lock, give),
+        )  # fmt: skip
         self.kv = kv_book(backend, settings.prefix_cache, self.host_cache)
-        self.host = HostStore(settings.host_offload_bytes)
+        self.device = self.ledger.account("device", "device")
+        if not self.device.reserve(self.kv.capacity_bytes):  # allocated whole at start
+            raise BackendError(
+                f"the KV context ({self.kv.capacity_bytes >> 20} MiB: whole blocks of 256 "
+                f"cells) does not fit max_kv_cache_mb ({(settings.memory_cap_bytes or 0) >> 20})"
+            )
+        self.host = HostStore(settings.host_offload_bytes, self.ledger)
         self.scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), self.kv)
         self.streams = Streams(
             self.scheduler, self.host, settings, metrics=self.metrics, events=events, clock=clock
@@ -94,8 +119,8 @@ class Engine:
         self.output = Output(self.streams, backend, settings, clock)
         guard = MemoryGuard(settings.min_available_bytes, memory or ProcMemory(), clock)
         self.memory = MemoryPolicy(guard, self.host_cache, self.streams)
+        self.machine_bytes = machine_memory_bytes()  # what doctor holds the ledger against
         self.threads = thread_governor(backend, settings.adaptive_threads, clock, cores)
-        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,6 +151,8 @@ class Engine:
                 save_kept(self.disk, self.kv.kept(), self.backend.save_state)
             self.disk.close()
         self.backend.close()
+        for account in (self.device, self.host_cache.account, self.host.account):
+            account.close()  # its memory is back: the other models' tiers may use it
 
     @property
     def alive(self) -> bool:
@@ -352,6 +379,11 @@ class Engine:
     def tier_bytes(self) -> dict[str, int]:
         with self._lock:
             return tier_bytes(self)
+
+    def ledger_lines(self) -> dict[str, int | None]:
+        """The memory ledger's lines (``snapshot.ledger_lines``)."""
+        with self._lock:
+            return ledger_lines(self)
 
     def snapshot(self) -> dict[str, Any]:
         """The /debug/streams document."""

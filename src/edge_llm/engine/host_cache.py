@@ -7,6 +7,11 @@ the slot's state, what offload uses) and the slot is reused. A later request who
 prompt starts the same way gets them back into whichever slot it runs in: as
 llama-server's ``--cache-ram`` does, and without any decode scanning them meanwhile.
 
+Its bytes are a line in the memory ledger (``ledger.py``): ``host_cache_mb`` is its
+cap inside the ledger's, and it takes only what the ledger has free. It is the tier
+that gives back first: when an offload, an embeddings context or a model load needs
+room, its least recently used entries go (never one a pending load will read).
+
 Pure bookkeeping plus the saved bytes: :class:`KvSlots` decides what is saved and
 loaded, the engine thread copies the bytes (``kv_apply.py``).
 """
@@ -15,9 +20,11 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from edge_llm.engine.ledger import Account, Giver, MemoryLedger
 
 # A saved state holds, beside the K and V rows, each cell's position and sequence ids
 # and a small header: an upper bound used to reserve room before the save runs.
@@ -35,17 +42,41 @@ class HostEntry:
     state: bytes | None = field(default=None, repr=False)  # None until the save ran
     hits: int = 0
     origin: str = "host"  # "disk": read back from the disk tier at start
+    pending_loads: int = 0  # loads decided, not applied yet: the entry must stay
 
 
 class HostCache:
-    def __init__(self, capacity_bytes: int, bytes_per_token: int) -> None:
-        self.capacity_bytes = capacity_bytes
+    def __init__(
+        self,
+        capacity_bytes: int,
+        bytes_per_token: int,
+        ledger: MemoryLedger | None = None,
+        wrap_giver: Callable[[Giver], Giver] | None = None,
+    ) -> None:
+        """``ledger``: the memory ledger it is a line of (None: one of its own, no
+        common cap); ``wrap_giver``: how another thread reaches :meth:`give_back`
+        (under the engine's lock)."""
         self.bytes_per_token = bytes_per_token
-        self.num_bytes = 0
         self.hits = 0
         self.evictions = 0
         self._entries: OrderedDict[str, HostEntry] = OrderedDict()  # least recently used first
         self._keys = itertools.count()
+        giver = wrap_giver(self.give_back) if wrap_giver else self.give_back
+        ledger = ledger or MemoryLedger(None)
+        self.account: Account = ledger.account("host_cache", "host_cache", capacity_bytes, giver)
+
+    @property
+    def num_bytes(self) -> int:
+        return self.account.num_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Its own cap (``host_cache_mb``), inside the ledger's."""
+        return self.account.cap_bytes or 0
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, value: int) -> None:
+        self.account.cap_bytes = value
 
     @property
     def enabled(self) -> bool:
@@ -77,17 +108,36 @@ class HostCache:
         size = self.estimate(len(tokens))
         if size > self.capacity_bytes:
             return None
-        while self.num_bytes + size > self.capacity_bytes:
-            victim = next((key for key in self._entries if key != keep), None)
-            if victim is None:
+        while size > self.account.room():  # its own cap, or what the ledger has free
+            if not self._evict_one(keep):
                 return None
-            self.pop(victim)
-            self.evictions += 1
         key = f"prefix-{next(self._keys)}"
         entry = HostEntry(key, tuple(tokens), n_prompt, size, first_logits)
         self._entries[key] = entry
-        self.num_bytes += size
+        self.account.charge(size)
         return entry
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Room held for saves that have not run yet."""
+        return sum(e.num_bytes for e in self._entries.values() if e.state is None)
+
+    def give_back(self) -> int:
+        """Another tier needs the room: the least recently used entry goes; the bytes
+        freed (0: nothing could go)."""
+        before = self.num_bytes
+        self._evict_one(None)
+        return before - self.num_bytes
+
+    def _evict_one(self, keep: str | None) -> bool:
+        victim = next(
+            (k for k, e in self._entries.items() if k != keep and not e.pending_loads), None
+        )
+        if victim is None:
+            return False
+        self.pop(victim)
+        self.evictions += 1
+        return True
 
     def put(self, key: str, state: bytes) -> None:
         """The saved bytes of a reserved entry (a state larger than reserved is dropped)."""
@@ -97,30 +147,40 @@ class HostCache:
         if len(state) > entry.num_bytes:
             self.pop(key)
             return
-        self.num_bytes += len(state) - entry.num_bytes
+        self.account.release(entry.num_bytes - len(state))
         entry.num_bytes, entry.state = len(state), state
 
     def add_saved(
         self, tokens: Sequence[int], n_prompt: int, first_logits: Any, state: bytes, origin: str
     ) -> bool:
         """An entry whose state was saved elsewhere (the disk tier); False when full."""
-        if self.num_bytes + len(state) > self.capacity_bytes or self.holds(tokens):
+        if len(state) > self.account.room() or self.holds(tokens):
             return False
         key = f"prefix-{next(self._keys)}"
         entry = HostEntry(key, tuple(tokens), n_prompt, len(state), first_logits, state,
                           origin=origin)  # fmt: skip
         self._entries[key] = entry
         self._entries.move_to_end(key, last=False)  # older than anything saved since
-        self.num_bytes += len(state)
+        self.account.charge(len(state))
         return True
 
-    def touch(self, key: str) -> HostEntry:
-        """A hit: the entry becomes the most recently used."""
+    def touch(self, key: str, loading: bool = False) -> HostEntry:
+        """A hit: the entry becomes the most recently used; ``loading``: a load of it
+        is decided, and it stays until that load ran (:meth:`loaded`)."""
         entry = self._entries[key]
         self._entries.move_to_end(key)
         entry.hits += 1
+        entry.pending_loads += int(loading)
         self.hits += 1
         return entry
+
+    def loaded(self, key: str) -> bytes | None:
+        """The state of an entry whose load runs now (see :meth:`touch`)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        entry.pending_loads = max(0, entry.pending_loads - 1)
+        return entry.state
 
     def entry(self, key: str) -> HostEntry | None:
         return self._entries.get(key)
@@ -132,7 +192,7 @@ class HostCache:
     def pop(self, key: str) -> None:
         entry = self._entries.pop(key, None)
         if entry is not None:
-            self.num_bytes -= entry.num_bytes
+            self.account.release(entry.num_bytes)
 
     def clear(self) -> None:
         for key in list(self._entries):

@@ -72,7 +72,7 @@ class KvApplier:
         elif isinstance(op, SaveCache):
             self._save_cache(op)
         else:
-            self._load(op.seq_id, op.key, self.cache.state(op.key))
+            self._load(op.seq_id, op.key, self.cache.loaded(op.key))
 
     def _save_cache(self, op: SaveCache) -> None:
         """Into the host tier, and through to the disk tier when there is one."""

@@ -312,7 +312,7 @@ class KvSlots:
         if source.slot is not None:
             return [CopyPrefix(source.slot.seq_id, target.seq_id, source.usable)]
         assert source.entry is not None
-        self.host.touch(source.entry.key)
+        self.host.touch(source.entry.key, loading=True)  # not given back before it ran
         ops: list[KvOp] = [LoadCache(target.seq_id, source.entry.key)]
         if len(source.entry.tokens) > source.usable:
             n_extra = len(source.entry.tokens) - source.usable

@@ -91,6 +91,24 @@ class ProcMemory:
             return None
 
 
+def machine_memory_bytes(root: Path = Path("/")) -> int | None:
+    """All the memory the device gives this process: the cgroup's limit (v2) where
+    one is set, else ``MemTotal``; None when neither can be read."""
+    try:
+        limit = (root / "sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            return int(limit)
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in (root / "proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class MemoryGuard:
     """Whether the device is under memory pressure, with hysteresis."""
 
@@ -168,8 +186,7 @@ class MemoryPolicy:
 
     def _drop_host_cache(self) -> None:
         dropped = 0
-        while self.guard.check(force=True) and len(self.host_cache):
-            self.host_cache.pop(self.host_cache.entries()[0].key)
+        while self.guard.check(force=True) and self.host_cache.give_back():
             dropped += 1
         if dropped:
             self.streams.metrics.memory_actions.labels("host_cache_dropped").inc(dropped)

@@ -1,6 +1,10 @@
 """Host memory for the KV state of offloaded sequences, bounded in bytes, and the
 policies that send streams there: paused ones while others wait (``OffloadPolicy``)
-and those a more urgent request preempts (``PreemptionPolicy``)."""
+and those a more urgent request preempts (``PreemptionPolicy``).
+
+The store is a line in the memory ledger (``ledger.py``): ``host_offload_mb`` is its
+cap inside the ledger's, and a state is saved only where the ledger has room for it,
+the prefix cache's host tier giving back its entries first."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from edge_llm.engine.ledger import Account, MemoryLedger
 from edge_llm.engine.priorities import preemption_victim
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.errors import PauseTimeout
@@ -19,13 +24,28 @@ if TYPE_CHECKING:
 
 class HostStore:
     """Saved sequence states by key, oldest first. The engine decides what to drop
-    when a new state would not fit (:meth:`oldest`); :meth:`put` never goes over."""
+    when a new state would not fit (:meth:`oldest`); :meth:`put` never goes over its
+    cap nor the ledger's."""
 
-    def __init__(self, capacity_bytes: int) -> None:
-        self.capacity_bytes = capacity_bytes
-        self.num_bytes = 0
+    def __init__(self, capacity_bytes: int, ledger: MemoryLedger | None = None) -> None:
+        self.account: Account = (ledger or MemoryLedger(None)).account(
+            "offload", "offload", capacity_bytes
+        )
         self._states: OrderedDict[str, bytes] = OrderedDict()
         self._sizes: dict[str, int] = {}
+
+    @property
+    def num_bytes(self) -> int:
+        return self.account.num_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Its own cap (``host_offload_mb``), inside the ledger's."""
+        return self.account.cap_bytes or 0
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, value: int) -> None:
+        self.account.cap_bytes = value
 
     @property
     def enabled(self) -> bool:
@@ -37,32 +57,43 @@ class HostStore:
     def __len__(self) -> int:
         return len(self._states)
 
+    @property
+    def reserved_bytes(self) -> int:
+        """Room held for saves that have not run yet."""
+        return sum(self._sizes[key] for key, state in self._states.items() if not state)
+
     def fits(self, num_bytes: int) -> bool:
-        return self.num_bytes + num_bytes <= self.capacity_bytes
+        """Whether a state of ``num_bytes`` can be saved now (the host prefix tier
+        giving back its entries if it must)."""
+        return self.account.could_hold(num_bytes)
+
+    def could_ever_hold(self, num_bytes: int) -> bool:
+        """Whether it would fit once every offloaded state were dropped too."""
+        ledger = self.account.ledger
+        room = self.num_bytes + ledger.free_bytes + ledger.givable(besides=self.account)
+        return num_bytes <= min(self.capacity_bytes, room)
 
     def oldest(self, skip: set[str] | frozenset[str] = frozenset()) -> str | None:
         return next((key for key in self._states if key not in skip), None)
 
     def reserve(self, key: str, num_bytes: int) -> None:
         """Hold room for a state about to be saved (the save runs a little later)."""
-        if not self.fits(num_bytes):
+        if not self.account.reserve(num_bytes):
             raise ValueError(f"{num_bytes} bytes do not fit: {self.num_bytes} used")
         self._states[key] = b""
         self._sizes[key] = num_bytes
-        self.num_bytes += num_bytes
 
     def put(self, key: str, state: bytes) -> None:
         """Store a state, in the room reserved for it if there was one."""
         self.pop(key)
-        if not self.fits(len(state)):
+        if not self.account.reserve(len(state)):
             raise ValueError(f"{len(state)} bytes do not fit: {self.num_bytes} used")
         self._states[key] = state
         self._sizes[key] = len(state)
-        self.num_bytes += len(state)
 
     def pop(self, key: str) -> bytes | None:
         state = self._states.pop(key, None)
-        self.num_bytes -= self._sizes.pop(key, 0)
+        self.account.release(self._sizes.pop(key, 0))
         return state
 
 
@@ -112,10 +143,11 @@ class OffloadPolicy:
 
     def _offload(self, seq: Sequence) -> None:
         size = self.state_size(seq.require_slot())
-        if size > self.host.capacity_bytes:
+        if not self.host.could_ever_hold(size):
             return
         while not self.host.fits(size):
-            self._cancel_oldest_offloaded()
+            if not self._cancel_oldest_offloaded():
+                return
         self.save(seq, size)
 
     def save(self, seq: Sequence, size: int) -> None:
@@ -130,20 +162,24 @@ class OffloadPolicy:
         if handle := self.streams.live.get(seq.id):
             self.streams.touch(handle)
 
-    def _cancel_oldest_offloaded(self) -> None:
+    def _cancel_oldest_offloaded(self) -> bool:
         """Host memory is full: the paused stream offloaded first ends (reason
-        pause_timeout); a preempted one is never the one (it waits on the engine)."""
+        pause_timeout); a preempted one is never the one (it waits on the engine).
+        False when there is none."""
         preempted = {h.id for h in self.streams.live.values() if h.seq.preempted}
         key = self.host.oldest(skip=preempted)
-        handle = self.streams.live.get(key) if key else None
+        if key is None:
+            return False
+        handle = self.streams.live.get(key)
         if handle is None:
-            self.host.pop(key or "")
-            return
+            self.host.pop(key)
+            return True
         error = PauseTimeout("offloaded and host memory is full", reason="pause_timeout")
         self.streams.events(
             Event.PAUSE_TIMEOUT, key, state="offloaded", host_offload_bytes=self.host.num_bytes
         )
         self.streams.finish(handle, error, SequenceState.CANCELLED)
+        return True
 
 
 class PreemptionPolicy:

@@ -28,6 +28,9 @@ class EngineSettings:
     prefix_cache: bool = True
     host_offload_bytes: int = 512 << 20  # 0: no offload
     host_cache_bytes: int = 256 << 20  # the prefix cache's host tier (per-slot layout); 0: none
+    # The memory ledger's cap on every KV tier together (ledger.py; a CPU device:
+    # max_kv_cache_mb). None: no common cap, each tier bound by its own setting.
+    memory_cap_bytes: int | None = None
     cache_dir: str | None = None  # the disk tier's directory (None: no disk tier)
     cache_dir_bytes: int = 1 << 30
     offload_paused_after_s: float = 1.0

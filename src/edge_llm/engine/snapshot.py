@@ -31,6 +31,7 @@ def snapshot(engine: Engine, now: float) -> dict[str, Any]:
         "kv_disk_cache_skipped": engine.disk.skipped if engine.disk is not None else 0,
         "kv_layout": "per_slot" if kv.per_slot else "pool",
         **memory_fields(engine),
+        "memory_ledger": ledger_fields(engine),
         "decode_threads": engine.backend.n_threads,
         "kv_budget_bytes": kv.capacity_bytes,
         "kv_reserved_bytes": kv.reserved_bytes,
@@ -88,6 +89,44 @@ def memory_fields(engine: Engine) -> dict[str, Any]:
     }
 
 
+def ledger_fields(engine: Engine) -> dict[str, Any]:
+    """Engine lock held: the memory ledger's lines (``ledger.py``), in bytes: the KV
+    context (allocated whole: live, cached and free cells), each host tier with its
+    cap, the embeddings context, saves in flight, the total against the cap, and the
+    weights beside it (outside the cap)."""
+    ledger, stats, per_token = engine.ledger, engine.kv.stats(), engine.kv.bytes_per_token
+    live, cached = stats.used_tokens * per_token, stats.cached_tokens * per_token
+    kinds = ledger.by_kind()
+    return {
+        "cap_bytes": ledger.cap_bytes,
+        "total_bytes": ledger.used_bytes,
+        "free_bytes": ledger.free_bytes if ledger.shared else None,
+        "weights_bytes": engine.backend.info.size_bytes,
+        "device_bytes": engine.device.num_bytes,
+        "device_live_bytes": live,
+        "device_cached_bytes": cached,
+        "device_free_bytes": max(0, engine.device.num_bytes - live - cached),
+        "host_cache_bytes": engine.host_cache.num_bytes,
+        "host_cache_cap_bytes": engine.host_cache.capacity_bytes,
+        "offload_bytes": engine.host.num_bytes,
+        "offload_cap_bytes": engine.host.capacity_bytes,
+        "embeddings_bytes": kinds.get("embeddings", 0),
+        "reserve_bytes": engine.host_cache.reserved_bytes + engine.host.reserved_bytes,
+        "machine_bytes": engine.machine_bytes,
+    }
+
+
+def ledger_lines(engine: Engine) -> dict[str, int | None]:
+    """Engine lock held: the ledger as ``memory_ledger_bytes{line}`` exports it."""
+    fields = ledger_fields(engine)
+    lines = {
+        line: fields[f"{line}_bytes"]
+        for line in ("device_live", "device_cached", "device_free", "host_cache", "offload",
+                     "embeddings", "reserve")
+    }  # fmt: skip
+    return {**lines, "total": fields["total_bytes"], "cap": fields["cap_bytes"]}
+
+
 def tier_bytes(engine: Engine) -> dict[str, int]:
     """Engine lock held: bytes of KV per tier: running streams' and cached cells on the
     device (the KV context), the prefix cache's host tier."""
@@ -112,6 +151,7 @@ def bind_gauges(engine: Engine) -> None:
         kv_usage=engine.locked(lambda e: e.kv.stats().used_tokens / e.kv.capacity_tokens),
     )
     metrics.bind_tiers(engine.tier_bytes)
+    metrics.bind_ledger(engine.ledger_lines)
     metrics.memory_available.set_function(engine.locked(_memory_available))
     metrics.decode_threads.set_function(lambda: engine.backend.n_threads)
 

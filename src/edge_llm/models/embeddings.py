@@ -6,6 +6,10 @@ time: the engine's decode steps never wait for them (``llama_decode`` releases t
 GIL) and share the CPU with at most one embedding chunk at a time, on
 ``embedding_threads`` threads. Requests beyond ``max_queue`` waiting are refused
 (503 ``queue_full``). Vectors are L2-normalized, as OpenAI's and Ollama's are.
+
+The context's KV is a line in the model's memory ledger (``engine/ledger.py``),
+charged before the context is made: the host prefix tier gives back room for it
+first; if the ledger still has none, the request gets 503 ``kv_budget_exceeded``.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from edge_llm.errors import InvalidRequest, QueueFull
+from edge_llm.engine.ledger import Account, MemoryLedger
+from edge_llm.errors import InvalidRequest, KvBudgetExceeded, QueueFull
 
 EmbeddingInput = str | list[int]
+_KV_CELL_ROUND = 256  # llama.cpp allocates a context's cells in blocks of 256
 
 
 class Embedder(Protocol):
@@ -55,13 +61,44 @@ class EmbeddingResult:
 
 
 class Embeddings:
-    def __init__(self, backend: Any, n_vocab: int, limits: EmbeddingLimits) -> None:
+    def __init__(
+        self,
+        backend: Any,
+        n_vocab: int,
+        limits: EmbeddingLimits,
+        ledger: MemoryLedger | None = None,
+    ) -> None:
         self._source = backend if isinstance(backend, EmbedderSource) else None
         self._n_vocab = n_vocab
         self.limits = limits
         self._executor: ThreadPoolExecutor | None = None
         self._embedder: Embedder | None = None
         self._waiting = 0
+        self._ledger = ledger or MemoryLedger(None)
+        info = getattr(backend, "info", None)
+        self._kv_bytes_per_token = int(getattr(info, "kv_bytes_per_token", 0))
+        self._account: Account | None = None
+
+    @property
+    def context_bytes(self) -> int:
+        """The KV of its context: ``max_embedding_tokens`` in whole blocks of cells."""
+        cells = -(-self.limits.max_tokens // _KV_CELL_ROUND) * _KV_CELL_ROUND
+        return cells * self._kv_bytes_per_token
+
+    def _charge_context(self) -> None:
+        """Before the first embedding: the context's KV into the ledger, or 503."""
+        if self._account is not None:
+            return
+        account = self._ledger.account("embeddings", "embeddings")
+        if not account.reserve(self.context_bytes):
+            account.close()
+            free = self._ledger.free_bytes >> 20
+            raise KvBudgetExceeded(
+                f"the embeddings context needs {self.context_bytes >> 20} MiB of KV and the "
+                f"memory ledger has {free} MiB free of max_kv_cache_mb",
+                retry_after_s=2,
+            )
+        self._account = account
 
     async def embed(self, inputs: Sequence[EmbeddingInput], *, truncate: bool) -> EmbeddingResult:
         """Vectors of ``inputs`` (texts or token ids), in order; raises InvalidRequest
@@ -73,6 +110,7 @@ class Embeddings:
                 f"{self._waiting} embeddings requests already waiting for this model",
                 retry_after_s=1,
             )
+        self._charge_context()
         self._waiting += 1
         try:
             loop = asyncio.get_running_loop()
@@ -153,6 +191,9 @@ class Embeddings:
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None
+        if self._account is not None:
+            self._account.close()
+            self._account = None
 
 
 def _normalized(vector: list[float]) -> list[float]:

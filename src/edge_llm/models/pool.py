@@ -27,7 +27,7 @@ from edge_llm.errors import EngineUnavailable, ModelBusy, ModelMemory, ModelNotF
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.spec import MIB, ModelSpec
 from edge_llm.observability.events import Event, EventSink
-from edge_llm.observability.metrics import KV_TIERS, EngineMetrics
+from edge_llm.observability.metrics import KV_TIERS, LEDGER_LINES, EngineMetrics
 
 if TYPE_CHECKING:
     from edge_llm.engine.engine import Engine
@@ -427,4 +427,5 @@ def _zero_gauges(metrics: EngineMetrics) -> None:
     """An unloaded model's gauges read zero (not its stopped engine's last state)."""
     metrics.bind_gauges(*[lambda: 0.0] * 5)
     metrics.bind_tiers(lambda: dict.fromkeys(KV_TIERS, 0))
+    metrics.bind_ledger(lambda: dict.fromkeys(LEDGER_LINES, 0))
     metrics.memory_available.set_function(lambda: float("nan"))

@@ -12,6 +12,11 @@ from prometheus_client.registry import Collector
 PREFIX = "edge_llm_"
 # The tiers KV bytes are reported for (kv_cache_tier_bytes{tier}).
 KV_TIERS = ("device_live", "device_cached", "host", "disk")
+# The memory ledger's lines (memory_ledger_bytes{line}; engine/ledger.py).
+LEDGER_LINES = (
+    "device_live", "device_cached", "device_free", "host_cache", "offload", "embeddings",
+    "reserve", "total", "cap",
+)  # fmt: skip
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
@@ -91,6 +96,15 @@ class EngineMetrics:
             "Bytes of KV held per tier: device_live (running streams), device_cached "
             "(kept slots or pool cache), host (the prefix cache's host tier), disk",
             ["tier"],
+            registry=r,
+        )
+        self.memory_ledger_bytes = Gauge(
+            PREFIX + "memory_ledger_bytes",
+            "The memory ledger of every KV tier (a CPU device: max_kv_cache_mb bounds them "
+            "together): device_live, device_cached and device_free (the KV context, "
+            "allocated whole), host_cache, offload, embeddings, reserve (saves in flight), "
+            "total, and cap (NaN: no common cap)",
+            ["line"],
             registry=r,
         )
         self.prompt_cache_hits = Counter(
@@ -220,6 +234,11 @@ class EngineMetrics:
         for tier in KV_TIERS:
             self.kv_tier_bytes.labels(tier).set_function(_reader(tiers, tier))
 
+    def bind_ledger(self, lines: Callable[[], dict[str, int | None]]) -> None:
+        """``lines()``: bytes per ledger line (None: no cap), read when scraped."""
+        for line in LEDGER_LINES:
+            self.memory_ledger_bytes.labels(line).set_function(_ledger_reader(lines, line))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
@@ -268,3 +287,11 @@ def _total(counter: Counter) -> float:
 
 def _reader(tiers: Callable[[], dict[str, int]], tier: str) -> Callable[[], float]:
     return lambda: tiers()[tier]
+
+
+def _ledger_reader(lines: Callable[[], dict[str, int | None]], line: str) -> Callable[[], float]:
+    def read() -> float:
+        value = lines()[line]
+        return float("nan") if value is None else float(value)
+
+    return read

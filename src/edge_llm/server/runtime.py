@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from edge_llm.config import EngineConfig
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
+from edge_llm.engine.ledger import device_share_bytes
 from edge_llm.errors import BackendError
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
@@ -69,6 +70,7 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         prefix_cache=cache.prefix_cache,
         host_offload_bytes=cache.host_offload_mb * 1024 * 1024,
         host_cache_bytes=cache.host_cache_mb * 1024 * 1024,
+        memory_cap_bytes=bp.max_kv_cache_mb * MIB,  # a CPU device: one ledger (ledger.py)
         cache_dir=cache.cache_dir,
         cache_dir_bytes=cache.cache_dir_mb * 1024 * 1024,
         offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
@@ -85,14 +87,19 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
     embedded one) loaded with the engine's settings."""
     from edge_llm.engine.llama_backend import LlamaBackend  # noqa: PLC0415 (loads llama.cpp)
 
-    sched = config.scheduler
+    sched, cache = config.scheduler, config.cache
     kv_bytes = config.backpressure.max_kv_cache_mb * MIB
     path, model_id = config.model.model_path, config.model.model_id
     if spec is not None:
         path, model_id, kv_bytes = spec.path, spec.name, spec.kv_budget_bytes
+    # On a CPU the KV context is one line of the model's memory ledger: the host
+    # tiers' share is carved from the cap before it (engine/ledger.py).
+    device_bytes = device_share_bytes(
+        kv_bytes, cache.host_cache_mb * MIB, cache.host_offload_mb * MIB
+    )
     return LlamaBackend(
         path,
-        kv_budget_bytes=kv_bytes,
+        kv_budget_bytes=device_bytes,
         max_sequences=sched.max_sequences,
         max_batch_tokens=scheduler_limits(
             sched.max_sequences, engine_settings(config)
@@ -128,7 +135,7 @@ def model_loader(config: EngineConfig) -> Loader:
 def model_settings(config: EngineConfig, spec: ModelSpec) -> EngineSettings:
     """A named model's engine settings: the engine's, with a disk tier of its own
     (``cache_dir/models/NAME``) so that models do not evict each other's entries."""
-    settings = engine_settings(config)
+    settings = replace(engine_settings(config), memory_cap_bytes=spec.kv_budget_bytes)
     if not settings.cache_dir:
         return settings
     return replace(settings, cache_dir=str(Path(settings.cache_dir) / "models" / spec.name))
@@ -142,7 +149,9 @@ def loaded_model(
         spec=spec,
         engine=engine,
         service=service,
-        embeddings=Embeddings(backend, backend.info.n_vocab, embedding_limits(config)),
+        embeddings=Embeddings(
+            backend, backend.info.n_vocab, embedding_limits(config), engine.ledger
+        ),
         footprint_bytes=spec.estimate_bytes,
     )
 

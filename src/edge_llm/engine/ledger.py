@@ -1,0 +1,218 @@
+"""One memory ledger for every KV tier of a CPU device.
+
+On a CPU the device's KV context, the prefix cache's host tier, the states of
+offloaded streams, the embeddings context and other models' KV contexts all live in
+one RAM. ``max_kv_cache_mb`` is the cap on all of them together: every tier is an
+:class:`Account` in one :class:`MemoryLedger` and asks it before it allocates.
+
+- *Fixed* accounts are allocated whole when made: a model's KV context (llama.cpp
+  allocates it at start and clears it, so all of it is resident however few cells
+  are in use) and an embeddings context. They are charged at their full size.
+- *Elastic* accounts hold saved states: the host prefix tier (``host_cache_mb``)
+  and offloaded streams (``host_offload_mb``). Their own setting is a cap inside the
+  ledger, never an addition to it.
+
+Policy: the KV context of the default model is sized at start to the cap minus the
+host tiers' share (:func:`device_share_bytes`); the host tiers, the embeddings
+context and other models' contexts live in what is left. The prefix host tier takes
+whatever is free and gives it back first: an offload, an embeddings context or a
+model load that needs room evicts its entries, least recently used first
+(:meth:`MemoryLedger.make_room`); if that is not enough the request is refused
+(503 ``kv_budget_exceeded`` or ``model_memory``, with ``Retry-After``). Nothing is
+charged past the cap.
+
+A backend whose KV lives in its own memory (an accelerator) would keep the tiers
+apart: its ledger has no cap (``cap_bytes=None``) and each tier is bound only by its
+own setting. Every backend this project builds today is a CPU one.
+
+Pure bookkeeping: no llama.cpp, no clock. Several threads use one ledger (each
+model's engine thread, the embeddings threads, the event loop): its own lock makes
+each check-and-charge one step, and a host tier gives back only when its engine's
+lock is free (``try_giver``), so two engines making room at once never wait on
+each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from edge_llm.observability.units import mib
+
+# The host tiers' share of the cap at most: the rest is the device's KV context, so
+# that live streams keep three quarters of the configured budget.
+HOST_TIERS_SHARE = 4
+
+# Evicts the least recently used entry of a host tier; returns the bytes it freed
+# (0: nothing left to give).
+Giver = Callable[[], int]
+
+
+def device_share_bytes(cap_bytes: int, host_cache_bytes: int, host_offload_bytes: int) -> int:
+    """The KV context's budget on a CPU: the cap minus the host tiers' room, which is
+    what their caps ask for, up to a quarter of the cap (all of it without tiers)."""
+    tiers = min(host_cache_bytes + host_offload_bytes, cap_bytes // HOST_TIERS_SHARE)
+    return cap_bytes - tiers
+
+
+@dataclass
+class Account:
+    """One tier's line: ``num_bytes`` held, at most ``cap_bytes`` (its own setting)."""
+
+    ledger: MemoryLedger
+    name: str
+    kind: str  # "device", "host_cache", "offload", "embeddings", "model"
+    cap_bytes: int | None = None  # None: only the ledger's cap
+    num_bytes: int = 0
+
+    @property
+    def own_room(self) -> int:
+        """Room under this account's own cap."""
+        if self.cap_bytes is None:
+            return self.ledger.unbounded
+        return max(0, self.cap_bytes - self.num_bytes)
+
+    def room(self) -> int:
+        """Bytes it may add now without evicting anything."""
+        return min(self.own_room, self.ledger.free_bytes)
+
+    def could_hold(self, num_bytes: int) -> bool:
+        """Whether ``num_bytes`` more would fit once the host tiers gave all they hold
+        (the giver's own entries do not count: it cannot evict for itself here)."""
+        if num_bytes > self.own_room:
+            return False
+        return num_bytes <= self.ledger.free_bytes + self.ledger.givable(besides=self)
+
+    def reserve(self, num_bytes: int) -> bool:
+        """Charge ``num_bytes``, evicting host-tier entries (not this account's) for
+        them first if needed; False, with nothing charged, when they cannot fit."""
+        with self.ledger.lock:
+            if num_bytes > self.own_room or not self.ledger.make_room(num_bytes, self):
+                return False
+            self.num_bytes += num_bytes
+            return True
+
+    def charge(self, num_bytes: int) -> None:
+        """Add ``num_bytes`` that fit now (:meth:`room`), evicting nothing."""
+        with self.ledger.lock:
+            if num_bytes > self.room():
+                raise ValueError(
+                    f"{self.name}: {num_bytes} bytes do not fit the memory ledger "
+                    f"({self.ledger.free_bytes} free, {self.own_room} under its own cap)"
+                )
+            self.num_bytes += num_bytes
+
+    def release(self, num_bytes: int) -> None:
+        with self.ledger.lock:
+            self.num_bytes = max(0, self.num_bytes - num_bytes)
+
+    def close(self) -> None:
+        """The tier is gone (a model unloaded): its line leaves the ledger."""
+        self.num_bytes = 0
+        self.ledger.remove(self)
+
+
+@dataclass
+class MemoryLedger:
+    """Every KV tier's bytes against one cap (None: no common cap, tiers apart)."""
+
+    cap_bytes: int | None
+    lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
+    _accounts: list[Account] = field(default_factory=list)
+    _givers: list[tuple[Account, Giver]] = field(default_factory=list)
+
+    unbounded = 1 << 62
+
+    @property
+    def shared(self) -> bool:
+        """Whether the tiers share one cap (a CPU device)."""
+        return self.cap_bytes is not None
+
+    def account(
+        self,
+        name: str,
+        kind: str,
+        cap_bytes: int | None = None,
+        giver: Giver | None = None,
+    ) -> Account:
+        """A new line; ``giver`` evicts its least recently used entry when another
+        tier needs the room (the host prefix tier)."""
+        account = Account(self, name, kind, cap_bytes)
+        self._accounts.append(account)
+        if giver is not None:
+            self._givers.append((account, giver))
+        return account
+
+    def remove(self, account: Account) -> None:
+        with self.lock:
+            self._accounts = [a for a in self._accounts if a is not account]
+            self._givers = [(a, g) for a, g in self._givers if a is not account]
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(a.num_bytes for a in self._accounts)
+
+    @property
+    def free_bytes(self) -> int:
+        if self.cap_bytes is None:
+            return self.unbounded
+        return max(0, self.cap_bytes - self.used_bytes)
+
+    def givable(self, besides: Account | None = None) -> int:
+        """Bytes the host tiers would give back (all their entries)."""
+        return sum(a.num_bytes for a, _ in self._givers if a is not besides)
+
+    def make_room(self, num_bytes: int, besides: Account | None = None) -> bool:
+        """Evict host-tier entries (not ``besides``'s) until ``num_bytes`` are free;
+        whether they are. Nothing is evicted when even all of them would not do."""
+        with self.lock:
+            if num_bytes <= self.free_bytes:
+                return True
+            if num_bytes > self.free_bytes + self.givable(besides):
+                return False
+            for account, give in list(self._givers):
+                while account is not besides and num_bytes > self.free_bytes:
+                    if give() <= 0:
+                        break
+            return num_bytes <= self.free_bytes
+
+    def by_kind(self) -> dict[str, int]:
+        """Bytes per kind of account (device, host_cache, offload, embeddings, model)."""
+        totals: dict[str, int] = {}
+        for account in self._accounts:
+            totals[account.kind] = totals.get(account.kind, 0) + account.num_bytes
+        return totals
+
+    def lines(self) -> list[Account]:
+        return list(self._accounts)
+
+
+def try_giver(lock: threading.RLock, give: Giver) -> Giver:
+    """``give`` under ``lock`` (its engine's), or nothing when another thread holds it."""
+
+    def locked() -> int:
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            return give()
+        finally:
+            lock.release()
+
+    return locked
+
+
+def ledger_summary(fields: dict[str, Any]) -> str:
+    """One line of the ledger (``/debug/streams``' ``memory_ledger``), in MiB: what the
+    serve banner prints."""
+    f = fields
+    cap = f"{mib(f['cap_bytes'])} MiB cap" if f["cap_bytes"] is not None else "no common cap"
+    return (
+        f"memory ledger: KV context {mib(f['device_bytes'])} (live "
+        f"{mib(f['device_live_bytes'])}, cached {mib(f['device_cached_bytes'])}) + host cache "
+        f"{mib(f['host_cache_bytes'])} (cap {mib(f['host_cache_cap_bytes'])}) + offload "
+        f"{mib(f['offload_bytes'])} (cap {mib(f['offload_cap_bytes'])}) + embeddings "
+        f"{mib(f['embeddings_bytes'])} + reserve {mib(f['reserve_bytes'])} = "
+        f"{mib(f['total_bytes'])} MiB of {cap}; weights {mib(f['weights_bytes'])} MiB beside it"
+    )

@@ -1,0 +1,203 @@
+"""The memory ledger: every KV tier under one cap (engine/ledger.py), alone and in an
+engine over the fake backend whose every tier is filled."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from edge_llm.engine.host_cache import HostCache
+from edge_llm.engine.ledger import MemoryLedger, device_share_bytes, ledger_summary
+from edge_llm.engine.offload import HostStore
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.errors import KvBudgetExceeded
+from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
+
+from fakes import FakeBackend, drain
+
+MIB = 1 << 20
+
+
+def test_the_device_keeps_the_cap_less_the_host_tiers_share() -> None:
+    assert device_share_bytes(256 * MIB, 256 * MIB, 512 * MIB) == 192 * MIB
+    assert device_share_bytes(256 * MIB, 8 * MIB, 0) == 248 * MIB
+    assert device_share_bytes(256 * MIB, 0, 0) == 256 * MIB  # no host tiers: all of it
+
+
+def test_a_host_tier_takes_only_what_the_ledger_has_free() -> None:
+    ledger = MemoryLedger(10_000)
+    ledger.account("device", "device").charge(5_000)
+    cache = HostCache(1 * MIB, 10, ledger)  # its own cap is far above the ledger's
+    first = cache.reserve(list(range(100)), 100, None)  # 100 * 26 + 4096 = 6,696: too big
+    assert first is None
+    assert cache.reserve(list(range(-1, -3, -1)), 2, None) is not None  # 4,148 bytes fit
+    assert ledger.used_bytes <= 10_000
+    assert cache.reserve(list(range(2, 4)), 2, None) is not None  # the older entry goes
+    assert len(cache) == 1 and cache.evictions == 1
+    assert ledger.used_bytes <= 10_000
+
+
+def test_the_host_cache_gives_back_first_and_nothing_passes_the_cap() -> None:
+    ledger = MemoryLedger(20_000)
+    cache = HostCache(1 * MIB, 10, ledger)
+    store = HostStore(1 * MIB, ledger)
+    for i in range(4):
+        assert cache.reserve([i] * 10, 10, None) is not None  # 4,356 bytes each
+    assert ledger.free_bytes == 20_000 - 4 * 4356
+    store.reserve("stream", 9_000)  # the cache's two oldest entries go for it
+    assert len(cache) == 2 and ledger.used_bytes <= 20_000
+    assert not store.fits(20_000 - 9_000 + 1)  # past the cap even with the cache empty
+    with pytest.raises(ValueError, match="do not fit"):
+        store.reserve("another", 20_000 - 9_000 + 1)
+    assert len(cache) == 2  # a refused reservation evicts nothing
+
+
+def test_an_entry_a_pending_load_will_read_is_never_given_back() -> None:
+    ledger = MemoryLedger(10_000)
+    cache = HostCache(1 * MIB, 10, ledger)
+    entry = cache.reserve([1] * 10, 10, None)
+    assert entry is not None
+    cache.put(entry.key, b"x" * 100)
+    cache.touch(entry.key, loading=True)  # an admission decided to load it
+    assert cache.give_back() == 0
+    assert cache.loaded(entry.key) == b"x" * 100  # the load ran
+    assert cache.give_back() == 100
+
+
+def test_an_offload_store_alone_keeps_its_own_cap() -> None:
+    store = HostStore(1_000)  # a ledger of its own, no common cap: as before
+    assert store.fits(1_000) and not store.fits(1_001)
+    store.put("a", b"x" * 600)
+    assert not store.fits(401) and store.could_ever_hold(1_000)
+
+
+def test_the_summary_line_names_every_line_against_the_cap() -> None:
+    fields = {
+        "cap_bytes": 256 * MIB, "total_bytes": 200 * MIB, "weights_bytes": 94 * MIB,
+        "device_bytes": 180 * MIB, "device_live_bytes": 0, "device_cached_bytes": MIB,
+        "host_cache_bytes": 8 * MIB, "host_cache_cap_bytes": 256 * MIB,
+        "offload_bytes": 0, "offload_cap_bytes": 512 * MIB,
+        "embeddings_bytes": 12 * MIB, "reserve_bytes": 0,
+    }  # fmt: skip
+    line = ledger_summary(fields)
+    assert "KV context 180.0 (live 0.0, cached 1.0)" in line
+    assert "host cache 8.0 (cap 256.0) + offload 0.0 (cap 512.0) + embeddings 12.0" in line
+    assert "= 200.0 MiB of 256.0 MiB cap; weights 94.0 MiB" in line
+
+
+# -- an engine whose every tier is filled --------------------------------------------------
+
+# The fake's saved states take about 8 bytes a cell, a host entry reserves
+# bytes_per_token + 16 a cell (and a header) before its save: 8,178 for a prompt.
+BYTES_PER_TOKEN = 10
+CAPACITY = 1024  # cells: four slots of 256
+DEVICE = CAPACITY * BYTES_PER_TOKEN
+ROOM = 12_000  # the ledger's room beside the KV context: a few host entries
+EMBEDDING_TOKENS = 1024  # its context (10,240 bytes) needs what the host tier holds
+PROMPT = 150  # over MIN_SAVED_CELLS: a vacated slot is saved to the host tier
+
+
+def prompt_request(first: int, max_tokens: int = 8) -> GenerationRequest:
+    return GenerationRequest(
+        prompt_tokens=[first, *range(1000, 1000 + PROMPT - 1)], max_tokens=max_tokens
+    )
+
+
+def capped_engine(engine_of, backend: FakeBackend, peaks: list[int]):
+    engine = engine_of(
+        backend, memory_cap_bytes=DEVICE + ROOM, host_cache_bytes=MIB,
+        host_offload_bytes=MIB, offload_paused_after_s=0.0,
+    )  # fmt: skip
+    backend.after_sampling = lambda: peaks.append(engine.ledger.used_bytes)
+    return engine
+
+
+async def test_every_tier_filled_stays_under_the_cap(engine_of) -> None:
+    backend = FakeBackend(
+        kv_capacity_tokens=CAPACITY, per_slot=True, kv_bytes_per_token=BYTES_PER_TOKEN
+    )
+    peaks: list[int] = []
+    engine = capped_engine(engine_of, backend, peaks)
+    assert engine.device.num_bytes == DEVICE
+    for i in range(8):  # distinct prompts one after another: slot 0 is vacated each time
+        await drain(engine, engine.submit(prompt_request(i)))
+    cache = engine.host_cache
+    assert cache.evictions > 0 and len(cache) >= 1  # the host tier filled its room
+    assert cache.num_bytes <= ROOM
+    # Four streams paused hold every slot; a fifth waits: one is offloaded for it.
+    paused = [engine.submit(prompt_request(100 + i, max_tokens=40)) for i in range(4)]
+    for handle in paused:
+        while handle.seq.n_generated < 2:
+            assert await handle.wait_changed(10.0)
+        engine.pause(handle)
+    waiting = engine.submit(prompt_request(200))
+    assert await drain(engine, waiting)
+    assert engine.metrics.kv_offloads._value.get() >= 1
+    # The embeddings context takes its share; the host tier gives it back.
+    limits = EmbeddingLimits(max_inputs=4, max_tokens=EMBEDDING_TOKENS, max_waiting=4, threads=1)
+    embeddings = Embeddings(backend, 1000, limits, engine.ledger)
+    assert embeddings.context_bytes == EMBEDDING_TOKENS * BYTES_PER_TOKEN
+    with engine._lock:
+        assert engine.ledger.used_bytes + embeddings.context_bytes > DEVICE + ROOM
+    await embeddings.embed(["hello"], truncate=False)
+    kinds = engine.snapshot()["memory_ledger"]
+    assert kinds["embeddings_bytes"] == embeddings.context_bytes
+    assert kinds["total_bytes"] <= kinds["cap_bytes"] == DEVICE + ROOM
+    for handle in paused:
+        engine.resume(handle)
+        await drain(engine, handle)
+    embeddings.close()
+    assert peaks and max(peaks) <= DEVICE + ROOM
+    assert engine.ledger.used_bytes <= DEVICE + ROOM
+
+
+async def test_no_room_for_the_embeddings_context_is_a_503(engine_of) -> None:
+    backend = FakeBackend(
+        kv_capacity_tokens=CAPACITY, per_slot=True, kv_bytes_per_token=BYTES_PER_TOKEN
+    )
+    engine = engine_of(backend, memory_cap_bytes=DEVICE + 1000)
+    limits = EmbeddingLimits(max_inputs=4, max_tokens=256, max_waiting=4, threads=1)
+    embeddings = Embeddings(backend, 1000, limits, engine.ledger)
+    with pytest.raises(KvBudgetExceeded) as refused:
+        await embeddings.embed(["hello"], truncate=False)
+    assert refused.value.retry_after_s is not None
+    assert not backend.embedders  # nothing was allocated
+    assert engine.ledger.used_bytes == DEVICE
+
+
+async def test_without_room_a_paused_stream_is_not_offloaded(engine_of) -> None:
+    """A ledger the KV context fills: an offload would pass the cap, so the waiting
+    request waits for a slot instead."""
+    backend = FakeBackend(
+        kv_capacity_tokens=CAPACITY, per_slot=True, kv_bytes_per_token=BYTES_PER_TOKEN
+    )
+    engine = engine_of(
+        backend, memory_cap_bytes=DEVICE, offload_paused_after_s=0.0, max_pause_s=None
+    )
+    paused = [engine.submit(prompt_request(i, max_tokens=40)) for i in range(4)]
+    for handle in paused:
+        while handle.seq.n_generated < 2:
+            assert await handle.wait_changed(10.0)
+        engine.pause(handle)
+    waiting = engine.submit(prompt_request(9))
+    await asyncio.sleep(0.2)  # several idle wake-ups: any offload would have run
+    assert waiting.seq.public_state() == "queued"
+    assert engine.host.num_bytes == 0 and engine.metrics.kv_offloads._value.get() == 0
+    engine.resume(paused[0])
+    await drain(engine, paused[0])
+    assert await drain(engine, waiting)  # it got the slot the finished stream left
+    for handle in paused[1:]:
+        engine.resume(handle)
+        await drain(engine, handle)
+
+
+def test_an_engine_whose_kv_context_passes_the_cap_does_not_start() -> None:
+    from edge_llm.engine.engine import Engine, EngineSettings
+    from edge_llm.errors import BackendError
+
+    backend = FakeBackend(
+        kv_capacity_tokens=CAPACITY, per_slot=True, kv_bytes_per_token=BYTES_PER_TOKEN
+    )
+    with pytest.raises(BackendError, match="does not fit max_kv_cache_mb"):
+        Engine(backend, EngineSettings(memory_cap_bytes=DEVICE - 1))  # type: ignore[arg-type]
