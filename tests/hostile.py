@@ -27,6 +27,7 @@ from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
 
 from fakes import FakeBackend
+from helpers import sse_events
 
 # The fields of vLLM, SGLang and llama-server (SPEC section 20) at valid values: the
 # fuzzers mutate them with the rest of the bodies.
@@ -52,10 +53,11 @@ HOSTILE_VALUES: list[Any] = [
     None, True, False, -1, 0, 1, 2**64, -(2**63), 1e308, -1e-308, 0.5, "", "x" * 300,
     [], [2**70], [-1], [0.5], ["2"], list(range(100)), {}, {"a": 1},
 ]  # fmt: skip
-# Valid bodies to mutate, per POST path. A route without one is fuzzed from `{}`.
+# Valid bodies to mutate, per POST path. A route without one is fuzzed from `{}`. The
+# OpenAI routes name no model (the served one answers): a model no server has ("any")
+# was refused with 404 before anything else, so no unmutated body reached a stream.
 BASE_BODIES: dict[str, dict[str, Any]] = {
     "/v1/chat/completions": {
-        "model": "any",
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
         "max_tokens": 3,
         "temperature": 0,
@@ -67,7 +69,6 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
         "add_generation_prompt": True,
     },
     "/v1/completions": {
-        "model": "any",
         "prompt": "Once upon",
         "max_tokens": 3,
         "temperature": 0,
@@ -85,7 +86,7 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
         "model": "claude-any",
         "messages": [{"role": "user", "content": "Hi"}],
     },
-    "/v1/responses": {"model": "any", "input": "Hi", "max_output_tokens": 16, "stream": True},
+    "/v1/responses": {"input": "Hi", "max_output_tokens": 16, "stream": True},
     "/v1/embeddings": {"model": "fake", "input": ["Hi", "there"], "encoding_format": "base64"},
     "/models/load": {"model": "fake"},
     "/models/unload": {"model": "fake"},  # the next request loads it again
@@ -310,10 +311,40 @@ def post_raw(url: str, path: str, request: HostileRequest, *, timeout: float = 6
         connection.close()
 
 
+# Error codes that are the server's own failure: never the answer to a body or frame,
+# whether as a status, inside a 200 stream, or in a WebSocket error frame.
+SERVER_FAULT_CODES = ("internal_error", "backend_error")
+
+
 def check_reply(path: str, reply: Reply) -> None:
+    """No 5xx, the documented error shape, and a 200 stream that does not end in a
+    server fault (SSE and Ollama's NDJSON are read event by event)."""
     assert reply.status < 500, f"{path}: {reply.status} {reply.body[:300]!r}"
     if reply.status >= 400:
         assert_error_shape(path, reply.status, reply.body)
+    elif "text/event-stream" in reply.content_type:
+        for error in stream_errors(reply.body):
+            assert error.get("code") not in SERVER_FAULT_CODES, f"{path}: 200 stream ended {error}"
+    elif "application/x-ndjson" in reply.content_type:
+        for line in reply.body.splitlines():
+            document = json.loads(line)
+            # Ollama's error carries no code: any error ends a stream a body began badly
+            assert "error" not in document, f"{path}: 200 stream ended {document}"
+
+
+def stream_errors(body: bytes) -> list[dict[str, Any]]:
+    """The error objects of an SSE body, in each API's shape: OpenAI's
+    ``data: {"error": {...}}``, Anthropic's ``{"type": "error", "error": {...}}``,
+    the Responses API's ``{"type": "error", "code", ...}``."""
+    errors = []
+    for _, data in sse_events(body):
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("error"), dict):
+            errors.append(data["error"])
+        elif data.get("type") == "error":
+            errors.append(data)
+    return errors
 
 
 # -- a WebSocket client that can send anything ---------------------------------------------
@@ -437,10 +468,14 @@ def check_ws_frame(url: str, ws: RawWebSocket, frame: bytes, *, then_stream: boo
         elif reply["type"] == "error":
             assert isinstance(reply["code"], str), reply
             assert isinstance(reply["message"], str), reply
+            assert reply["code"] not in SERVER_FAULT_CODES, f"{reply} after {frame[:200]!r}"
         else:
             assert reply["type"] == "started", reply
             ws.send_json({"type": "cancel"})
-            finish_ws_stream(ws)
+            end = finish_ws_stream(ws)
+            assert end.get("code") not in SERVER_FAULT_CODES, f"{end} after {frame[:200]!r}"
+            if end["type"] == "done":  # it ended before the cancel came: the cancel's answer
+                assert ws.receive_json()["code"] == "no_active_stream"
         if then_stream:
             ws.send_json({"type": "start", "request": NORMAL_CHAT})
             assert ws.receive_json()["type"] == "started"

@@ -32,6 +32,7 @@ from hostile import (
     PONG,
     HostileRequest,
     RawWebSocket,
+    Reply,
     check_reply,
     check_ws_frame,
     finish_ws_stream,
@@ -239,3 +240,36 @@ def test_an_idle_websocket_that_answers_pings_stays_open(impatient_server: FakeS
 
 def _json(body: object) -> HostileRequest:
     return HostileRequest(json.dumps(body).encode(), "application/json")
+
+
+SSE = "text/event-stream"
+FAULTY_STREAMS = {
+    "/v1/chat/completions": (
+        SSE,
+        b'data: {"choices": []}\n\ndata: {"error": {"message": "boom", "type": "server_error", '
+        b'"code": "internal_error", "param": null}}\n\n',
+    ),
+    "/v1/messages": (
+        SSE,
+        b'event: error\ndata: {"type": "error", "error": {"type": "api_error", '
+        b'"message": "boom", "code": "backend_error"}}\n\n',
+    ),
+    "/v1/responses": (
+        SSE,
+        b'event: error\ndata: {"type": "error", "code": "internal_error", "message": "boom"}\n\n',
+    ),
+    "/api/chat": ("application/x-ndjson", b'{"message": {"content": "a"}}\n{"error": "boom"}\n'),
+}
+
+
+@pytest.mark.parametrize("path", list(FAULTY_STREAMS))
+def test_a_200_stream_that_ends_in_a_server_fault_fails_the_check(path: str) -> None:
+    content_type, body = FAULTY_STREAMS[path]
+    with pytest.raises(AssertionError, match="200 stream ended"):
+        check_reply(path, Reply(200, content_type, body))
+
+
+def test_a_200_stream_that_ends_in_a_refusal_passes_the_check() -> None:
+    body = b'data: {"error": {"message": "x", "type": "t", "code": "ttft_timeout", "param": null}}'
+    check_reply("/v1/chat/completions", Reply(200, SSE, body + b"\n\n"))
+    check_reply("/v1/chat/completions", Reply(200, SSE, b"data: [DONE]\n\n"))
