@@ -13,10 +13,11 @@ and any package of a lower layer::
     engine          the inference thread and its policies
     upstream        the relay to other engines
     models          the served models: load, unload, memory budget, embeddings
-                    (``server/service.py``, the admission service each loaded model
-                    owns, sits here; ``models/config.py`` in config)
-    generation      between the models and the routes: sessions
-    server          aiohttp routes, dispatch, runtime
+                    (``generation/service.py``, the admission service each loaded model
+                    owns, and the job it takes, sit here; ``models/config.py`` in config)
+    generation      a request as one typed job, sessions, dispatch to a local model or
+                    an upstream, one answer-event stream
+    server          aiohttp routes, runtime
     cli             the commands (may import anything)
 
 Beside that stack, programs that talk to a server over the network:
@@ -60,7 +61,8 @@ NETWORK_CLIENTS = {
 MODULE_LAYERS = {
     "edge_llm.upstream.config": "config",
     "edge_llm.models.config": "config",
-    "edge_llm.server.service": "models",
+    "edge_llm.generation.service": "models",
+    "edge_llm.generation.job": "models",
     "edge_llm.config_reference": "config",
     "edge_llm.__main__": "cli",
 }

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from edge_llm.config import load_config
 from edge_llm.engine.engine import Engine
-from edge_llm.errors import Cancelled, ModelMemory, ModelNotFound
+from edge_llm.errors import Cancelled, InvalidRequest, ModelMemory, ModelNotFound
+from edge_llm.generation.job import GenerationJob, Priority, TextPrompt
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.pool import LoadedModel, ModelPool, ModelState
 from edge_llm.models.spec import MIB, ModelSpec
@@ -178,9 +179,16 @@ async def test_unload_cancels_running_streams_and_waits_for_their_requests(pool_
     lease = await pool.acquire("a")
     loads.backends["a"].gate = threading.Semaphore(0)  # decoding waits for the test
     service = lease.model.service
-    prepared = await service.prepare_text(
-        "hello", max_tokens=50, sampling=SamplingParams(), session=None
+    job = GenerationJob(
+        "a",
+        None,
+        Priority(),
+        prompt=lambda: TextPrompt("hello"),
+        sampling=lambda _: SamplingParams(),
+        relay=InvalidRequest("local only"),
+        max_tokens=50,
     )
+    prepared = await service.prepare(job)
     handle = service.submit(prepared)
     unloading = asyncio.create_task(pool.unload("a"))
     await handle.wait_done()

@@ -10,8 +10,8 @@ import pytest
 
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
+from edge_llm.generation.pump import PumpSettings, pump
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged
-from edge_llm.server.pump import PumpSettings, pump
 
 from fakes import FakeBackend
 

@@ -22,7 +22,7 @@ from edge_llm.protocol.sse import SSEParser
 from edge_llm.protocol.stream_events import Finished
 from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.upstream_routes import _Merged
+from edge_llm.server.openai_answer import _Merged
 from edge_llm.upstream.config import UpstreamConfig
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
@@ -692,6 +692,28 @@ async def test_a_relayed_stream_is_superseded_only_with_supersede_sessions(
     else:
         assert stream["cancel_reason"] is None
         assert b'" b"' in rest and rest.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_relayed_request_carries_the_priority_the_server_resolved(
+    servers, front_of
+) -> None:
+    fake = await servers(["x"])
+    client = await front_of(upstream=[f"u={fake.url}"], key_priority=["sk-batch=7"])
+    asks = [
+        ({"X-Priority": "5"}, {}),  # the header's class
+        ({"Authorization": "Bearer sk-batch"}, {}),  # the API key's default
+        ({"X-Priority": "5"}, {"priority": -2}),  # the body's own wins, as sent
+        ({}, {}),  # nothing resolved: no field an upstream may refuse
+    ]
+    for headers, fields in asks:
+        body = _body("hi", model="m", **fields)
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status == 200
+    messages = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    answered = await client.post("/v1/messages", json=messages, headers={"X-Priority": "3"})
+    assert answered.status == 200
+    sent = [request.get("priority") for request in fake.requests]
+    assert sent == [5, 7, -2, None, 3]
 
 
 async def test_responses_upstream_break_ends_with_error_and_failed(servers, front_of) -> None:

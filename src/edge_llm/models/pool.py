@@ -31,9 +31,9 @@ from edge_llm.observability.metrics import KV_TIERS, LEDGER_LINES, EngineMetrics
 
 if TYPE_CHECKING:
     from edge_llm.engine.engine import Engine
+    from edge_llm.generation.service import GenerationService
     from edge_llm.models.embeddings import Embeddings
     from edge_llm.models.metrics import PoolMetrics
-    from edge_llm.server.service import GenerationService
 
 _RETRY_AFTER_S = 2
 _UNLOAD_WAIT_S = 30.0  # an unload asked while streams run waits this long for them

@@ -534,6 +534,10 @@ class BlockStream:
             return [*events, ("content_block_start", start)]
         return [("content_block_delta", input_json_delta(event.text, self.index))]
 
+    def open_text(self) -> list[tuple[str, dict[str, Any]]]:
+        """Open a text block now (a text-only answer's one block, open from the start)."""
+        return self._open("text")
+
     def close(self) -> list[tuple[str, dict[str, Any]]]:
         if self.open_kind is None:
             return []

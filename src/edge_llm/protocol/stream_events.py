@@ -1,6 +1,6 @@
 """What one connection is told about its stream, whoever generates it (no I/O).
 
-The local pump (:mod:`edge_llm.server.pump`) and the upstream relay
+The local pump (:mod:`edge_llm.generation.pump`) and the upstream relay
 (:mod:`edge_llm.upstream.stream`) both yield these; the routes encode them as
 SSE chunks or WebSocket frames. They live here, below both, so that neither the
 relay nor the engine has to import the server to speak about a stream.

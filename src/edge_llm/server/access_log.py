@@ -47,7 +47,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class Answer(Protocol):
-    """What the line needs of an answer (:class:`edge_llm.server.dispatch.Answer`)."""
+    """What the line needs of an answer (:class:`edge_llm.generation.dispatch.Answer`)."""
 
     @property
     def id(self) -> str: ...

@@ -15,7 +15,7 @@ stream started is an ``error`` event, then the stream ends.
 
 A request naming an upstream's model (any other id runs locally), or one the
 device refuses when an upstream has ``fallback = true`` (see
-:mod:`edge_llm.server.dispatch`), is relayed to the upstream as a chat
+:mod:`edge_llm.generation.dispatch`), is relayed to the upstream as a chat
 completion (:mod:`edge_llm.upstream.translate`); its answer
 is encoded as content blocks by the same code as a local answer with tools.
 ``message_start`` then reports 0 input tokens (the upstream counts them at the
@@ -25,31 +25,23 @@ end), and ``message_delta`` the upstream's counts.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
+from edge_llm.generation.dispatch import Answer
+from edge_llm.generation.events import AnswerEvent, Ended, Failed, Produced
+from edge_llm.generation.job import ChatPrompt, GenerationJob, JsonOutput, relay_of
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
-from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat
-from edge_llm.protocol.tools import ToolSetup
-from edge_llm.server.access_log import answering
-from edge_llm.server.context import ServerContext, context_of
-from edge_llm.server.dispatch import Answer, Job, Relay
-from edge_llm.server.generation import (
-    Ended,
-    Failed,
-    GenerationEvent,
-    Produced,
-    generation_events,
-)
-from edge_llm.server.http import read_json, session_of
-from edge_llm.server.service import GenerationService, Prepared
+from edge_llm.protocol.stream_events import Heartbeat
+from edge_llm.server.context import ServerContext, answer_to, caller_of, context_of
+from edge_llm.server.http import read_json
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, messages_chat_body
 
 _PING = encode_event("ping", anthropic.ping())
+_FORMAT_PARAM = "output_config.format"
 
 
 async def count_tokens(request: web.Request) -> web.Response:
@@ -71,45 +63,25 @@ async def messages(request: web.Request) -> web.StreamResponse:
     body = await read_json(request, ctx.connection)
     req = anthropic.parse_request(body)
     setup = req.tool_setup()
-    session = session_of(request, None)
-    priority = ctx.priorities.resolve(request, req.explicit_priority)
-    job = Job(
+    session, priority = caller_of(request, None, req.explicit_priority)
+    wants = None if req.output_schema is None else JsonOutput(req.output_schema, _FORMAT_PARAM)
+    job = GenerationJob(
         req.model,
         session,
-        prepare_local=lambda service: _start(service, req, session, setup, priority),
-        relay=lambda: Relay(CHAT_PATH, messages_chat_body(req, session)),
+        priority,
+        prompt=lambda: ChatPrompt(req.chat_messages(), setup, req.prefill or ""),
+        sampling=req.sampling,
+        json_output=wants,
+        max_tokens=req.max_tokens,
+        relay=relay_of(CHAT_PATH, lambda: messages_chat_body(req, session)),
         any_model_runs_locally=True,
     )
-    answer = await ctx.dispatcher.start(job)
-    with answer, answering(request, answer):
+    async with answer_to(request, job) as answer:
         headers = _ignored_header(req, dict(answer.headers))
-        if answer.relayed or (setup is not None and setup.active):
-            return await _respond_blocks(request, ctx, req, answer, tools=setup, headers=headers)
+        events = answer.events(anthropic.new_tool_use_id)
         if req.stream:
-            return await _stream(request, ctx, answer, headers)
-        return await _reply(answer, headers)
-
-
-async def _start(
-    service: GenerationService,
-    req: anthropic.MessagesRequest,
-    session: str | None,
-    setup: ToolSetup | None,
-    priority: int,
-) -> Prepared:
-    sampling = req.sampling(service.sampling_defaults)
-    if req.output_schema is not None:
-        grammar = service.json_grammar(req.output_schema, param="output_config.format")
-        sampling = replace(sampling, grammar=grammar)
-    return await service.prepare_chat(
-        req.chat_messages(),
-        max_tokens=req.max_tokens,
-        sampling=sampling,
-        session=session,
-        tools=setup,
-        prefill=req.prefill or "",
-        priority=priority,
-    )
+            return await _stream(request, ctx, answer, events, headers)
+        return await _reply(answer, events, headers)
 
 
 def _ignored_header(req: anthropic.MessagesRequest, headers: dict[str, str]) -> dict[str, str]:
@@ -119,82 +91,8 @@ def _ignored_header(req: anthropic.MessagesRequest, headers: dict[str, str]) -> 
     return headers
 
 
-async def _reply(answer: Answer, headers: dict[str, str]) -> web.Response:
-    text, outcome = await answer.collect()
-    body = anthropic.message(
-        anthropic.message_id(answer.id),
-        answer.model,
-        text,
-        anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence),
-        _counted(answer.usage()),
-    )
-    return web.json_response(body, headers=headers)
-
-
-async def _stream(
-    request: web.Request, ctx: ServerContext, answer: Answer, headers: dict[str, str]
-) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, answer.id, headers)
-    opening = _opening(answer)
-    async for event in answer.events():
-        if isinstance(event, Delta):
-            delta = encode_event("content_block_delta", anthropic.text_delta(event.text))
-            await writer.send(opening + delta)
-            opening = b""
-        elif isinstance(event, Heartbeat):
-            await writer.send(opening or _PING)
-            opening = b""
-        elif isinstance(event, Finished):
-            outcome = event.outcome
-            if outcome.error is not None:
-                error_event = encode_event("error", anthropic.error_body(outcome.error))
-                return await writer.fail(outcome.error, error_event)
-            stop = anthropic.stop_reason(outcome.finish_reason, outcome.stop_sequence)
-            await writer.send(opening + _closing(stop, _counted(answer.usage())))
-    return await writer.finish()
-
-
-def _opening(answer: Answer) -> bytes:
-    start = anthropic.message_start(anthropic.message_id(answer.id), answer.model, answer.n_prompt)
-    return b"".join(
-        [
-            encode_event("message_start", start),
-            encode_event("content_block_start", anthropic.content_block_start()),
-            _PING,
-        ]
-    )
-
-
-def _closing(stop: tuple[str, str | None], usage: dict[str, int]) -> bytes:
-    return b"".join(
-        [
-            encode_event("content_block_stop", anthropic.content_block_stop()),
-            encode_event("message_delta", anthropic.message_delta(stop, usage)),
-            encode_event("message_stop", anthropic.message_stop()),
-        ]
-    )
-
-
-# -- answers as content blocks: tools (local) and every upstream answer -----------------
-
-
-async def _respond_blocks(
-    request: web.Request,
-    ctx: ServerContext,
-    req: anthropic.MessagesRequest,
-    answer: Answer,
-    *,
-    tools: ToolSetup | None,
-    headers: dict[str, str],
-) -> web.StreamResponse:
-    events = generation_events(answer, tools, anthropic.new_tool_use_id)
-    if req.stream:
-        return await _stream_blocks(request, ctx, answer, events, headers)
-    return await _reply_blocks(answer, events, headers)
-
-
-async def _reply_blocks(
-    answer: Answer, events: AsyncIterator[GenerationEvent], headers: dict[str, str]
+async def _reply(
+    answer: Answer, events: AsyncIterator[AnswerEvent], headers: dict[str, str]
 ) -> web.Response:
     async for event in events:
         if isinstance(event, Failed):
@@ -212,26 +110,20 @@ async def _reply_blocks(
     raise RuntimeError("answer ended without Ended or Failed")  # both generators end so
 
 
-async def _stream_blocks(
+async def _stream(
     request: web.Request,
     ctx: ServerContext,
     answer: Answer,
-    events: AsyncIterator[GenerationEvent],
+    events: AsyncIterator[AnswerEvent],
     headers: dict[str, str],
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, answer.id, headers)
-    blocks = anthropic.BlockStream()
-    start = anthropic.message_start(anthropic.message_id(answer.id), answer.model, answer.n_prompt)
-    opening = encode_event("message_start", start) + _PING
+    blocks, opening = _opening(answer)
+    writer = SseWriter(request, ctx, answer.id, headers, opening=opening)
     async for event in events:
         if isinstance(event, Produced):
-            block_events = [e for out in event.events for e in blocks.on(out)]
-            if block_events or opening:
-                await writer.send(opening + _encode(block_events))
-                opening = b""
+            await writer.send(_encode([e for out in event.events for e in blocks.on(out)]))
         elif isinstance(event, Heartbeat):
-            await writer.send(opening or _PING)
-            opening = b""
+            await writer.beat(_PING)
         elif isinstance(event, Failed):
             error_event = encode_event("error", anthropic.error_body(event.error))
             return await writer.fail(event.error, error_event)
@@ -242,8 +134,20 @@ async def _stream_blocks(
                 ("message_delta", delta),
                 ("message_stop", anthropic.message_stop()),
             ]
-            await writer.send(opening + _encode(closing))
+            await writer.send(_encode(closing))
     return await writer.finish()
+
+
+def _opening(answer: Answer) -> tuple[anthropic.BlockStream, bytes]:
+    """The content blocks to come and what the stream starts with: a text-only
+    answer's one text block opens at once, before the ping (clients that read text
+    alone expect it first); else each block opens with its first event."""
+    blocks = anthropic.BlockStream()
+    start = anthropic.message_start(anthropic.message_id(answer.id), answer.model, answer.n_prompt)
+    opening = [("message_start", start)]
+    if answer.text_only:
+        opening += blocks.open_text()
+    return blocks, _encode(opening) + _PING
 
 
 def _ended_stop(ended: Ended) -> tuple[str, str | None]:

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config import EngineConfig
+from edge_llm.generation.dispatch import Answer, Dispatcher
+from edge_llm.generation.job import GenerationJob, Priority
+from edge_llm.generation.pump import PumpSettings
 from edge_llm.models.pool import LoadedModel, ModelPool
 from edge_llm.protocol.responses import ResponseStore
-from edge_llm.server.dispatch import Dispatcher
-from edge_llm.server.http import ConnectionSettings
+from edge_llm.server.access_log import answering
+from edge_llm.server.http import ConnectionSettings, session_of
 from edge_llm.server.priority import PriorityDefaults
-from edge_llm.server.pump import PumpSettings
 from edge_llm.upstream.router import UpstreamRouter
 
 
@@ -51,3 +55,29 @@ CONTEXT = web.AppKey("edge_llm_context", ServerContext)
 
 def context_of(request: web.Request) -> ServerContext:
     return request.app[CONTEXT]
+
+
+class Caller(NamedTuple):
+    """Who asks: the request's session and the priority class it runs in."""
+
+    session: str | None
+    priority: Priority
+
+
+def caller_of(
+    request: web.Request, user: str | None = None, explicit_priority: int | None = None
+) -> Caller:
+    """The session (``X-Session-Id``, else the body's ``user``) and the priority class
+    (the body's ``explicit_priority``, else header, API key, route) of ``request``."""
+    priorities = context_of(request).priorities
+    return Caller(session_of(request, user), priorities.resolve(request, explicit_priority))
+
+
+@asynccontextmanager
+async def answer_to(request: web.Request, job: GenerationJob) -> AsyncIterator[Answer]:
+    """The answer to ``job``, started where the dispatcher sends it and closed however
+    the handler ends (a stream still running is cancelled); its facts go into the
+    request's access-log line."""
+    answer = await context_of(request).dispatcher.start(job)
+    with answer, answering(request, answer):
+        yield answer

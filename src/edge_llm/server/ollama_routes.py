@@ -17,23 +17,24 @@ import datetime as dt
 import hashlib
 import json
 import time
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypedDict
 
 from aiohttp import web
 
 from edge_llm.errors import InvalidRequest, ModelNotFound
+from edge_llm.generation.dispatch import Answer
+from edge_llm.generation.events import Ended, Failed, Produced
+from edge_llm.generation.job import ChatPrompt, GenerationJob, JsonOutput, Prompt, TextPrompt
 from edge_llm.models.gguf import FILE_TYPES
 from edge_llm.models.pool import ModelPool
 from edge_llm.protocol import ollama, openai
+from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.tools import TextOut, ToolSetup
-from edge_llm.server.access_log import answering
-from edge_llm.server.context import ServerContext, context_of
-from edge_llm.server.dispatch import Answer, Job, Relay
-from edge_llm.server.generation import Ended, Failed, Produced, generation_events
-from edge_llm.server.http import read_json, session_of
+from edge_llm.server.context import ServerContext, answer_to, caller_of, context_of
+from edge_llm.server.http import read_json
 from edge_llm.server.model_routes import embed as embed_inputs
-from edge_llm.server.service import GenerationService, Prepared
 from edge_llm.server.sse_writer import SseWriter
 
 NDJSON = "application/x-ndjson"
@@ -62,25 +63,21 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
     if (not req.messages) if isinstance(req, ollama.ChatRequest) else not req.prompt:
         return await _load_or_unload(ctx.pool, name, unload=keep == 0.0, chat=chat)
     setup = req.tool_setup() if isinstance(req, ollama.ChatRequest) else None
-    session = session_of(request, None)
-    priority = ctx.priorities.resolve(request, None)  # X-Priority, key or route default
     # A model without a chat template (a base model) completes /api/generate's prompt
     # as written, as Ollama's default template ({{ .Prompt }}) does; /api/chat is refused.
     templated = bool((await ctx.pool.metadata(name)).get("tokenizer.chat_template"))
-    job = Job(
+    job = GenerationJob(
         name,
-        session,
-        prepare_local=lambda service: _start(
-            service, req, setup, session, templated=templated, priority=priority
-        ),
-        relay=_not_relayed,
+        *caller_of(request),  # X-Priority, key or route default
+        prompt=lambda: _prompt(req, setup, templated=templated),
+        **_local_settings(req, ctx.config.scheduler.max_tokens_cap),
+        relay=InvalidRequest("the Ollama API serves this device's models only", param="model"),
     )
-    answer = await ctx.dispatcher.start(job)
-    clock = _Clock(started, time.monotonic() - started)
-    with answer, answering(request, answer):
+    async with answer_to(request, job) as answer:
+        clock = _Clock(started, time.monotonic() - started)
         if req.stream:
-            return await _stream(request, ctx, answer, setup, chat=chat, clock=clock)
-        return await _whole(answer, setup, chat=chat, clock=clock)
+            return await _stream(request, ctx, answer, chat=chat, clock=clock)
+        return await _whole(answer, chat=chat, clock=clock)
 
 
 def served_name(pool: ModelPool, model: str) -> str:
@@ -112,36 +109,33 @@ async def _load_or_unload(pool: ModelPool, name: str, *, unload: bool, chat: boo
                                           timings=None))  # fmt: skip
 
 
-def _not_relayed() -> Relay:
-    raise InvalidRequest("the Ollama API serves this device's models only", param="model")
+class _LocalSettings(TypedDict):
+    sampling: Callable[[SamplingDefaults], SamplingParams]
+    json_output: JsonOutput | None
+    max_tokens: int | None
+    context: int | None
 
 
-async def _start(
-    service: GenerationService,
-    req: _Request,
-    setup: ToolSetup | None,
-    session: str | None,
-    *,
-    templated: bool,
-    priority: int,
-) -> Prepared:
-    opts = ollama.options(req.options, service.sampling_defaults, service.limits.max_tokens_cap)
-    sampling = opts.sampling
+def _local_settings(req: _Request, max_tokens_cap: int) -> _LocalSettings:
+    """``options`` and ``format`` as the local model takes them (``options`` are
+    checked here; the model's defaults fill what they leave out)."""
+    opts = ollama.options(req.options, SamplingDefaults(), max_tokens_cap)
     constrained, schema = ollama.json_format(req.format)
-    if constrained:
-        sampling = replace(sampling, grammar=service.json_grammar(schema, param="format"))
+    return _LocalSettings(
+        sampling=lambda defaults: ollama.options(req.options, defaults, max_tokens_cap).sampling,
+        json_output=JsonOutput(schema, "format") if constrained else None,
+        max_tokens=opts.max_tokens,
+        context=opts.num_ctx,
+    )
+
+
+def _prompt(req: _Request, setup: ToolSetup | None, *, templated: bool) -> Prompt:
     if isinstance(req, ollama.GenerateRequest) and (req.raw or not templated):
-        return await service.prepare_text(
-            req.prompt, max_tokens=opts.max_tokens, sampling=sampling, session=session,
-            context=opts.num_ctx, priority=priority,
-        )  # fmt: skip
+        return TextPrompt(req.prompt)
     messages = (
         req.template_messages() if isinstance(req, ollama.ChatRequest) else req.chat_messages()
     )
-    return await service.prepare_chat(
-        messages, max_tokens=opts.max_tokens, sampling=sampling, session=session,
-        tools=setup, context=opts.num_ctx, priority=priority,
-    )  # fmt: skip
+    return ChatPrompt(messages, setup)
 
 
 @dataclass(frozen=True)
@@ -167,14 +161,13 @@ async def _stream(
     request: web.Request,
     ctx: ServerContext,
     answer: Answer,
-    setup: ToolSetup | None,
     *,
     chat: bool,
     clock: _Clock,
 ) -> web.StreamResponse:
     writer = SseWriter(request, ctx, answer.id, answer.headers, content_type=NDJSON)
     chunk = ollama.chat_chunk if chat else ollama.generate_chunk
-    async for event in generation_events(answer, setup, openai.new_call_id):
+    async for event in answer.events(openai.new_call_id):
         if isinstance(event, Produced):
             text = "".join(e.text for e in event.events if isinstance(e, TextOut))
             if text:
@@ -193,10 +186,8 @@ async def _stream(
     return await writer.finish()
 
 
-async def _whole(
-    answer: Answer, setup: ToolSetup | None, *, chat: bool, clock: _Clock
-) -> web.Response:
-    async for event in generation_events(answer, setup, openai.new_call_id):
+async def _whole(answer: Answer, *, chat: bool, clock: _Clock) -> web.Response:
+    async for event in answer.events(openai.new_call_id):
         if isinstance(event, Failed):
             raise event.error
         if isinstance(event, Ended):
@@ -205,7 +196,7 @@ async def _whole(
                 timings=clock.timings(answer), calls=event.calls,
             )  # fmt: skip
             return web.json_response(body, headers=answer.headers)
-    raise RuntimeError("answer ended without Ended")  # generation_events always ends so
+    raise RuntimeError("answer ended without Ended")  # answer_events always ends so
 
 
 def _line(obj: dict[str, Any]) -> bytes:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from edge_llm.config import ServerConfig
+from edge_llm.generation.job import Priority, PrioritySource
 from edge_llm.protocol.priority import HEADER, header_priority
 from edge_llm.server.http import presented_key
 
@@ -27,13 +28,20 @@ class PriorityDefaults:
     def of(cls, server: ServerConfig) -> PriorityDefaults:
         return cls(server.route_priorities(), server.key_priorities())
 
-    def resolve(self, request: web.Request, explicit: int | None) -> int:
-        """The class of ``request``, whose body asked for ``explicit`` (or nothing)."""
+    def resolve(self, request: web.Request, explicit: int | None) -> Priority:
+        """The class of ``request``, whose body asked for ``explicit`` (or nothing),
+        and who chose it."""
         header = header_priority(request.headers.get(HEADER))
         # The key was checked by the auth middleware when keys are required; without
         # them any key is as good as a body field (which anyone may send anyway).
         key = presented_key(request)
-        for value in (explicit, header, self.keys.get(key or ""), self.routes.get(request.path)):
+        given = (
+            (explicit, PrioritySource.BODY),
+            (header, PrioritySource.HEADER),
+            (self.keys.get(key or ""), PrioritySource.KEY),
+            (self.routes.get(request.path), PrioritySource.ROUTE),
+        )
+        for value, source in given:
             if value is not None:
-                return value
-        return 0
+                return Priority(value, source)
+        return Priority()

@@ -24,27 +24,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 
 from edge_llm.errors import NotFound
+from edge_llm.generation.events import AnswerEvent, Ended, Failed, Produced
+from edge_llm.generation.job import ChatPrompt, GenerationJob, JsonOutput, relay_of
 from edge_llm.protocol import openai, responses, sse
-from edge_llm.protocol.sampling import SamplingParams
+from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.stream_events import Heartbeat
-from edge_llm.server.access_log import answering
-from edge_llm.server.context import ServerContext, context_of
-from edge_llm.server.dispatch import Job, Relay
-from edge_llm.server.generation import (
-    Ended,
-    Failed,
-    GenerationEvent,
-    Produced,
-    generation_events,
-)
-from edge_llm.server.http import read_json, session_of
-from edge_llm.server.service import GenerationService
+from edge_llm.server.context import ServerContext, answer_to, caller_of, context_of
+from edge_llm.server.http import read_json
 from edge_llm.server.sse_writer import SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, responses_chat_body
 
@@ -54,27 +45,22 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     req = responses.parse(await read_json(request, ctx.connection))
     history = _conversation(ctx, req)
     setup = req.tool_setup()  # refuses a bad tool_choice before anything runs
-    session = session_of(request, req.user)
-    priority = ctx.priorities.resolve(request, req.explicit_priority)
-    job = Job(
+    messages = _with_instructions(req, history)
+    constrained, schema = req.format_schema()
+    job = GenerationJob(
         req.model,
-        session,
-        prepare_local=lambda service: service.prepare_chat(
-            _with_instructions(req, history),
-            max_tokens=req.max_output_tokens,
-            sampling=_sampling(service, req),
-            session=session,
-            tools=setup,
-            priority=priority,
-        ),
-        relay=lambda: Relay(CHAT_PATH, responses_chat_body(req, _with_instructions(req, history))),
+        *caller_of(request, req.user, req.explicit_priority),
+        prompt=lambda: ChatPrompt(messages, setup),
+        sampling=lambda defaults: _sampling(defaults, req),
+        json_output=JsonOutput(schema, "text.format") if constrained else None,
+        max_tokens=req.max_output_tokens,
+        relay=relay_of(CHAT_PATH, lambda: responses_chat_body(req, messages)),
     )
-    answer = await ctx.dispatcher.start(job)
-    with answer, answering(request, answer):
+    async with answer_to(request, job) as answer:
         builder = responses.ResponseBuilder(
             responses.response_id(answer.id), answer.model, int(time.time()), req
         )
-        events = generation_events(answer, setup, openai.new_call_id)
+        events = answer.events(openai.new_call_id)
         headers = _headers(req, dict(answer.headers))
         response = await _respond(request, ctx, req, builder, events, headers=headers)
     _store(ctx, req, history, builder)
@@ -86,7 +72,7 @@ async def _respond(
     ctx: ServerContext,
     req: responses.ResponsesRequest,
     builder: responses.ResponseBuilder,
-    answer: AsyncIterator[GenerationEvent],
+    answer: AsyncIterator[AnswerEvent],
     *,
     headers: dict[str, str],
 ) -> web.StreamResponse:
@@ -138,23 +124,18 @@ def _with_instructions(
     return [{"role": "system", "content": req.instructions}, *history]
 
 
-def _sampling(service: GenerationService, req: responses.ResponsesRequest) -> SamplingParams:
-    defaults = service.sampling_defaults
-    sampling = SamplingParams(
+def _sampling(defaults: SamplingDefaults, req: responses.ResponsesRequest) -> SamplingParams:
+    return SamplingParams(
         temperature=defaults.temperature if req.temperature is None else req.temperature,
         top_p=defaults.top_p if req.top_p is None else req.top_p,
         top_k=defaults.top_k,
         min_p=defaults.min_p,
     )
-    constrained, schema = req.format_schema()
-    if not constrained:
-        return sampling
-    return replace(sampling, grammar=service.json_grammar(schema, param="text.format"))
 
 
 async def _reply(
     builder: responses.ResponseBuilder,
-    answer: AsyncIterator[GenerationEvent],
+    answer: AsyncIterator[AnswerEvent],
     *,
     headers: dict[str, str],
 ) -> web.Response:
@@ -173,26 +154,21 @@ async def _stream(
     request: web.Request,
     ctx: ServerContext,
     builder: responses.ResponseBuilder,
-    answer: AsyncIterator[GenerationEvent],
+    answer: AsyncIterator[AnswerEvent],
     *,
     headers: dict[str, str],
 ) -> web.StreamResponse:
-    writer = SseWriter(request, ctx, headers["X-Request-Id"], headers)
     opening = _encode(builder.opening())
+    writer = SseWriter(request, ctx, headers["X-Request-Id"], headers, opening=opening)
     async for event in answer:
         if isinstance(event, Produced):
-            events = [e for out in event.events for e in builder.on(out)]
-            if events or opening:
-                await writer.send(opening + _encode(events))
-                opening = b""
+            await writer.send(_encode([e for out in event.events for e in builder.on(out)]))
         elif isinstance(event, Heartbeat):
-            await writer.send(opening or sse.PING)
-            opening = b""
+            await writer.beat(sse.PING)
         elif isinstance(event, Failed):
-            return await writer.fail(event.error, opening + _encode(builder.failed(event.error)))
+            return await writer.fail(event.error, _encode(builder.failed(event.error)))
         elif isinstance(event, Ended):
-            events = builder.finish(event.finish_reason, event.usage)
-            await writer.send(opening + _encode(events))
+            await writer.send(_encode(builder.finish(event.finish_reason, event.usage)))
     return await writer.finish()
 
 

@@ -24,6 +24,9 @@ from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
 from edge_llm.engine.ledger import device_share_bytes
 from edge_llm.errors import BackendError
+from edge_llm.generation.dispatch import Dispatcher
+from edge_llm.generation.pump import PumpSettings
+from edge_llm.generation.service import GenerationService, Limits
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.metrics import PoolMetrics
@@ -40,11 +43,8 @@ from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.protocol.sampling import SamplingDefaults
 from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
-from edge_llm.server.dispatch import Dispatcher
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.priority import PriorityDefaults
-from edge_llm.server.pump import PumpSettings
-from edge_llm.server.service import GenerationService, Limits
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 from edge_llm.upstream.router import LOCAL, UpstreamRouter

@@ -14,7 +14,8 @@ from edge_llm.server.http import error_response, tune_connection
 
 class SseWriter:
     """Prepares the response on the first write, so an error before any byte
-    can still be a plain HTTP error."""
+    can still be a plain HTTP error. ``opening`` (a stream's first events) is held
+    until then and goes with the first write."""
 
     def __init__(
         self,
@@ -24,8 +25,10 @@ class SseWriter:
         headers: Mapping[str, str] | None = None,
         *,
         content_type: str = "text/event-stream; charset=utf-8",
+        opening: bytes = b"",
     ) -> None:
         self.request = request
+        self._opening = opening
         self.ctx = ctx
         self.response = web.StreamResponse(
             headers={
@@ -42,6 +45,11 @@ class SseWriter:
         return self.response.prepared
 
     async def send(self, data: bytes) -> None:
+        """Write ``data`` after the opening, if that is still held (nothing to write:
+        no write)."""
+        data, self._opening = self._opening + data, b""
+        if not data:
+            return
         if not self.response.prepared:
             tune_connection(self.request, self.ctx.connection)
             await self.response.prepare(self.request)
@@ -49,6 +57,10 @@ class SseWriter:
         # aiohttp drains only every 64 KiB; wait whenever the transport is above
         # its (small) high-water mark so a stalled reader stops this stream now.
         await self.request.writer.drain()
+
+    async def beat(self, ping: bytes) -> None:
+        """A sign of life while no event flows: the opening if still held, else ``ping``."""
+        await self.send(b"" if self._opening else ping)
 
     async def finish(self) -> web.StreamResponse:
         await self.response.write_eof()

@@ -11,8 +11,11 @@ from urllib.parse import urlsplit
 from aiohttp import WSCloseCode, WSMsgType, web
 
 from edge_llm.errors import EdgeLLMError, ForbiddenOrigin, InvalidRequest
+from edge_llm.generation.dispatch import Answer
+from edge_llm.generation.events import AnswerEvent, Ended, Produced
+from edge_llm.generation.job import ChatPrompt, GenerationJob, Relay
 from edge_llm.protocol import openai
-from edge_llm.protocol.stream_events import Delta, Heartbeat, PauseChanged, StreamEvent
+from edge_llm.protocol.stream_events import Heartbeat, PauseChanged
 from edge_llm.protocol.ws import (
     CancelStream,
     Command,
@@ -23,10 +26,8 @@ from edge_llm.protocol.ws import (
 )
 from edge_llm.server import access_log
 from edge_llm.server.context import ServerContext, context_of
-from edge_llm.server.dispatch import Answer, Job, Relay
-from edge_llm.server.http import session_of, tune_connection
-from edge_llm.server.openai_routes import request_sampling
-from edge_llm.upstream.stream import UpstreamChunk
+from edge_llm.server.http import tune_connection
+from edge_llm.server.openai_routes import openai_job
 from edge_llm.upstream.translate import CHAT_PATH
 
 _log = logging.getLogger("edge_llm.server")
@@ -147,46 +148,32 @@ class _Connection:
         self.protocol.on_started(answer.id)
         self.pump_task = asyncio.create_task(self._pump(answer))
 
-    def _job(self, body: dict[str, Any]) -> Job:
+    def _job(self, body: dict[str, Any]) -> GenerationJob:
         req = openai.parse_request(openai.ChatCompletionRequest, body)
         _no_tools(req)
         if req.logprobs:
             raise InvalidRequest(
                 "logprobs are not sent on the WebSocket stream (use SSE)", param="logprobs"
             )
-        session = session_of(self.request, req.user)
-        priority = self.ctx.priorities.resolve(self.request, req.explicit_priority)
-        return Job(
-            req.model,
-            session,
-            prepare_local=lambda service: service.prepare_chat(
-                req.chat_messages(),
-                max_tokens=req.requested_max_tokens,
-                sampling=request_sampling(service, req),
-                session=session,
-                priority=priority,
-            ),
-            relay=lambda: Relay(CHAT_PATH, body),
+        return openai_job(
+            self.request,
+            req,
+            Relay(CHAT_PATH, body),
+            lambda: ChatPrompt(req.chat_messages()),
             progress=req.include_progress,
         )
 
     async def _pump(self, answer: Answer) -> None:
-        n_relayed = 0
         with answer, access_log.answering(self.request, answer):
-            async for event in answer.events():
-                if isinstance(event, UpstreamChunk):
-                    if not event.text:
-                        continue
-                    self._report(answer, Delta(event.text, 1, n_relayed))
-                    n_relayed += 1
-                else:
-                    self._report(answer, event)
+            async for event in answer.events(openai.new_call_id):
+                self._report(answer, event)
                 await self._flush()
 
-    def _report(self, answer: Answer, event: StreamEvent) -> None:
+    def _report(self, answer: Answer, event: AnswerEvent) -> None:
         protocol = self.protocol
-        if isinstance(event, Delta):
-            protocol.on_delta(event.text, event.n_tokens, event.seq)
+        if isinstance(event, Produced):
+            if event.text:  # text only: the request offered no tools
+                protocol.on_delta(event.text, event.n_tokens, event.seq)
         elif isinstance(event, Heartbeat):
             protocol.on_heartbeat(event)
         elif isinstance(event, PauseChanged):
@@ -194,14 +181,13 @@ class _Connection:
                 protocol.on_resumed()
             else:
                 protocol.on_paused(event.cause)
+        elif isinstance(event, Ended):
+            self.answer = None
+            protocol.on_done(event.finish_reason, answer.usage(), answer.stats())
         else:
             self.answer = None
-            error = event.outcome.error
-            if error is None:
-                finish_reason = event.outcome.finish_reason or "stop"
-                protocol.on_done(finish_reason, answer.usage(), answer.stats())
-            else:
-                protocol.on_failed(error.code, error.message, **_details(error))
+            error = event.error
+            protocol.on_failed(error.code, error.message, **_details(error))
 
     async def _flush(self) -> None:
         for frame in self.protocol.frames_to_send():

@@ -11,67 +11,36 @@ A local request first leases the model it names from the
 :class:`~edge_llm.models.pool.ModelPool` (loading it if needed); the lease is
 held until the answer is closed, so a model is never unloaded under a request.
 
-Whoever answers, the route gets an :class:`Answer`: its events (those of
-:mod:`edge_llm.protocol.stream_events`, plus the upstream's chunk objects when
-relayed, so an OpenAI route can pass them on untouched), the ids and headers to
-send, usage and stats, and pause / resume / cancel. Used as a context manager
-it is closed however the handler ends: a local stream still running is
+Whoever answers, the route gets an :class:`Answer`: one answer-event stream
+(:mod:`edge_llm.generation.events`: text and tool-call events, heartbeats, the
+end), the ids and headers to send, usage and stats, and pause / resume / cancel.
+Used as a context manager it is closed however the handler ends: a local stream still running is
 cancelled (reason ``disconnect``) and frees its KV, a relayed one closes its
-upstream connection. A route reads parse → dispatch → encode.
+upstream connection. A route reads parse → job → encode.
 """
 
 from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.generation.events import AnswerEvent, ChunkReader, EngineReader, answer_events
+from edge_llm.generation.job import GenerationJob, Relay
+from edge_llm.generation.pump import PumpSettings, pump
+from edge_llm.generation.service import GenerationService, response_headers
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.pool import Lease, ModelPool
-from edge_llm.protocol.sampling import TokenLogprob
-from edge_llm.protocol.stream_events import Delta, Ending, Finished, StreamEvent
-from edge_llm.server.pump import PumpSettings, pump
-from edge_llm.server.service import GenerationService, Prepared, response_headers
+from edge_llm.protocol.stream_events import Ending
+from edge_llm.protocol.tools import ToolSetup
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.router import FALLBACK_ERRORS, LOCAL, UpstreamRouter
-from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
-
-AnswerEvent = StreamEvent | UpstreamChunk
-
-
-@dataclass(frozen=True)
-class Relay:
-    """The request as an upstream gets it: a chat or text completion."""
-
-    path: str
-    body: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class Job:
-    """What a route asks for, both ways it can be answered.
-
-    ``prepare_local`` prepares it on the service of the local model it names
-    (raising the device's refusal; the dispatcher submits it); ``relay`` builds
-    what an upstream is sent, and raises InvalidRequest when the request cannot be
-    relayed. Both run only if that backend is chosen.
-    """
-
-    model: str | None
-    session: str | None
-    prepare_local: Callable[[GenerationService], Awaitable[Prepared]]
-    relay: Callable[[], Relay]
-    # Anthropic's endpoint: clients send their own model ids, which run locally
-    # unless an upstream lists them.
-    any_model_runs_locally: bool = False
-    # A heartbeat at each change of the local stream's state too (the client opted in).
-    progress: bool = False
+from edge_llm.upstream.stream import UpstreamStream
 
 
 class Answer(ABC):
@@ -81,7 +50,6 @@ class Answer(ABC):
     model: str  # as the client is told
     n_prompt: int  # 0 when relayed: the upstream counts them at the end
     headers: dict[str, str]
-    relayed: bool
 
     @property
     @abstractmethod
@@ -98,8 +66,16 @@ class Answer(ABC):
         return self.outcome is not None
 
     @abstractmethod
-    def events(self) -> AsyncIterator[AnswerEvent]:
-        """The events until (and including) :class:`Finished`."""
+    def events(self, new_id: Callable[[], str]) -> AsyncIterator[AnswerEvent]:
+        """The answer's events until (and including) Ended or Failed (see
+        :mod:`edge_llm.generation.events`); ``new_id`` names the calls that come
+        without an id. Read them once."""
+
+    @property
+    def text_only(self) -> bool:
+        """Known before it starts: the answer holds text alone, no tool call (an
+        upstream's answer may hold the calls it parsed)."""
+        return False
 
     @property
     def token_bytes(self) -> Callable[[int], bytes] | None:
@@ -131,23 +107,6 @@ class Answer(ABC):
         """The connection is done with the answer; a stream still running ends
         (reason ``disconnect``). Closing again does nothing."""
 
-    async def collect(self, logprobs: list[TokenLogprob] | None = None) -> tuple[str, Ending]:
-        """The whole text and how it ended, for replies that are not streamed;
-        raises the error that ended it. Token logprobs are appended to ``logprobs``."""
-        parts: list[str] = []
-        async for event in self.events():
-            if isinstance(event, Delta):
-                parts.append(event.text)
-                if logprobs is not None:
-                    logprobs.extend(event.logprobs)
-            elif isinstance(event, UpstreamChunk):
-                parts.append(event.text)
-            elif isinstance(event, Finished):
-                if event.outcome.error is not None:
-                    raise event.outcome.error
-                return "".join(parts), event.outcome
-        raise RuntimeError("answer ended without Finished")  # both sources end so
-
     def __enter__(self) -> Answer:
         return self
 
@@ -168,17 +127,18 @@ class LocalAnswer(Answer):
         settings: PumpSettings,
         sessions: Sessions,
         *,
+        tools: ToolSetup | None = None,
         progress: bool = False,
     ) -> None:
         self.lease = lease
         self.sessions = sessions
+        self.tools = tools
         self.service = lease.model.service
         self.engine = lease.model.engine
         self.handle = handle
         self.settings = settings
         self.progress = progress
         self.id = handle.id
-        self.relayed = False
         self.model = lease.name
         self.n_prompt = handle.seq.n_prompt
         self.headers = response_headers(handle)
@@ -199,8 +159,13 @@ class LocalAnswer(Answer):
     def finished(self) -> bool:
         return self.handle.finished
 
-    def events(self) -> AsyncIterator[AnswerEvent]:
-        return pump(self.engine, self.handle, self.settings, progress=self.progress)
+    def events(self, new_id: Callable[[], str]) -> AsyncIterator[AnswerEvent]:
+        source = pump(self.engine, self.handle, self.settings, progress=self.progress)
+        return answer_events(source, EngineReader.of(self.tools, new_id), self.usage)
+
+    @property
+    def text_only(self) -> bool:
+        return self.tools is None or not self.tools.active
 
     def usage(self) -> dict[str, Any]:
         return self.handle.usage()
@@ -230,7 +195,6 @@ class RelayedAnswer(Answer):
         self.sessions = sessions
         self.stream = stream
         self.id = stream.id
-        self.relayed = True
         self.model = stream.client_model
         self.n_prompt = 0
         self.headers = {"X-Request-Id": stream.id}
@@ -244,8 +208,8 @@ class RelayedAnswer(Answer):
     def outcome(self) -> Ending | None:
         return self.stream.outcome
 
-    def events(self) -> AsyncIterator[AnswerEvent]:
-        return self.stream.events()
+    def events(self, new_id: Callable[[], str]) -> AsyncIterator[AnswerEvent]:
+        return answer_events(self.stream.events(), ChunkReader.of(new_id), self.usage)
 
     def usage(self) -> dict[str, Any]:
         return self.stream.usage()
@@ -282,16 +246,16 @@ class Dispatcher:
         self.settings = settings
         self.sessions = sessions
 
-    async def start(self, job: Job) -> Answer:
+    async def start(self, job: GenerationJob) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
         error the client must get (a refusal no upstream takes, a bad request)."""
         upstreams = self.router.upstreams_for(job.model, any_model_local=job.any_model_runs_locally)
         if upstreams is not None:
-            return self._relay(job, job.relay(), upstreams, route="model")
+            return self._relay(job, job.relayed(), upstreams, route="model")
         name = self.local_name(job)
         lease = await self.pool.acquire(name)
         try:
-            handle = await self._submit(job, lease.model.service)
+            handle, tools = await self._submit(job, lease.model.service)
         except FALLBACK_ERRORS as refused:
             lease.release()
             return self._fall_back(job, refused)
@@ -299,33 +263,39 @@ class Dispatcher:
             lease.release()
             raise
         self.router.count_local()
-        answer = LocalAnswer(lease, handle, self.settings, self.sessions, progress=job.progress)
+        answer = LocalAnswer(
+            lease, handle, self.settings, self.sessions, tools=tools, progress=job.progress
+        )
         self.sessions.started(job.session, answer)
         return answer
 
-    async def _submit(self, job: Job, service: GenerationService) -> StreamHandle:
+    async def _submit(
+        self, job: GenerationJob, service: GenerationService
+    ) -> tuple[StreamHandle, ToolSetup | None]:
         """Prepare ``job``, end its session's live stream, submit it."""
-        prepared = await job.prepare_local(service)
+        prepared = await service.prepare(job)
         self.sessions.starting(job.session)
-        return service.submit(prepared)
+        return service.submit(prepared), prepared.tools
 
-    def local_name(self, job: Job) -> str:
+    def local_name(self, job: GenerationJob) -> str:
         """The local model that runs ``job`` (Anthropic's unknown ids: the default)."""
         if job.any_model_runs_locally and job.model not in self.pool.names:
             return self.pool.default
         return self.pool.resolve(job.model)
 
-    def _fall_back(self, job: Job, refused: EdgeLLMError) -> Answer:
+    def _fall_back(self, job: GenerationJob, refused: EdgeLLMError) -> Answer:
         candidates = self.router.fallback_for(refused)
         if not candidates:
             raise refused
         try:
-            relay = job.relay()
+            relay = job.relayed()
         except InvalidRequest:
             raise refused from None  # it cannot be relayed: the device's refusal stands
         return self._relay(job, relay, candidates, route=f"fallback_{refused.code}")
 
-    def _relay(self, job: Job, relay: Relay, candidates: list[Upstream], *, route: str) -> Answer:
+    def _relay(
+        self, job: GenerationJob, relay: Relay, candidates: list[Upstream], *, route: str
+    ) -> Answer:
         self.sessions.starting(job.session)
         stream = self.router.open(
             relay.path, relay.body, candidates, route=route, session=job.session

@@ -23,6 +23,7 @@ from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
+from edge_llm.generation.job import ChatPrompt, GenerationJob
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.tools import ToolSetup, template_messages
@@ -57,6 +58,7 @@ class Prepared:
     request: GenerationRequest
     prompt: str
     budget: MaxTokens
+    tools: ToolSetup | None  # the calls the answer may hold (read by the tool-call parser)
 
 
 class GenerationService:
@@ -115,32 +117,25 @@ class GenerationService:
                     param=field,
                 )
 
-    async def prepare_chat(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        max_tokens: int | None,
-        sampling: SamplingParams,
-        session: str | None,
-        tools: ToolSetup | None = None,
-        prefill: str = "",
-        context: int | None = None,
-        priority: int = 0,
-    ) -> Prepared:
-        """Render the conversation (with its tools) and prepare it; ``prefill`` is
-        text the answer continues (a trailing assistant turn)."""
-        self.check_messages(len(messages) + (1 if prefill else 0))
-        prompt = self.render_chat(messages, tools) + prefill
-        if tools is not None and tools.forced:
-            sampling = self._tool_grammar(sampling, tools)
-        return await self.prepare_text(
-            prompt,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            session=session,
-            context=context,
-            priority=priority,
-        )
+    async def prepare(self, job: GenerationJob) -> Prepared:
+        """Check ``job`` against this model and its limits and tokenize it; raises
+        the refusal the client must get. Nothing runs until :meth:`submit`."""
+        sampling = job.sampling(self.sampling_defaults)
+        prompt = job.prompt()
+        tools = prompt.tools if isinstance(prompt, ChatPrompt) else None
+        if tools is not None and tools.active and sampling.n_logprobs is not None:
+            raise InvalidRequest("logprobs cannot be combined with tools", param="logprobs")
+        if job.json_output is not None:
+            grammar = self.json_grammar(job.json_output.schema, param=job.json_output.param)
+            sampling = replace(sampling, grammar=grammar)
+        if isinstance(prompt, ChatPrompt):
+            self.check_messages(len(prompt.messages) + (1 if prompt.prefill else 0))
+            text = self.render_chat(prompt.messages, tools) + prompt.prefill
+            if tools is not None and tools.forced:
+                sampling = self._tool_grammar(sampling, tools)
+        else:
+            text = prompt.text
+        return await self._prepare_text(text, job, sampling, tools)
 
     def check_messages(self, count: int) -> None:
         if count > self.limits.max_messages:
@@ -165,36 +160,29 @@ class GenerationService:
     async def count_tokens(self, prompt: str) -> int:
         return len(await self._tokenize(prompt))
 
-    async def prepare_text(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int | None,
-        sampling: SamplingParams,
-        session: str | None,
-        context: int | None = None,
-        priority: int = 0,
+    async def _prepare_text(
+        self, prompt: str, job: GenerationJob, sampling: SamplingParams, tools: ToolSetup | None
     ) -> Prepared:
-        """Tokenize and enforce the prompt and max_tokens limits, for a request in
-        class ``priority`` (lower runs first). ``context``: the request's own bound on
-        prompt and answer together (Ollama's ``num_ctx``), named ``num_ctx`` when it
-        binds. Nothing runs until :meth:`submit`."""
+        """Tokenize ``prompt`` and enforce the prompt and max_tokens limits, for a
+        request in class ``job.priority`` (lower runs first). ``job.context``: the
+        request's own bound on prompt and answer together (Ollama's ``num_ctx``),
+        named ``num_ctx`` when it binds."""
         self._check_sampling(sampling)
         tokens = await self._tokenize(prompt)
         if not tokens:
             raise InvalidRequest("prompt is empty (it has no tokens)", param="prompt")
-        self._check_prompt_fits(len(tokens), context)
-        budget = self.max_tokens(max_tokens, len(tokens), context)
+        self._check_prompt_fits(len(tokens), job.context)
+        budget = self.max_tokens(job.max_tokens, len(tokens), job.context)
         request = GenerationRequest(
             prompt_tokens=tokens,
             max_tokens=budget.granted,
             sampling=sampling,
-            session=session,
+            session=job.session,
             request_id=self.engine.new_request_id(),
-            priority=priority,
+            priority=job.priority.value,
             max_tokens_limited_by=budget.limit,
         )
-        return Prepared(request, prompt, budget)
+        return Prepared(request, prompt, budget, tools)
 
     def submit(self, prepared: Prepared) -> StreamHandle:
         """Admit the prepared request to the engine, or raise its refusal."""
