@@ -137,3 +137,16 @@ def test_chat_cli_answers_from_a_renamed_model_without_model_or_v1(
     assert proc.returncode == 0, proc.stderr
     assert "Paris" in proc.stdout
     assert proc.stderr == ""  # no model_not_found, no "base_url had no path" warning
+
+
+def test_doctor_without_a_model_passes_against_a_renamed_model(
+    smol_and_gemma: EngineProcess,
+) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_llm", "doctor", "--base-url", smol_and_gemma.url],
+        capture_output=True, text=True, timeout=240, env=clean_env(), check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "model     none set (the server's default model)  (from default)" in proc.stdout
+    assert "PASS  model      no model set: requests name none" in proc.stdout
+    assert "served: smol, gemma" in proc.stdout

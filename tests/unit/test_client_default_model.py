@@ -1,16 +1,22 @@
-"""``edge-llm chat`` and the SDK name a model only when the user set one: a server
-started with ``--model-id smol`` answers them (a default id would be 404), and the
-documented base URL without ``/v1`` is taken without a warning."""
+"""``edge-llm chat``, the SDK and ``doctor`` name a model only when the user set one:
+a server started with ``--model-id smol`` answers them (a default id would be 404),
+and the documented base URL without ``/v1`` is taken without a warning."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from test_client_chat_cli import Start, run_chat, serve_in_thread, sse_app
 
+from edge_llm.cli.doctor import render
 from edge_llm.client import ClientConfig, StreamClient
 from edge_llm.client.address import normalise_base_url
+from edge_llm.doctor import api_checks
+from edge_llm.doctor.probe import Reply
+from edge_llm.doctor.result import Status
+from edge_llm.doctor.settings import resolve
 
 __all__ = ["serve_in_thread"]  # the fixture, used by name
 
@@ -54,3 +60,17 @@ def test_a_base_url_without_a_path_gets_v1_silently() -> None:
     assert normalise_base_url("http://127.0.0.1:8000/v1/")[1] == [
         "base_url had a trailing slash; removed"
     ]
+
+
+def test_doctor_with_no_model_set_checks_what_the_server_serves() -> None:
+    settings = resolve({}, None, env={})
+    assert (settings.model.value, settings.model.source) == ("", "default")
+    listing = json.dumps({"object": "list", "data": [{"id": "smol"}, {"id": "gemma"}]})
+    outcome = api_checks.diagnose_models(Reply(200, "application/json", listing.encode()), "", "U")
+    assert outcome.result.status is Status.PASS
+    assert outcome.result.summary.startswith("no model set: requests name none")
+    assert "served: smol, gemma" in outcome.result.summary
+    assert outcome.model == "smol"  # the stream checks ask the first listed model
+    assert "model     none set (the server's default model)  (from default)" in render(
+        settings, [outcome.result], 0
+    )

@@ -74,11 +74,15 @@ def report(settings: DoctorSettings, results: list[CheckResult], code: int) -> d
                 "value": mask_key(settings.api_key.value),
                 "source": settings.api_key.source,
             },
-            "model": {"value": settings.model.value, "source": settings.model.source},
+            "model": {"value": settings.model.value or None, "source": settings.model.source},
             "ttft_warn_ms": settings.ttft_warn_ms,
         },
         "checks": [result.to_dict() for result in results],
     }
+
+
+def _shown_model(model: str) -> str:
+    return repr(model) if model else "none set (the server's default model)"
 
 
 def render(settings: DoctorSettings, results: list[CheckResult], code: int) -> str:
@@ -86,7 +90,7 @@ def render(settings: DoctorSettings, results: list[CheckResult], code: int) -> s
         "edge-llm doctor",
         f"  base_url  {settings.base_url.value!r}  (from {settings.base_url.source})",
         f"  api_key   {mask_key(settings.api_key.value)}  (from {settings.api_key.source})",
-        f"  model     {settings.model.value!r}  (from {settings.model.source})",
+        f"  model     {_shown_model(settings.model.value)}  (from {settings.model.source})",
         "",
     ]
     width = max(len(result.name) for result in results)

@@ -106,7 +106,8 @@ class ModelOutcome:
 
 
 def diagnose_models(reply: Reply | None, wanted: str, base_url: str) -> ModelOutcome:
-    """Is ``wanted`` among the ids of ``GET /models``? Else list them and the closest."""
+    """Is ``wanted`` among the ids of ``GET /models``? Else list them and the closest.
+    With no model set (``""``), the first listed one is what the stream checks use."""
     if reply is None or reply.status in (401, 403):
         return ModelOutcome(skipped("model", "the server did not accept the key"), wanted)
     if reply.status != 200:
@@ -118,6 +119,12 @@ def diagnose_models(reply: Reply | None, wanted: str, base_url: str) -> ModelOut
         summary = f"GET {base_url}/models did not return an OpenAI model list"
         fix = "point the base URL at an OpenAI-compatible server (…/v1)"
         return ModelOutcome(failed("model", summary, fix), wanted)
+    if not wanted and ids:
+        summary = (
+            f"no model set: requests name none, which edge-llm answers with its default "
+            f"model (other servers may need --model); served: {_listed(ids)}"
+        )
+        return ModelOutcome(passed("model", summary, ids=ids[:100]), ids[0])
     if wanted in ids:
         return ModelOutcome(passed("model", f"model {wanted!r} is served", ids=ids[:100]), wanted)
     return ModelOutcome(_unknown_model(wanted, ids), _replacement(wanted, ids))
@@ -147,15 +154,19 @@ def _replacement(wanted: str, ids: list[str]) -> str | None:
 def _unknown_model(wanted: str, ids: list[str]) -> CheckResult:
     if not ids:
         return failed("model", "the server lists no models", "load a model on the server")
-    listed = ", ".join(ids[:MAX_LISTED_IDS])
-    if len(ids) > MAX_LISTED_IDS:
-        listed += f", … ({len(ids) - MAX_LISTED_IDS} more)"
     closest = closest_model(wanted, ids)
-    summary = f"model {wanted!r} is not served; valid ids: {listed}"
+    summary = f"model {wanted!r} is not served; valid ids: {_listed(ids)}"
     if closest:
         summary += f"; closest: {closest!r}"
     fix = f"use --model {closest or ids[0]} (model_id in the client JSON, EDGE_LLM_MODEL)"
     return failed("model", summary, fix, ids=ids[:100], closest=closest)
+
+
+def _listed(ids: list[str]) -> str:
+    listed = ", ".join(ids[:MAX_LISTED_IDS])
+    if len(ids) > MAX_LISTED_IDS:
+        listed += f", … ({len(ids) - MAX_LISTED_IDS} more)"
+    return listed
 
 
 # -- streaming -----------------------------------------------------------------------

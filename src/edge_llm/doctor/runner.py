@@ -90,7 +90,7 @@ async def _stream_checks(
 
 
 def _with_model_note(result: CheckResult, used: str | None, wanted: str) -> CheckResult:
-    if used == wanted or used is None:
+    if used == wanted or used is None or not wanted:  # not wanted: none was set
         return result
     summary = f"{result.summary} [with model {used!r} instead of {wanted!r}]"
     return CheckResult(result.name, result.status, summary, result.fix, result.details)

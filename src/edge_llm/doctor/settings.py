@@ -5,7 +5,8 @@ slash or a stray space silently; the doctor must see them to report them), by
 :func:`edge_llm.client.address.pick_setting`, as every command resolves them:
 the flags, ``EDGE_LLM_BASE_URL`` / ``EDGE_LLM_API_KEY`` / ``EDGE_LLM_MODEL``, the
 client JSON (``edge_llm_client``), then ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` /
-``OPENAI_MODEL`` as a fallback, then the client's defaults.
+``OPENAI_MODEL`` as a fallback, then the client's defaults. A model nobody set is
+the empty string, as the client sends none (edge-llm's default model answers).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from edge_llm.client.errors import ConfigError
 
 DEFAULT_TTFT_WARN_MS = 3000
 DEFAULT_TIMEOUT_S = 20.0
-DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"  # the embedded model's id
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,8 @@ def resolve(
 
 
 def _default(name: str) -> Setting:
-    if name == "model_id":  # the client sends none; doctor checks the embedded model's id
-        return Setting(DEFAULT_MODEL_ID, "default")
-    return Setting(str(ClientConfig.model_fields[name].default), "default")
+    default = ClientConfig.model_fields[name].default
+    return Setting("" if default is None else str(default), "default")
 
 
 def _file_int(section: Mapping[str, Any], key: str) -> int | None:
