@@ -60,7 +60,13 @@ from edge_llm.bench.storm.user import StormRecord, turn_tag
 from edge_llm.bench.storm.watch import ServerWatch
 from edge_llm.bench.targets import Target
 from edge_llm.cli.storm import parse_range
-from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
+from edge_llm.config.tree import (
+    ConfigError,
+    EngineConfig,
+    add_config_flags,
+    flag_overrides,
+    load_config,
+)
 
 token_range = parse_range(int)
 seconds_range = parse_range(float)

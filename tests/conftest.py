@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from edge_llm.config import EngineConfig, load_config
+from edge_llm.config.tree import EngineConfig, load_config
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.prefill_budget import StepCosts
 from edge_llm.engine.threads import CoreReadings

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from edge_llm.config import EngineConfig
+from edge_llm.config.tree import EngineConfig
 from edge_llm.engine.backend import (
     BatchItem,
     ModelInfo,

@@ -20,7 +20,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from edge_llm.config import load_config
+from edge_llm.config.tree import load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.observability.events import null_sink
 from edge_llm.server.app import create_app

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from edge_llm.cli.main import build_parser
-from edge_llm.config import EngineConfig, flag_overrides, load_config, sections, toml_table
-from edge_llm.config_reference import generated_part, render
-from edge_llm.models.config import ModelEntryConfig
-from edge_llm.upstream.config import UpstreamConfig
+from edge_llm.config.models import ModelEntryConfig
+from edge_llm.config.reference import generated_part, render
+from edge_llm.config.tree import EngineConfig, flag_overrides, load_config, sections, toml_table
+from edge_llm.config.upstream import UpstreamConfig
 
 PAGE = Path(__file__).parents[2] / "docs" / "configuration.md"
-REGENERATE = "python -m edge_llm.config_reference --write docs/configuration.md"
+REGENERATE = "python -m edge_llm.config.reference --write docs/configuration.md"
 CELL = re.compile(r"(?<!\\)\|")  # a cell border: a pipe not escaped as \|
 
 

@@ -12,7 +12,7 @@ import aiohttp
 import psutil
 import pytest
 
-from edge_llm.config import EngineConfig
+from edge_llm.config.tree import EngineConfig
 from edge_llm.engine.llama_backend import default_model_path
 
 from support import STORY, RawSseClient, RssSampler, chat_body, wait_until

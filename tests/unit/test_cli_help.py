@@ -8,7 +8,7 @@ import re
 import pytest
 
 from edge_llm.cli.main import SUBCOMMANDS, build_parser
-from edge_llm.config import add_config_flags
+from edge_llm.config.tree import add_config_flags
 
 
 def subparser(name: str) -> argparse.ArgumentParser:

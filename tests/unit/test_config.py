@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.config import ConfigError, add_config_flags, flag_overrides, load_config
+from edge_llm.config.tree import ConfigError, add_config_flags, flag_overrides, load_config
 
 SEED_TOML = """
 [engine.backpressure]

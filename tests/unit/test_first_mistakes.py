@@ -15,7 +15,7 @@ import pytest
 from edge_llm.cli.main import build_parser, main
 from edge_llm.cli.port_holder import listening_inodes, port_holder
 from edge_llm.cli.serve import prompt_limit_warning
-from edge_llm.config import load_config
+from edge_llm.config.tree import load_config
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol.openai import ChatCompletionRequest, parse_request
 

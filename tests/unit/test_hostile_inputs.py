@@ -19,7 +19,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_llm.config import load_config
+from edge_llm.config.tree import load_config
 
 from conftest import app_over, stop_app_engine
 from fakes import FakeBackend

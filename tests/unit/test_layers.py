@@ -6,19 +6,18 @@ and any package of a lower layer::
     edge_llm        the package's own ``__init__`` (its version)
     errors          the server's error tree
     observability   event logs, metrics, blame, top (sinks and readers anyone may use)
-    config          the engine's config tree (``upstream/config.py`` is part of it:
-                    the schema of ``[upstream.NAME]`` tables, kept beside its feature)
+    config          the configuration tree, with each feature's piece of it (the schemas
+                    of ``[models.NAME]`` and ``[upstream.NAME]`` tables, the priority range)
     protocol        sans-I/O wire formats: requests, objects, SSE, WebSocket frames,
                     the stream events every connection is told
     engine          the inference thread and its policies
     upstream        the relay to other engines
     models          the served models: load, unload, memory budget, embeddings
-                    (``generation/service.py``, the admission service each loaded model
-                    owns, and the job it takes, sit here; ``models/config.py`` in config)
     generation      a request as one typed job, sessions, dispatch to a local model or
                     an upstream, one answer-event stream
     server          aiohttp routes, runtime
     cli             the commands (may import anything)
+    __main__        ``python -m edge_llm``
 
 Beside that stack, programs that talk to a server over the network:
 
@@ -52,27 +51,18 @@ STACK = (
     "generation",
     "server",
     "cli",
+    "__main__",
 )
 NETWORK_CLIENTS = {
     "client": {"errors", "observability", "protocol"},
     "doctor": {"errors", "observability", "protocol", "client"},
     "bench": {"errors", "observability", "protocol", "client"},
 }
-MODULE_LAYERS = {
-    "edge_llm.upstream.config": "config",
-    "edge_llm.models.config": "config",
-    "edge_llm.generation.service": "models",
-    "edge_llm.generation.job": "models",
-    "edge_llm.config_reference": "config",
-    "edge_llm.__main__": "cli",
-}
 # (importer, imported module): why it is allowed for now.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> str:
-    if module in MODULE_LAYERS:
-        return MODULE_LAYERS[module]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "edge_llm"
 
@@ -82,7 +72,7 @@ def may_import(importer: str, imported: str) -> bool:
         return True
     if importer in NETWORK_CLIENTS:
         return imported in NETWORK_CLIENTS[importer]
-    if importer == "cli":
+    if importer in ("cli", "__main__"):
         return True
     return imported in STACK[: STACK.index(importer)]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from edge_llm.config import load_config
+from edge_llm.config.tree import load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.errors import Cancelled, InvalidRequest, ModelMemory, ModelNotFound
 from edge_llm.generation.job import GenerationJob, Priority, TextPrompt

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from edge_llm.config import load_config
+from edge_llm.config.tree import load_config
 from edge_llm.engine.engine import Engine
 from edge_llm.models.spec import ModelSpec
 from edge_llm.server.app import create_app

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.config import ConfigError, load_config
+from edge_llm.config.tree import ConfigError, load_config
 from edge_llm.errors import InvalidRequest
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.spec import named_specs

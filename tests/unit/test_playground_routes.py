@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_llm.config import add_config_flags, flag_overrides, load_config
+from edge_llm.config.tree import add_config_flags, flag_overrides, load_config
 
 ClientFactory = Callable[..., Any]
 START = {"type": "start", "request": {"messages": [{"role": "user", "content": "hi"}]}}

@@ -6,9 +6,7 @@ from typing import Any
 
 import pytest
 
-from edge_llm import config as config_module
-from edge_llm.config import ConfigError, load_config
-from edge_llm.engine import priorities
+from edge_llm.config.tree import ConfigError, load_config
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import anthropic, openai, responses
 from edge_llm.protocol.priority import header_priority
@@ -17,13 +15,6 @@ from edge_llm.upstream.translate import messages_chat_body, responses_chat_body
 
 CHAT: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
 MESSAGES: dict[str, Any] = {**CHAT, "model": "claude", "max_tokens": 8}
-
-
-def test_the_range_is_the_engines() -> None:
-    assert (config_module.MIN_PRIORITY, config_module.MAX_PRIORITY) == (
-        priorities.MIN_PRIORITY,
-        priorities.MAX_PRIORITY,
-    )
 
 
 @pytest.mark.parametrize(

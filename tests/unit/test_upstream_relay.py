@@ -15,7 +15,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
-from edge_llm.config import ConfigError, load_config
+from edge_llm.config.tree import ConfigError, load_config
+from edge_llm.config.upstream import UpstreamConfig
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
 from edge_llm.protocol import anthropic, responses
 from edge_llm.protocol.sse import SSEParser
@@ -23,7 +24,6 @@ from edge_llm.protocol.stream_events import Finished
 from edge_llm.protocol.tools import ArgumentsOut, CallStarted, TextOut, ToolCall
 from edge_llm.server.context import CONTEXT
 from edge_llm.server.openai_answer import _Merged
-from edge_llm.upstream.config import UpstreamConfig
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 from edge_llm.upstream.stream import StreamSettings, UpstreamChunk, UpstreamStream

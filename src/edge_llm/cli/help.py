@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from edge_llm.config import show_default
+from edge_llm.config.tree import show_default
 
 DEFAULT_MARK = "(default"
 

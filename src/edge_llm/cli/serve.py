@@ -10,7 +10,13 @@ import signal
 import sys
 
 from edge_llm.cli.port_holder import port_holder
-from edge_llm.config import ConfigError, EngineConfig, add_config_flags, flag_overrides, load_config
+from edge_llm.config.tree import (
+    ConfigError,
+    EngineConfig,
+    add_config_flags,
+    flag_overrides,
+    load_config,
+)
 from edge_llm.engine.kv_cache import KvCache
 from edge_llm.engine.kv_slots import KvSlots
 from edge_llm.engine.ledger import ledger_summary

@@ -42,7 +42,7 @@ from edge_llm.bench.targets import (
     add_target_arguments,
     targets_from_args,
 )
-from edge_llm.config import show_default
+from edge_llm.config.tree import show_default
 from edge_llm.observability.units import MIB, mib
 
 WIDE_OUTPUT = 220

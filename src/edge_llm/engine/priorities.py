@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable
 from edge_llm.engine.sequence import Sequence
 
 AGING_S = 10.0
-MIN_PRIORITY, MAX_PRIORITY = -10, 10
 
 
 def effective_class(seq: Sequence, now: float) -> int:

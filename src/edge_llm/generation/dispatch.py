@@ -33,7 +33,7 @@ from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.generation.events import AnswerEvent, ChunkReader, EngineReader, answer_events
 from edge_llm.generation.job import GenerationJob, Relay
 from edge_llm.generation.pump import PumpSettings, pump
-from edge_llm.generation.service import GenerationService, response_headers
+from edge_llm.generation.service import GenerationService, ServedModel, response_headers
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.pool import Lease, ModelPool
 from edge_llm.protocol.stream_events import Ending
@@ -122,7 +122,7 @@ class Answer(ABC):
 class LocalAnswer(Answer):
     def __init__(
         self,
-        lease: Lease,
+        lease: Lease[ServedModel],
         handle: StreamHandle,
         settings: PumpSettings,
         sessions: Sessions,
@@ -236,7 +236,7 @@ class RelayedAnswer(Answer):
 class Dispatcher:
     def __init__(
         self,
-        pool: ModelPool,
+        pool: ModelPool[ServedModel],
         router: UpstreamRouter,
         settings: PumpSettings,
         sessions: Sessions,

@@ -17,13 +17,14 @@ import asyncio
 from dataclasses import dataclass, replace
 from typing import Any
 
-from edge_llm.config import where_to_set
+from edge_llm.config.tree import where_to_set
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.stream import StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
 from edge_llm.generation.job import ChatPrompt, GenerationJob
+from edge_llm.models.pool import LoadedModel
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.tools import ToolSetup, template_messages
@@ -49,6 +50,14 @@ class MaxTokens:
     granted: int
     wanted: int
     limit: str | None = None  # "max_tokens_cap", "context" or "kv"
+
+
+@dataclass
+class ServedModel(LoadedModel):
+    """A loaded model and the service that admits requests to it (what the pool
+    serves to the generation layer)."""
+
+    service: GenerationService
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ memory) are the default model's, unlabelled.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
@@ -17,8 +17,29 @@ from prometheus_client.registry import Collector
 
 from edge_llm.observability.metrics import PREFIX, EngineMetrics
 
-if TYPE_CHECKING:
-    from edge_llm.models.pool import ModelPool
+
+class _Loaded(Protocol):
+    @property
+    def footprint_bytes(self) -> int: ...
+
+
+class PoolView(Protocol):
+    """What the metrics read of the pool (:class:`~edge_llm.models.pool.ModelPool`),
+    which binds them to itself."""
+
+    @property
+    def budget_bytes(self) -> int: ...
+
+    @property
+    def names(self) -> list[str]: ...
+
+    @property
+    def default(self) -> str: ...
+
+    def loaded(self, name: str) -> _Loaded | None: ...
+
+    def metrics_of(self, name: str) -> EngineMetrics: ...
+
 
 _PROCESS_WIDE = frozenset({PREFIX + "event_log_dropped", PREFIX + "memory_available_bytes"})
 
@@ -55,7 +76,7 @@ class PoolMetrics:
             PREFIX + "model_memory_budget_bytes", "max_model_memory_mb (0: none)", registry=r
         )
 
-    def bind(self, pool: ModelPool) -> None:
+    def bind(self, pool: PoolView) -> None:
         self.budget.set(pool.budget_bytes)
         for name in pool.names:
             self.loads.labels(name)
@@ -65,11 +86,11 @@ class PoolMetrics:
         self.registry.register(_PerModel(pool))
 
 
-def _loaded(pool: ModelPool, name: str) -> Callable[[], float]:
+def _loaded(pool: PoolView, name: str) -> Callable[[], float]:
     return lambda: float(pool.loaded(name) is not None)
 
 
-def _memory(pool: ModelPool, name: str) -> Callable[[], float]:
+def _memory(pool: PoolView, name: str) -> Callable[[], float]:
     def read() -> float:
         model = pool.loaded(name)
         return float(model.footprint_bytes) if model is not None else 0.0
@@ -80,7 +101,7 @@ def _memory(pool: ModelPool, name: str) -> Callable[[], float]:
 class _PerModel(Collector):
     """Every model's engine metrics as one set of families."""
 
-    def __init__(self, pool: ModelPool) -> None:
+    def __init__(self, pool: PoolView) -> None:
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:

@@ -21,19 +21,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from edge_llm.errors import EngineUnavailable, ModelBusy, ModelMemory, ModelNotFound
 from edge_llm.models.gguf import GgufError, read_metadata
+from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.spec import MIB, ModelSpec
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import KV_TIERS, LEDGER_LINES, EngineMetrics
 
 if TYPE_CHECKING:
     from edge_llm.engine.engine import Engine
-    from edge_llm.generation.service import GenerationService
     from edge_llm.models.embeddings import Embeddings
-    from edge_llm.models.metrics import PoolMetrics
 
 _RETRY_AFTER_S = 2
 _UNLOAD_WAIT_S = 30.0  # an unload asked while streams run waits this long for them
@@ -47,12 +46,12 @@ class ModelState(StrEnum):
 
 @dataclass
 class LoadedModel:
-    """One loaded model: its engine, the service that admits requests to it, and
-    its embeddings (an embeddings context of its own, made on first use)."""
+    """One loaded model: its engine and its embeddings (an embeddings context of
+    its own, made on first use). The generation layer's ServedModel adds the
+    service that admits requests to it."""
 
     spec: ModelSpec
     engine: Engine
-    service: GenerationService
     embeddings: Embeddings
     footprint_bytes: int
 
@@ -64,15 +63,18 @@ class LoadedModel:
 
 # Blocking (run in a thread): load ``spec`` with these metrics and events; the pool
 # starts the engine's thread.
-Loader = Callable[[ModelSpec, EngineMetrics, EventSink], LoadedModel]
+# What the pool serves: a loaded model, with what the layers above keep beside it
+# (the generation layer's service).
+M = TypeVar("M", bound=LoadedModel)
+Loader = Callable[[ModelSpec, EngineMetrics, EventSink], M]
 
 
 @dataclass
-class _Slot:
+class _Slot(Generic[M]):
     spec: ModelSpec
     metrics: EngineMetrics
-    loaded: LoadedModel | None = None
-    loading: asyncio.Task[LoadedModel] | None = None
+    loaded: M | None = None
+    loading: asyncio.Task[M] | None = None
     closing: asyncio.Task[None] | None = None
     leases: int = 0
     waiting: int = 0  # requests waiting for its load: it is not idle meanwhile
@@ -101,10 +103,10 @@ class _Slot:
         return self.spec.estimate_bytes if busy else 0
 
 
-class Lease:
+class Lease(Generic[M]):
     """A request's hold on a loaded model: it is not unloaded until released."""
 
-    def __init__(self, pool: ModelPool, slot: _Slot, model: LoadedModel) -> None:
+    def __init__(self, pool: ModelPool[M], slot: _Slot[M], model: M) -> None:
         self._pool = pool
         self._slot = slot
         self.model = model
@@ -120,18 +122,18 @@ class Lease:
             self._released = True
             self._pool._release(self._slot)
 
-    def __enter__(self) -> Lease:
+    def __enter__(self) -> Lease[M]:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
 
-class ModelPool:
+class ModelPool(Generic[M]):
     def __init__(
         self,
         specs: list[ModelSpec],
-        loader: Loader,
+        loader: Loader[M],
         *,
         budget_bytes: int,
         metrics: PoolMetrics,
@@ -142,7 +144,7 @@ class ModelPool:
         """``specs[0]`` is the default model (a request that names none gets it);
         ``slot_metrics``: registries already made for some models (the default's)."""
         given = slot_metrics or {}
-        self._slots = {
+        self._slots: dict[str, _Slot[M]] = {
             s.name: _Slot(s, given.get(s.name) or EngineMetrics(), keep_alive_s=s.keep_alive_s)
             for s in specs
         }
@@ -169,10 +171,10 @@ class ModelPool:
     def state(self, name: str) -> ModelState:
         return self._slots[name].state
 
-    def loaded(self, name: str) -> LoadedModel | None:
+    def loaded(self, name: str) -> M | None:
         return self._slots[name].loaded
 
-    def loaded_models(self) -> list[LoadedModel]:
+    def loaded_models(self) -> list[M]:
         return [s.loaded for s in self._slots.values() if s.loaded is not None]
 
     def metrics_of(self, name: str) -> EngineMetrics:
@@ -226,7 +228,7 @@ class ModelPool:
             )
         return model
 
-    def adopt(self, model: LoadedModel) -> None:
+    def adopt(self, model: M) -> None:
         """Serve ``model``, loaded already (the default model, loaded at start)."""
         slot = self._slots[model.spec.name]
         self._metrics.loads.labels(model.spec.name).inc()
@@ -241,7 +243,7 @@ class ModelPool:
         request's ``keep_alive`` sets it; None: always)."""
         self._slots[name].keep_alive_s = seconds
 
-    async def acquire(self, name: str) -> Lease:
+    async def acquire(self, name: str) -> Lease[M]:
         """Lease model ``name``, loading it first if needed (raises ModelMemory when it
         cannot fit, BackendError when it cannot load)."""
         slot = self._slots[name]
@@ -258,7 +260,7 @@ class ModelPool:
         self._cancel_expiry(slot)
         return Lease(self, slot, model)
 
-    def _release(self, slot: _Slot) -> None:
+    def _release(self, slot: _Slot[M]) -> None:
         slot.leases -= 1
         slot.last_used = self._clock()
         if slot.leases == 0:
@@ -267,12 +269,12 @@ class ModelPool:
 
     # -- loading ----------------------------------------------------------------------
 
-    async def load(self, name: str) -> LoadedModel:
+    async def load(self, name: str) -> M:
         """Load model ``name`` (if it is not) without holding it."""
         with await self.acquire(name) as lease:
             return lease.model
 
-    async def _ensure_loaded(self, slot: _Slot) -> LoadedModel:
+    async def _ensure_loaded(self, slot: _Slot[M]) -> M:
         while slot.closing is not None:  # an unload under way finishes first
             await asyncio.shield(slot.closing)
         if slot.loaded is not None:
@@ -281,7 +283,7 @@ class ModelPool:
             slot.loading = asyncio.create_task(self._load(slot))
         return await asyncio.shield(slot.loading)
 
-    async def _load(self, slot: _Slot) -> LoadedModel:
+    async def _load(self, slot: _Slot[M]) -> M:
         spec = slot.spec
         try:
             async with self._load_lock:
@@ -305,7 +307,7 @@ class ModelPool:
         finally:
             slot.loading = None
 
-    async def _make_room(self, slot: _Slot) -> None:
+    async def _make_room(self, slot: _Slot[M]) -> None:
         """Lock held: unload idle models, least recently used first, until ``slot``'s
         model fits the budget; raise ModelMemory when it cannot."""
         need = slot.spec.estimate_bytes
@@ -356,7 +358,7 @@ class ModelPool:
         await self._unload(slot, reason)
         return True
 
-    async def _unload(self, slot: _Slot, reason: str) -> None:
+    async def _unload(self, slot: _Slot[M], reason: str) -> None:
         """Unload an idle model (a model leased again meanwhile stays)."""
         model = slot.loaded
         if model is None or slot.closing is not None or slot.leases or slot.waiting:
@@ -372,19 +374,19 @@ class ModelPool:
         self._metrics.unloads.labels(slot.spec.name, reason).inc()
         self._events(Event.MODEL_UNLOADED, None, model=slot.spec.name, reason=reason)
 
-    def _schedule_expiry(self, slot: _Slot) -> None:
+    def _schedule_expiry(self, slot: _Slot[M]) -> None:
         self._cancel_expiry(slot)
         if slot.keep_alive_s is None or slot.loaded is None:
             return
         loop = asyncio.get_running_loop()
         slot.expiry = loop.call_later(slot.keep_alive_s, self._expire, slot)
 
-    def _cancel_expiry(self, slot: _Slot) -> None:
+    def _cancel_expiry(self, slot: _Slot[M]) -> None:
         if slot.expiry is not None:
             slot.expiry.cancel()
             slot.expiry = None
 
-    def _expire(self, slot: _Slot) -> None:
+    def _expire(self, slot: _Slot[M]) -> None:
         slot.expiry = None
         if slot.is_idle:
             task = asyncio.create_task(self._unload(slot, "keep_alive"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from edge_llm.config import EngineConfig
+from edge_llm.config.tree import EngineConfig
 
 MIB = 1024 * 1024
 # Beyond weights and KV a model holds its vocabulary, llama.cpp's compute and output

@@ -22,7 +22,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from edge_llm.config import MAX_PRIORITY, MIN_PRIORITY, parse_priority
+from edge_llm.config.priority import MAX_PRIORITY, MIN_PRIORITY, parse_priority
 from edge_llm.errors import InvalidRequest
 
 __all__ = [

@@ -11,11 +11,12 @@ from typing import NamedTuple
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from edge_llm.config import EngineConfig
+from edge_llm.config.tree import EngineConfig
 from edge_llm.generation.dispatch import Answer, Dispatcher
 from edge_llm.generation.job import GenerationJob, Priority
 from edge_llm.generation.pump import PumpSettings
-from edge_llm.models.pool import LoadedModel, ModelPool
+from edge_llm.generation.service import ServedModel
+from edge_llm.models.pool import ModelPool
 from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.access_log import answering
 from edge_llm.server.http import ConnectionSettings, session_of
@@ -26,7 +27,7 @@ from edge_llm.upstream.router import UpstreamRouter
 @dataclass
 class ServerContext:
     # The served models: each loaded one has its engine and service.
-    pool: ModelPool
+    pool: ModelPool[ServedModel]
     # /metrics: the models' engine metrics, the pool's and the upstreams'.
     registry: CollectorRegistry
     config: EngineConfig
@@ -45,7 +46,7 @@ class ServerContext:
     # route_priority and key_priority: the class of a request that names none.
     priorities: PriorityDefaults = field(default_factory=PriorityDefaults)
 
-    def default_model(self) -> LoadedModel | None:
+    def default_model(self) -> ServedModel | None:
         """The default model, if loaded (it is, unless unloaded on purpose)."""
         return self.pool.loaded(self.pool.default)
 

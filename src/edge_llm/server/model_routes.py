@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 
 from edge_llm.errors import InvalidRequest
+from edge_llm.generation.service import ServedModel
 from edge_llm.models.embeddings import EmbeddingInput, EmbeddingResult
 from edge_llm.models.pool import ModelPool
 from edge_llm.protocol import embeddings as protocol
@@ -39,7 +40,7 @@ def _model_field(body: Any) -> str:
     return model
 
 
-def _state(pool: ModelPool, name: str) -> dict[str, Any]:
+def _state(pool: ModelPool[ServedModel], name: str) -> dict[str, Any]:
     return {"success": True, "model": name, "state": pool.state(name).value}
 
 
@@ -58,7 +59,7 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 async def embed(
-    pool: ModelPool, model: str | None, inputs: list[EmbeddingInput], *, truncate: bool
+    pool: ModelPool[ServedModel], model: str | None, inputs: list[EmbeddingInput], *, truncate: bool
 ) -> tuple[str, EmbeddingResult]:
     """The served model ``model`` names (loaded if needed, held meanwhile) embeds
     ``inputs``."""

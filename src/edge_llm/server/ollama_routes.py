@@ -27,6 +27,7 @@ from edge_llm.errors import InvalidRequest, ModelNotFound
 from edge_llm.generation.dispatch import Answer
 from edge_llm.generation.events import Ended, Failed, Produced
 from edge_llm.generation.job import ChatPrompt, GenerationJob, JsonOutput, Prompt, TextPrompt
+from edge_llm.generation.service import ServedModel
 from edge_llm.models.gguf import FILE_TYPES
 from edge_llm.models.pool import ModelPool
 from edge_llm.protocol import ollama, openai
@@ -80,7 +81,7 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
         return await _whole(answer, chat=chat, clock=clock)
 
 
-def served_name(pool: ModelPool, model: str) -> str:
+def served_name(pool: ModelPool[ServedModel], model: str) -> str:
     """The served model ``model`` names (``NAME:latest`` is ``NAME``), else 404."""
     if model in pool.names:
         return model
@@ -90,7 +91,7 @@ def served_name(pool: ModelPool, model: str) -> str:
     raise ModelNotFound(f'model "{model}" not found', param="model")
 
 
-def _keep_alive(pool: ModelPool, name: str, value: float | str | None) -> float | None:
+def _keep_alive(pool: ModelPool[ServedModel], name: str, value: float | str | None) -> float | None:
     """The request's keep-alive for the model from now on; left out: the model's
     configured one (as Ollama falls back to its default)."""
     keep = ollama.keep_alive_s(value)
@@ -99,7 +100,9 @@ def _keep_alive(pool: ModelPool, name: str, value: float | str | None) -> float 
     return seconds
 
 
-async def _load_or_unload(pool: ModelPool, name: str, *, unload: bool, chat: bool) -> web.Response:
+async def _load_or_unload(
+    pool: ModelPool[ServedModel], name: str, *, unload: bool, chat: bool
+) -> web.Response:
     if unload:
         await pool.unload(name)
     else:
@@ -273,7 +276,7 @@ async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": ollama.API_VERSION})
 
 
-async def _facts(pool: ModelPool, name: str) -> ollama.ModelFacts:
+async def _facts(pool: ModelPool[ServedModel], name: str) -> ollama.ModelFacts:
     """What the listings say about model ``name``, from its file and GGUF metadata."""
     spec = pool.spec(name)
     metadata = await pool.metadata(name)

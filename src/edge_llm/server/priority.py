@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from edge_llm.config import ServerConfig
+from edge_llm.config.tree import ServerConfig
 from edge_llm.generation.job import Priority, PrioritySource
 from edge_llm.protocol.priority import HEADER, header_priority
 from edge_llm.server.http import presented_key

@@ -19,18 +19,18 @@ import psutil
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from edge_llm.config import EngineConfig
+from edge_llm.config.tree import EngineConfig
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
 from edge_llm.engine.ledger import device_share_bytes
 from edge_llm.errors import BackendError
 from edge_llm.generation.dispatch import Dispatcher
 from edge_llm.generation.pump import PumpSettings
-from edge_llm.generation.service import GenerationService, Limits
+from edge_llm.generation.service import GenerationService, Limits, ServedModel
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.metrics import PoolMetrics
-from edge_llm.models.pool import LoadedModel, Loader, ModelPool
+from edge_llm.models.pool import Loader, ModelPool
 from edge_llm.models.spec import (
     MIB,
     ModelSpec,
@@ -112,12 +112,12 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
     )
 
 
-def model_loader(config: EngineConfig) -> Loader:
+def model_loader(config: EngineConfig) -> Loader[ServedModel]:
     """Loads a served model on demand (in a thread): backend, engine (the pool starts
     it), service. Its footprint is the estimate, or the resident memory the load
     added if more."""
 
-    def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> LoadedModel:
+    def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> ServedModel:
         before = _rss()
         backend = load_backend(config, spec)
         try:
@@ -143,9 +143,9 @@ def model_settings(config: EngineConfig, spec: ModelSpec) -> EngineSettings:
 
 def loaded_model(
     config: EngineConfig, spec: ModelSpec, engine: Engine, backend: Backend, events: EventSink
-) -> LoadedModel:
+) -> ServedModel:
     service = generation_service(config, engine, backend, events, spec)
-    return LoadedModel(
+    return ServedModel(
         spec=spec,
         engine=engine,
         service=service,
@@ -290,8 +290,8 @@ def build_pool(
     events: EventSink,
     *,
     registry: CollectorRegistry,
-    loader: Loader | None = None,
-) -> ModelPool:
+    loader: Loader[ServedModel] | None = None,
+) -> ModelPool[ServedModel]:
     """The served models, the default one (``engine`` over ``backend``) loaded."""
     info = backend.info
     first = default_spec(config, info.model_id, info.path, info.size_bytes)
@@ -320,7 +320,7 @@ def build_context(
     engine: Engine,
     backend: Backend,
     events: EventSink,
-    loader: Loader | None = None,
+    loader: Loader[ServedModel] | None = None,
 ) -> ServerContext:
     """Everything the routes need; ``engine`` over ``backend`` is the default model."""
     sched, stream, server = config.scheduler, config.stream, config.server
@@ -351,7 +351,10 @@ def build_context(
 
 
 def build_router(
-    config: EngineConfig, registry_: CollectorRegistry, pool: ModelPool, events: EventSink
+    config: EngineConfig,
+    registry_: CollectorRegistry,
+    pool: ModelPool[ServedModel],
+    events: EventSink,
 ) -> UpstreamRouter:
     bp, server = config.backpressure, config.server
 

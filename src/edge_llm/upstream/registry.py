@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from aiohappyeyeballs import AddrInfoType
 
-from edge_llm.upstream.config import UpstreamConfig
+from edge_llm.config.upstream import UpstreamConfig
 
 # A health check answers within this, or the upstream counts as down.
 _CHECK_TIMEOUT_S = 5.0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -29,8 +28,9 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from edge_llm.models.config import ModelEntryConfig, check_model_name, parse_model_flag
-from edge_llm.upstream.config import UpstreamConfig, check_name, parse_upstream_flag
+from edge_llm.config.models import ModelEntryConfig, check_model_name, parse_model_flag
+from edge_llm.config.priority import MAX_PRIORITY, MIN_PRIORITY, PRIORITY_ROUTES, priority_map
+from edge_llm.config.upstream import UpstreamConfig, check_name, parse_upstream_flag
 
 ENV_PREFIX = "EDGE_LLM_"
 # llama.cpp's CPU flash-attention tile (engine/kv_slots.py MIN_TILE_ROWS): deterministic
@@ -40,21 +40,8 @@ MIN_TILE_ROWS = 64
 # it is its own repeatable flag (_MODELS), so model_path has only --model-path.
 _FLAG_ALIASES: dict[str, tuple[str, ...]] = {}
 # A field's default as the reference states it, where the value itself depends on the
-# machine or is None (read by edge_llm.config_reference).
+# machine or is None (read by edge_llm.config.reference).
 DOC_DEFAULT = "doc_default"
-# A request's priority class, lower first: the engine's range (engine/priorities.py);
-# request fields, the X-Priority header and the defaults below are held to it.
-MIN_PRIORITY, MAX_PRIORITY = -10, 10
-# The routes that start a generation, which ``route_priority`` may name.
-PRIORITY_ROUTES = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/responses",
-    "/v1/messages",
-    "/v1/stream",
-    "/api/chat",
-    "/api/generate",
-)
 
 
 class ConfigError(ValueError):
@@ -432,31 +419,6 @@ class ServerConfig(_Section):
 
     def key_priorities(self) -> dict[str, int]:
         return priority_map(self.key_priority, "KEY")
-
-
-def priority_map(entries: list[str], name: str) -> dict[str, int]:
-    """``NAME=N`` entries as a mapping; ValueError naming the first bad entry. The
-    number is after the last ``=`` (a key may hold ``=``)."""
-    result: dict[str, int] = {}
-    for entry in entries:
-        what, _, number = entry.rpartition("=")
-        value = parse_priority(number)
-        if not what.strip() or value is None:
-            raise ValueError(
-                f"entry {entry!r} is not {name}=N with N an integer from "
-                f"{MIN_PRIORITY} to {MAX_PRIORITY}"
-            )
-        result[what.strip()] = value
-    return result
-
-
-def parse_priority(text: str) -> int | None:
-    """``text`` as a priority class (ASCII digits, in range), else None."""
-    text = text.strip()
-    if re.fullmatch(r"[+-]?[0-9]{1,3}", text) is None:
-        return None
-    value = int(text)
-    return value if MIN_PRIORITY <= value <= MAX_PRIORITY else None
 
 
 class EngineConfig(_Section):
