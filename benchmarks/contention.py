@@ -8,10 +8,17 @@ story requests one after the other (a fresh tag each, so nothing is cached;
 counts as "no answer"; the server is then stopped. ``--quiet-rounds`` rounds follow
 with no loops: what the configuration costs when nothing competes for the cores.
 
-The table: per configuration and load, the first request's time and TTFT, the later
-requests' time (min–max over every server), and how many requests got no answer.
+Then the light client (issue 49, ``light_client.py``): on the quiet machine, the same
+three configurations, started once and kept running side by side, each get one
+stream and then four streams started together (``--light-tokens`` each) from this
+process, ``--light-rounds`` times in a rotating order; edge-llm's
+``edge_llm_decode_threads`` is read every 250 ms during its 4-stream runs.
 
-    .venv/bin/python benchmarks/contention.py --rounds 5 --quiet-rounds 2
+The first table: per configuration and load, the first request's time and TTFT, the
+later requests' time (min–max over every server), and how many requests got no answer.
+The second: the light client's throughput and ratios (``light_client.py`` says how).
+
+    .venv/bin/python benchmarks/contention.py --rounds 5 --quiet-rounds 2 --light-rounds 5
 """
 
 from __future__ import annotations
@@ -26,6 +33,15 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
+from light_client import (
+    GAUGE_PERIOD_S,
+    IDLE_BEFORE_S,
+    LIGHT_STREAMS,
+    LightRun,
+    light_json,
+    light_rounds,
+    light_table,
+)
 from machine import noise, own_pids, snapshot
 from output import add_output_flags, header, write_outputs
 from peer_servers import ServerProcess, find_llama_server, start_engine, start_llama_server
@@ -39,6 +55,8 @@ from edge_llm.bench.targets import Target
 
 STORY = "Write a very long story about a dragon and a knight."
 LLAMA_PARALLEL = 4
+DEFAULTS = "edge-llm (make run)"
+FIXED_THREADS = "edge-llm --no-adaptive-threads"
 LLAMA_CTX = 8192
 COLUMNS = (
     "server", "load", "first request (s)", "its TTFT (s)", "later requests (s)", "no answer",
@@ -66,6 +84,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=200.0, help="seconds per request")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--llama-server", help="llama-server binary (default: found)")
+    parser.add_argument(
+        "--light-rounds", type=int, default=5, help="rounds of the light client (0: none)"
+    )
+    parser.add_argument("--light-tokens", type=int, default=160)
     add_output_flags(parser)
     return parser.parse_args(argv)
 
@@ -143,10 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     model = str(default_model_path())
     starters: dict[str, Callable[[], ServerProcess]] = {
-        "edge-llm (make run)": lambda: start_engine(model, args.threads, []),
-        "edge-llm --no-adaptive-threads": lambda: start_engine(
-            model, args.threads, ["--no-adaptive-threads"]
-        ),
+        DEFAULTS: lambda: start_engine(model, args.threads, []),
+        FIXED_THREADS: lambda: start_engine(model, args.threads, ["--no-adaptive-threads"]),
         "llama-server": lambda: start_llama_server(
             binary, model, args.threads, LLAMA_CTX, LLAMA_PARALLEL
         ),
@@ -159,14 +179,53 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_round(starters, figures, loaded, args)
     for _ in range(args.quiet_rounds):
         run_round(starters, figures, "quiet", args)
+    light = run_light_client(starters, args) if args.light_rounds > 0 else {}
     machine = noise(start, snapshot(), own_pids())
-    result = table_data(
-        "Fresh servers beside busy loops", COLUMNS, [row(f, args) for f in figures.values()]
-    )
-    Console(width=200).print(rich_table(result))
+    tables = [
+        table_data(
+            "Fresh servers beside busy loops", COLUMNS, [row(f, args) for f in figures.values()]
+        )
+    ]
+    if light:
+        tables.append(light_table(light, "llama-server", FIXED_THREADS, args.threads,
+                                  args.light_rounds))  # fmt: skip
+    for result in tables:
+        Console(width=200).print(rich_table(result))
     for line in machine.lines():
         print(line)
-    notes = [
+    raw = {
+        "figures": [
+            {"name": f.name, "load": f.load, "runs": [[asdict(r) for r in run] for run in f.runs]}
+            for f in figures.values()
+        ],
+        "light_client": light_json(light),
+        "args": {k: v for k, v in vars(args).items() if k not in ("json", "publish")},
+    }
+    title = "Fresh servers beside busy loops" + (", and a light client" if light else "")
+    run = header("contention", title, started, machine, notes(args, bool(light)))
+    write_outputs(args, run, tables, raw)
+    return 0
+
+
+def run_light_client(
+    starters: dict[str, Callable[[], ServerProcess]], args: argparse.Namespace
+) -> dict[str, list[LightRun]]:
+    """Every configuration started at once, the light client's rounds, all stopped."""
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for name, start in starters.items():
+            servers[name] = start()
+        return asyncio.run(
+            light_rounds(servers, args.light_rounds, args.light_tokens, args.timeout,
+                         lambda line: print(line, flush=True))
+        )  # fmt: skip
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+def notes(args: argparse.Namespace, light: bool) -> list[str]:
+    lines = [
         f"SmolLM2-135M, {args.threads} threads each; {args.rounds} fresh servers per "
         f"configuration beside {args.busy} `python3 -c 'while True: pass'` loops (this "
         f"script's own children, so not in 'other processes' below), then "
@@ -175,16 +234,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"unique story prompt each; no answer within {args.timeout:.0f} s counts as none "
         f"and ends that server's run. llama-server: -np {LLAMA_PARALLEL} -c {LLAMA_CTX}."
     ]
-    raw = {
-        "figures": [
-            {"name": f.name, "load": f.load, "runs": [[asdict(r) for r in run] for run in f.runs]}
-            for f in figures.values()
-        ],
-        "args": {k: v for k, v in vars(args).items() if k not in ("json", "publish")},
-    }
-    title = "Fresh servers beside busy loops"
-    write_outputs(args, header("contention", title, started, machine, notes), [result], raw)
-    return 0
+    if light:
+        lines.append(
+            f"Light client: the three configurations running side by side on the quiet "
+            f"machine, this script the only client (in-process, on the same cores); "
+            f"{args.light_rounds} rounds, the order rotating; per round and server one "
+            f"stream, then {LIGHT_STREAMS} started together, {args.light_tokens} tokens each "
+            f"at temperature 0, each after {IDLE_BEFORE_S:g} s idle; tok/s = completion "
+            f"tokens over first request start to last token; ratios per round. The "
+            f"decode_threads column: seconds from the {LIGHT_STREAMS} requests' start until "
+            f"`edge_llm_decode_threads` first read {args.threads} (read every "
+            f"{GAUGE_PERIOD_S * 1000:.0f} ms), median (min-max) over rounds."
+        )
+    return lines
 
 
 if __name__ == "__main__":

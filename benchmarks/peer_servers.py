@@ -139,15 +139,17 @@ def start_llama_server(
     parallel: int,
     *,
     extra: list[str] | None = None,
+    name: str = "llama-server",
 ) -> ServerProcess:
-    """``llama-server -m MODEL -t T -tb T -np N -c CTX [extra]``; ready once /health says ok."""
+    """``llama-server -m MODEL -t T -tb T -np N -c CTX [extra]``; ready once /health says ok.
+    ``name`` tells it apart from another llama-server in the same run (its flags)."""
     port = free_port()
     cmd = [
         binary, "-m", model, "-t", str(threads), "-tb", str(threads), "-np", str(parallel),
         "-c", str(ctx), "--host", "127.0.0.1", "--port", str(port), "--metrics", *(extra or []),
     ]  # fmt: skip
     proc, lines = _spawn(cmd)
-    server = ServerProcess("llama-server", f"http://127.0.0.1:{port}", proc)
+    server = ServerProcess(name, f"http://127.0.0.1:{port}", proc)
     _drain_in_background(lines, server)
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -157,7 +159,7 @@ def start_llama_server(
             return server
         time.sleep(READY_POLL_S)  # no readiness event to wait on: poll /health
     server.stop()
-    raise PeerError("llama-server did not start:\n" + "".join(server.log[-20:]))
+    raise PeerError(f"{name} did not start:\n" + "".join(server.log[-20:]))
 
 
 def _drain_in_background(lines: queue.Queue[str], server: ServerProcess) -> None:
@@ -184,6 +186,31 @@ def get_json(url: str) -> dict[str, object]:
     with urllib.request.urlopen(url, timeout=30) as response:
         data = json.loads(response.read())
     return data if isinstance(data, dict) else {}
+
+
+def get_text(url: str, timeout_s: float = 30.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return str(response.read().decode("utf-8", errors="replace"))
+
+
+def metric_value(text: str, name: str) -> float | None:
+    """The first sample of ``name`` in Prometheus text (labels or not), None if absent."""
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name) : len(name) + 1] in (" ", "{"):
+            try:
+                return float(line.rsplit(maxsplit=1)[1])
+            except (IndexError, ValueError):
+                return None
+    return None
+
+
+def read_metric(server: ServerProcess, name: str) -> float | None:
+    """One metric from the server's ``/metrics`` (None when it has no such metric or the
+    endpoint does not answer)."""
+    try:
+        return metric_value(get_text(server.root + "/metrics"), name)
+    except (urllib.error.URLError, OSError):
+        return None
 
 
 def is_idle(server: ServerProcess) -> bool:

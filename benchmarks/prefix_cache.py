@@ -85,7 +85,8 @@ def chat(messages: list[dict[str, str]], max_tokens: int, **extra: Any) -> dict[
 async def stream(session: aiohttp.ClientSession, root: str, body: dict[str, Any]) -> dict[str, Any]:
     """One streamed request: TTFT, end time (from its start), completion tokens."""
     start = time.perf_counter()
-    ttft, n_tokens, usage = None, 0, {}
+    ttft, n_tokens = None, 0
+    usage: dict[str, Any] = {}
     async with session.post(root + "/v1/chat/completions", json=body) as response:
         if response.status != 200:
             raise PeerError(f"{root}: HTTP {response.status}: {await response.text()}")
@@ -135,7 +136,7 @@ async def storm(server: ServerProcess) -> dict[str, Any]:
     before = prompt_counters(server)
     async with new_session(headers={"X-Session-Id": session_id}) as session:
         one = chat(messages, 8, user=session_id)
-        clicks = []
+        clicks: list[asyncio.Task[dict[str, Any]]] = []
         for _ in range(CLICKS):
             if clicks:
                 clicks[-1].cancel()  # the user clicked again: the old stream is abandoned
@@ -207,7 +208,8 @@ async def fast_pair(engine: ServerProcess) -> float:
             ))
             for _ in range(2)
         ])  # fmt: skip
-    return sum(r["tokens"] for r in runs) / (max(r["start"] + r["end"] for r in runs) - start)
+    tokens = sum(int(r["tokens"]) for r in runs)
+    return tokens / (max(float(r["start"] + r["end"]) for r in runs) - start)
 
 
 async def paused_stream(
@@ -243,7 +245,7 @@ async def compare(servers: list[ServerProcess], repeats: int) -> dict[str, Any]:
 
 def summary(results: dict[str, Any], offloaded: dict[str, Any]) -> dict[str, Any]:
     def med(server: str, scenario: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[server][scenario])
+        return float(statistics.median(r[key] for r in results[server][scenario]))
 
     edge, peer = "edge-llm", "llama-server"
     regen = (med(edge, "regenerate", "repeat_ttft_s"), med(peer, "regenerate", "repeat_ttft_s"))

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from peer_servers import ServerProcess
+from peer_servers import ServerProcess, read_metric
 
 from edge_llm.bench.chat_stream import ChatStream, RequestOptions, run_request
 from edge_llm.bench.connection import SMALL_LIMIT
@@ -148,14 +148,14 @@ def throughput(records: list[RequestRecord]) -> float | None:
     return sum(r.n_output_tokens for r in ok) / (last - begin) if last > begin else None
 
 
-def _failures(records: list[RequestRecord]) -> dict[str, object]:
+def failures(records: list[RequestRecord]) -> dict[str, object]:
     errors = [r.error_kind for r in records if not r.ok]
     return {"errors": errors} if errors else {}
 
 
 async def single_decode(ctx: Context) -> Figures:
     record = await ctx.request(story(ctx), ctx.settings.decode_tokens)
-    return Figures(record.decode_rate, {"tokens": record.n_output_tokens, **_failures([record])})
+    return Figures(record.decode_rate, {"tokens": record.n_output_tokens, **failures([record])})
 
 
 async def concurrent_decode(ctx: Context) -> Figures:
@@ -168,7 +168,7 @@ async def concurrent_decode(ctx: Context) -> Figures:
         "span_decode_tok_s": span_decode_rate(done),
         "throughput_tok_s": throughput(done),
     }
-    return Figures(aggregate_decode_rate(done), details | _failures(done))
+    return Figures(aggregate_decode_rate(done), details | failures(done))
 
 
 async def _fast_readers(ctx: Context, first_index: int) -> list[RequestRecord]:
@@ -199,7 +199,7 @@ async def stalled_reader(ctx: Context) -> Figures:
         stalled.close()
     retention = beside / alone if beside and alone else None
     details: dict[str, object] = {"fast_alone_tok_s": alone, "fast_beside_stalled_tok_s": beside}
-    return Figures(retention, details | _failures([record]))
+    return Figures(retention, details | failures([record]))
 
 
 async def ttft_under_prefill(ctx: Context) -> Figures:
@@ -215,7 +215,7 @@ async def ttft_under_prefill(ctx: Context) -> Figures:
         "long_ttft_s": long.ttft,
         "long_prompt_tokens": long.prompt_tokens,
     }
-    return Figures(short.ttft if short.ok else None, details | _failures([short, long]))
+    return Figures(short.ttft if short.ok else None, details | failures([short, long]))
 
 
 async def prefill_rate(ctx: Context) -> Figures:
@@ -225,7 +225,7 @@ async def prefill_rate(ctx: Context) -> Figures:
     rate = None
     if record.ok and record.prompt_tokens and record.ttft:
         rate = record.prompt_tokens / record.ttft
-    return Figures(rate, {"prompt_tokens": record.prompt_tokens, **_failures([record])})
+    return Figures(rate, {"prompt_tokens": record.prompt_tokens, **failures([record])})
 
 
 async def flood_rss(ctx: Context) -> Figures:
@@ -290,7 +290,7 @@ async def regenerate_ttft(ctx: Context) -> Figures:
     first = await ctx.request(prompt, 8, 0)
     again = await ctx.request(prompt, 8, 1)
     details: dict[str, object] = {"first_ttft_s": first.ttft, "prompt_tokens": again.prompt_tokens}
-    return Figures(again.ttft if again.ok else None, details | _failures([first, again]))
+    return Figures(again.ttft if again.ok else None, details | failures([first, again]))
 
 
 async def serve_traffic(ctx: Context) -> Figures:
@@ -312,7 +312,7 @@ async def serve_traffic(ctx: Context) -> Figures:
             )
         )
     details: dict[str, object] = {"requests": len(records), "seconds": time.perf_counter() - began}
-    return Figures(float(sum(r.ok for r in records)), details | _failures(records))
+    return Figures(float(sum(r.ok for r in records)), details | failures(records))
 
 
 def cold_ttft(size: int) -> Scenario:
@@ -322,7 +322,7 @@ def cold_ttft(size: int) -> Scenario:
         text = long_text(500 + ctx.variant, COLD_SENTENCES[size])
         record = await ctx.request(Prompt.user(f"cold-{size}-{ctx.variant}", text), 2)
         value = record.ttft if record.ok else None
-        return Figures(value, {"prompt_tokens": record.prompt_tokens, **_failures([record])})
+        return Figures(value, {"prompt_tokens": record.prompt_tokens, **failures([record])})
 
     return run
 
@@ -352,7 +352,7 @@ async def itl_during_prefill(ctx: Context) -> Figures:
         for stream in streams:
             stream.close()
     if not long.ok or long.ttft is None:
-        return Figures(None, _failures([long, *records]))
+        return Figures(None, failures([long, *records]))
     start, first = long.started_at, long.started_at + long.ttft
     inside, before = _gaps(records, start, first)
     details: dict[str, object] = {
@@ -390,3 +390,66 @@ def _gaps(
             elif later <= start:
                 before.append(later - earlier)
     return inside, before
+
+
+COPY_SENTENCES = 12  # a passage of about 214 tokens
+COPY_INSTRUCTION = "Repeat the passage above exactly."
+COPY_MAX_TOKENS = 320  # room for the whole passage; the model ends it with EOS
+COPY_STREAMS = 4
+MIN_COPY_CELLS = 400  # issue 42: copying measured past 400 cells (prompt + output)
+DRAFT_METRIC = "edge_llm_spec_draft_tokens_total"
+
+
+def copy_prompt(ctx: Context, index: int) -> Prompt:
+    """A ~214-token passage (tagged, so unique to the run) and the instruction to copy it:
+    prompt and copy together pass MIN_COPY_CELLS."""
+    variant = ctx.variant * 10 + index
+    passage = long_text(300 + variant, COPY_SENTENCES).rsplit("\n\n", 1)[0]  # no question
+    return Prompt.user(f"copy-{variant}", f"(Passage {variant}.) {passage}\n\n{COPY_INSTRUCTION}")
+
+
+def copy_details(records: list[RequestRecord], drafted: float | None) -> dict[str, object]:
+    """Tokens, the cells the shortest copy reached, and (edge-llm) the tokens drafted."""
+    ok = [r for r in records if r.ok]
+    cells = [(r.prompt_tokens or 0) + r.n_output_tokens for r in ok]
+    details: dict[str, object] = {
+        "tokens": [r.n_output_tokens for r in ok],
+        "prompt_tokens": [r.prompt_tokens for r in ok],
+        "min_cells": min(cells, default=None),
+        "tokens_from_usage": all(r.tokens_from_usage for r in ok),
+    }
+    if cells and min(cells) < MIN_COPY_CELLS:
+        details["warning"] = f"a copy ended below {MIN_COPY_CELLS} cells"
+    if drafted is not None:
+        details["draft_tokens"] = drafted
+    return details | failures(records)
+
+
+async def _drafted_since(ctx: Context, before: float | None) -> float | None:
+    after = await asyncio.to_thread(read_metric, ctx.server, DRAFT_METRIC)
+    return after - before if after is not None and before is not None else None
+
+
+async def copy_one(ctx: Context) -> Figures:
+    """Decode tok/s of one stream copying a passage: (completion tokens from ``usage``
+    - 1) over first to last content chunk (a speculating server may send several
+    tokens per chunk, so chunks are not counted)."""
+    before = await asyncio.to_thread(read_metric, ctx.server, DRAFT_METRIC)
+    record = await ctx.request(copy_prompt(ctx, 0), COPY_MAX_TOKENS)
+    details = copy_details([record], await _drafted_since(ctx, before))
+    return Figures(record.decode_rate if record.ok else None, details)
+
+
+async def copy_four(ctx: Context) -> Figures:
+    """COPY_STREAMS streams at once, each copying its own passage: their aggregate
+    decode tok/s while all of them decode (tokens from ``usage``)."""
+    before = await asyncio.to_thread(read_metric, ctx.server, DRAFT_METRIC)
+    records = list(
+        await asyncio.gather(
+            *(ctx.request(copy_prompt(ctx, i), COPY_MAX_TOKENS, i) for i in range(COPY_STREAMS))
+        )
+    )
+    details = copy_details(records, await _drafted_since(ctx, before))
+    details["span_decode_tok_s"] = span_decode_rate(records)
+    value = aggregate_decode_rate(records) if all(r.ok for r in records) else None
+    return Figures(value, details)

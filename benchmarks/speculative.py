@@ -74,7 +74,10 @@ def passage(ctx: Context, index: int) -> Prompt:
 
 async def copy_one(ctx: Context) -> Figures:
     record = await ctx.request(passage(ctx, 0), COPY_MAX_TOKENS)
-    details = {"tokens": record.n_output_tokens, "prompt_tokens": record.prompt_tokens}
+    details: dict[str, object] = {
+        "tokens": record.n_output_tokens,
+        "prompt_tokens": record.prompt_tokens,
+    }
     return Figures(record.decode_rate if record.ok else None, details)
 
 
@@ -83,7 +86,10 @@ async def copy_four(ctx: Context) -> Figures:
         *(ctx.request(passage(ctx, i), COPY_MAX_TOKENS, i) for i in range(4))
     )
     ok = [r for r in records if r.ok]
-    details = {"tokens": sum(r.n_output_tokens for r in ok), "failed": len(records) - len(ok)}
+    details: dict[str, object] = {
+        "tokens": sum(r.n_output_tokens for r in ok),
+        "failed": len(records) - len(ok),
+    }
     return Figures(aggregate_decode_rate(list(records)), details)
 
 

@@ -33,7 +33,21 @@ Scenarios (docs/design.md §9 goals in brackets):
 - TTFT of a ~480-token prompt sent again at once (regenerate) [<= 0.5x];
 - ITL p99 of 3 decoding streams while a ~1,000-token prompt prefills (the JSON has
   their median ITL then and before, and the long prompt's TTFT);
-- peak RSS under a 200-connection flood over model size + KV budget + 150 MB [<= 1.0].
+- peak RSS under a 200-connection flood over model size + KV budget + 150 MB [<= 1.0];
+- next turn (issue 42): TTFT of a short question after a ~459-token prompt and its
+  ~100-token answer, sent back as the assistant's message, median of 3 fresh
+  conversations [<= 0.8x] (the JSON has each next turn's ``cached_tokens``);
+- multi-turn chat (issue 42): 4 users at once, 3 turns each, a shared ~100-token system
+  prompt and ~200-token user turns: output tok/s, and TTFT p50 / p95 per turn;
+- copying a ~214-token passage, prompt + copy past 400 cells, 1 stream and 4 at once:
+  decode tok/s counted from ``usage`` [>= 1.5x llama-server, >= 1.2x its ngram-mod].
+
+The copy scenarios also run on a third server, llama-server with ``--spec-type
+ngram-mod`` (n-gram speculation; ``--no-ngram-peer`` leaves it out), with the ratio
+edge-llm / ngram-mod beside edge-llm / llama-server. ``--edge-flags`` passes more
+flags to edge-llm (``--edge-flags=--deterministic`` measures that mode against the
+same anchors); the run's title, its notes and its benchmark name say which ran, so
+such a run is published beside the default one, not over the README's headline.
 
 The machine is shared: under the table, the CPU time other processes used during the
 run (and the busiest of them) and the load average, so a reader can judge the noise.
@@ -50,6 +64,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from conversations import multiturn, next_turn
 from machine import noise, own_pids, snapshot
 from output import add_output_flags, header, write_outputs
 from peer_servers import (
@@ -70,6 +85,8 @@ from scenarios import (
     Settings,
     cold_ttft,
     concurrent_decode,
+    copy_four,
+    copy_one,
     flood_rss,
     itl_during_prefill,
     prefill_rate,
@@ -93,10 +110,28 @@ EDGE_LAYOUTS = {
     "pool": ["--kv-unified", "--max-sequences", "32"],
 }
 # Scenarios measured again after the traffic (docs: steady state).
-STEADY_KEYS = ("decode1", "decode4", "cold150", "cold500", "cold950", "regen")
+STEADY_KEYS = (
+    "decode1", "decode4", "cold150", "cold500", "cold950", "regen",
+    "next_turn", "multiturn", "copy1", "copy4",
+)  # fmt: skip
+EDGE = "edge-llm"
+LLAMA = "llama-server"
+# The third server of the copy scenarios: llama-server with n-gram speculation.
+NGRAM = "llama ngram-mod"
+NGRAM_FLAGS = ["--spec-type", "ngram-mod"]
 MAX_PROMPT_TOKENS = 2048
 WIDE_OUTPUT = 160
 SCENARIO_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class Extra:
+    """A further row of a scenario's table: one of its details (a float or None)."""
+
+    detail: str
+    title: str
+    unit: str
+    goal: str
 
 
 @dataclass(frozen=True)
@@ -106,6 +141,20 @@ class ScenarioSpec:
     unit: str
     goal: str
     run: Scenario
+    extra: tuple[Extra, ...] = ()
+    ngram: bool = False  # also run on the ngram-mod llama-server
+
+    def rows(self) -> list[Extra | None]:
+        """The table's rows: None for the scenario's value, then its extras."""
+        return [None, *self.extra]
+
+
+def _turn_rows() -> tuple[Extra, ...]:
+    return tuple(
+        Extra(f"ttft_{q}_turn{turn}", f"multi-turn chat: TTFT {q}, turn {turn}", "s", "lower")
+        for turn in (1, 2, 3)
+        for q in ("p50", "p95")
+    )
 
 
 SCENARIOS = (
@@ -139,6 +188,37 @@ SCENARIOS = (
     ScenarioSpec(
         "flood_rss", "peak RSS, 200 connections / (model+KV+150MB)", "ratio", "<= 1.0", flood_rss
     ),
+    ScenarioSpec(
+        "next_turn",
+        "next-turn TTFT after a ~459-token prompt and its answer",
+        "s",
+        "<= 0.8x",
+        next_turn,
+    ),
+    ScenarioSpec(
+        "multiturn",
+        "multi-turn chat, 4 users x 3 turns: output throughput",
+        "tok/s",
+        "higher",
+        multiturn,
+        extra=_turn_rows(),
+    ),
+    ScenarioSpec(
+        "copy1",
+        "copy a ~214-token passage (> 400 cells), 1 stream",
+        "tok/s",
+        ">= 1.5x (ngram-mod: >= 1.2x)",
+        copy_one,
+        ngram=True,
+    ),
+    ScenarioSpec(
+        "copy4",
+        "copy, 4 streams at once (aggregate)",
+        "tok/s",
+        ">= 1.5x (ngram-mod: >= 1.2x)",
+        copy_four,
+        ngram=True,
+    ),
 )
 
 
@@ -151,8 +231,12 @@ class Results:
     def add(self, key: str, server: str, figures: Figures) -> None:
         self.figures.setdefault(key, {}).setdefault(server, []).append(figures)
 
-    def values(self, key: str, server: str) -> list[float | None]:
-        return [f.value for f in self.figures.get(key, {}).get(server, [])]
+    def values(self, key: str, server: str, row: Extra | None = None) -> list[float | None]:
+        """One figure per repeat: the scenario's value, or ``row``'s detail."""
+        runs = self.figures.get(key, {}).get(server, [])
+        if row is None:
+            return [f.value for f in runs]
+        return [_number(f.details.get(row.detail)) for f in runs]
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -162,6 +246,10 @@ class Results:
             }
             for key, by_server in self.figures.items()
         }
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -187,7 +275,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--flood-seconds", type=float, default=3.0)
     add_output_flags(parser)
     parser.add_argument(
-        "--edge-flags", default="", help="extra edge-llm serve flags, space-separated"
+        "--edge-flags",
+        default="",
+        help="extra edge-llm serve flags, space-separated (--edge-flags=--deterministic); "
+        "the run's title and benchmark name carry them",
+    )
+    parser.add_argument(
+        "--ngram-peer",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the copy scenarios also on llama-server --spec-type ngram-mod",
     )
     parser.add_argument(
         "--edge-layout",
@@ -236,6 +333,8 @@ async def run_repeats(
         order = names if repeat % 2 == 0 else names[::-1]
         for spec in specs:
             for name in order:
+                if name == NGRAM and not spec.ngram:
+                    continue
                 ctx = contexts[name]
                 ctx.variant = first_variant + repeat * 1000 + specs.index(spec) * 10
                 figures = await run_one(spec, ctx)
@@ -260,50 +359,83 @@ def ratio_cell(edge: list[float | None], llama: list[float | None]) -> str:
     return f"{min(ratios):.2f} / {statistics.median(ratios):.2f} / {max(ratios):.2f}"
 
 
-COLUMNS = ("scenario", "unit", "edge-llm median (min-max)", "llama-server median (min-max)",
-           "ratio edge/llama min / median / max", "goal")  # fmt: skip
+def columns(servers: list[str], edge_name: str = EDGE) -> list[str]:
+    """The main table's columns: llama-server's, and ngram-mod's when it ran."""
+    ngram = NGRAM in servers
+    return [
+        "scenario", "unit", f"{edge_name} median (min-max)", "llama-server median (min-max)",
+        *(["llama-server --spec-type ngram-mod median (min-max)"] if ngram else []),
+        "ratio edge/llama min / median / max",
+        *(["ratio edge/ngram-mod min / median / max"] if ngram else []),
+        "goal",
+    ]  # fmt: skip
+
+
+def _row_text(spec: ScenarioSpec, row: Extra | None) -> tuple[str, str, str]:
+    """(title, unit, goal) of one of a scenario's rows."""
+    return (spec.title, spec.unit, spec.goal) if row is None else (row.title, row.unit, row.goal)
 
 
 def table(
-    phases: dict[str, Results], specs: dict[str, list[ScenarioSpec]], repeats: int
+    phases: dict[str, Results],
+    specs: dict[str, list[ScenarioSpec]],
+    repeats: int,
+    servers: list[str],
+    edge_name: str = EDGE,
 ) -> dict[str, Any]:
+    """Each server's figures and edge-llm's ratio to each peer, per scenario row; a
+    scenario a server did not run shows "-"."""
+    peers = [LLAMA, *([NGRAM] if NGRAM in servers else [])]
     rows = []
     for state, results in phases.items():
         for spec in specs[state]:
-            edge = results.values(spec.key, "edge-llm")
-            llama = results.values(spec.key, "llama-server")
-            rows.append(
-                [
-                    f"{spec.title}{'' if state == 'fresh' else f' ({state})'}",
-                    spec.unit,
-                    spread([v for v in edge if v is not None]) + _failed(edge),
-                    spread([v for v in llama if v is not None]) + _failed(llama),
-                    ratio_cell(edge, llama),
-                    spec.goal,
-                ]
-            )
-    return table_data(f"edge-llm vs llama-server, {repeats} repeat(s)", COLUMNS, rows)
+            for row in spec.rows():
+                title, unit, goal = _row_text(spec, row)
+                edge = results.values(spec.key, EDGE, row)
+                by_peer = [results.values(spec.key, peer, row) for peer in peers]
+                rows.append(
+                    [
+                        f"{title}{'' if state == 'fresh' else f' ({state})'}",
+                        unit,
+                        *(_spread_cell(values) for values in (edge, *by_peer)),
+                        *(ratio_cell(edge, values) for values in by_peer),
+                        goal,
+                    ]
+                )
+    return table_data(
+        f"{edge_name} vs llama-server, {repeats} repeat(s)", columns(servers, edge_name), rows
+    )
+
+
+def _spread_cell(values: list[float | None]) -> str:
+    return spread([v for v in values if v is not None]) + _failed(values)
 
 
 STEADY_GOALS = {"tok/s": ">= 0.95", "s": "<= 1.05"}
 
 
-def steady_table(phases: dict[str, Results], specs: list[ScenarioSpec]) -> dict[str, Any]:
+def steady_table(
+    phases: dict[str, Results], specs: list[ScenarioSpec], servers: list[str]
+) -> dict[str, Any]:
     """Each server's steady-state median over its fresh median."""
     rows = []
     for spec in specs:
-        row = [spec.title, spec.unit]
-        for server in ("edge-llm", "llama-server"):
-            fresh = [v for v in phases["fresh"].values(spec.key, server) if v is not None]
-            steady = [v for v in phases["steady"].values(spec.key, server) if v is not None]
-            ratio = (
-                statistics.median(steady) / statistics.median(fresh) if fresh and steady else None
-            )
-            row.append("-" if ratio is None else f"{ratio:.2f}")
-        rows.append([*row, STEADY_GOALS.get(spec.unit, "-")])
-    columns = ("scenario", "unit", "edge-llm steady / fresh", "llama-server steady / fresh",
-               "goal (edge-llm)")  # fmt: skip
+        for extra in spec.rows():
+            title, unit, _ = _row_text(spec, extra)
+            row = [title, unit]
+            for server in servers:
+                fresh = _median(phases["fresh"].values(spec.key, server, extra))
+                steady = _median(phases["steady"].values(spec.key, server, extra))
+                row.append(f"{steady / fresh:.2f}" if fresh and steady is not None else "-")
+            rows.append([*row, STEADY_GOALS.get(unit, "-")])
+    server_columns = [f"{server} steady / fresh" for server in servers]
+    columns = ("scenario", "unit", *server_columns, "goal (edge-llm)")
     return table_data("after the traffic: steady state over fresh", columns, rows)
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def _failed(values: list[float | None]) -> str:
@@ -313,6 +445,10 @@ def _failed(values: list[float | None]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    unknown = set(args.scenarios.split(",")) - {s.key for s in SCENARIOS}
+    if unknown:
+        print(f"vs_llama_server: unknown scenario(s) {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
     console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)
     try:
         binary = find_llama_server(args.llama_server)
@@ -330,8 +466,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def edge_name(args: argparse.Namespace) -> str:
+    """edge-llm and any flags beyond make run's: the table's and the run's title."""
+    layout = " ".join(EDGE_LAYOUTS[args.edge_layout])
+    return " ".join(["edge-llm", *filter(None, (layout, args.edge_flags.strip()))])
+
+
+def benchmark_name(args: argparse.Namespace) -> str:
+    """``vs_llama_server`` for make run's configuration; with other edge-llm flags a name
+    of its own (``vs_llama_server_deterministic``), so that publishing such a run lists
+    it beside the default one and leaves the README's headline to the default."""
+    words = [*EDGE_LAYOUTS[args.edge_layout], *args.edge_flags.split()]
+    slug = "_".join(
+        "".join(c if c.isalnum() else "_" for c in word.lstrip("-")).strip("_") for word in words
+    )
+    return "vs_llama_server" + (f"_{slug}" if slug else "")
+
+
 class Comparison:
-    """Both servers, started once, and the repeats run against them."""
+    """The servers, started once, and the repeats run against them: edge-llm,
+    llama-server, and llama-server with ngram-mod speculation when a scenario needs it."""
 
     def __init__(self, args: argparse.Namespace, console: Console, binary: str) -> None:
         self.args = args
@@ -339,6 +493,7 @@ class Comparison:
         self.binary = binary
         self.model = args.model or default_model()
         self.specs = [s for s in SCENARIOS if s.key in args.scenarios.split(",")]
+        self.with_ngram = args.ngram_peer and any(s.ngram for s in self.specs)
         self.settings = Settings(args.decode_tokens, args.flood, args.flood_seconds)
         self.servers: list[ServerProcess] = []
 
@@ -365,10 +520,15 @@ class Comparison:
         self.kv_budget = kv_budget
         self.model_bytes = Path(self.model).stat().st_size
         llama_kv = self.ctx_tokens * kv_per_token
-        return {
-            "edge-llm": self._context(engine, kv_budget),
-            "llama-server": self._context(llama, llama_kv),
-        }
+        contexts = {EDGE: self._context(engine, kv_budget), LLAMA: self._context(llama, llama_kv)}
+        if self.with_ngram:
+            ngram = start_llama_server(
+                self.binary, self.model, self.args.threads, self.ctx_tokens, PARALLEL,
+                extra=NGRAM_FLAGS, name=NGRAM,
+            )  # fmt: skip
+            self.servers.append(ngram)
+            contexts[NGRAM] = self._context(ngram, llama_kv)
+        return contexts
 
     def _context(self, server: ServerProcess, kv_budget: int) -> Context:
         target = Target(server.name, server.root)
@@ -381,16 +541,12 @@ class Comparison:
         phases, traffic = asyncio.run(self._phases(contexts))
         machine = noise(start, snapshot(), own_pids())
         specs = {state: self._specs_of(state) for state in phases}
-        tables = [table(phases, specs, self.args.repeats)]
+        servers = list(contexts)
+        name = edge_name(self.args)
+        tables = [table(phases, specs, self.args.repeats, servers, name)]
         if "fresh" in phases and "steady" in phases:
-            tables.append(steady_table(phases, specs["steady"]))
-        setup = (
-            f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
-            f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}; edge-llm KV budget "
-            f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
-            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}"
-            f"{' ' + self.args.edge_flags if self.args.edge_flags else ''})"
-        )
+            tables.append(steady_table(phases, specs["steady"], servers))
+        setup = self._setup()
         for summary in tables:
             self.console.print(rich_table(summary))
         self.console.print(setup)
@@ -403,9 +559,28 @@ class Comparison:
             "threads": self.args.threads,
             "llama_server_ctx": self.ctx_tokens,
             "edge_layout": self.args.edge_layout,
+            "edge_flags": self.args.edge_flags.split(),
+            "servers": servers,
         }
-        run = header("vs_llama_server", "edge-llm vs llama-server", started, machine, [setup])
+        run = header(benchmark_name(self.args), f"{name} vs llama-server", started, machine,
+                     [setup])  # fmt: skip
         write_outputs(self.args, run, tables, raw)
+
+    def _setup(self) -> str:
+        """The note under the tables: the model, each server's flags, the KV budgets."""
+        flags = self.args.edge_flags.strip()
+        ngram = (
+            f"; llama-server {' '.join(NGRAM_FLAGS)} (same flags otherwise) for the copy scenarios"
+            if self.with_ngram
+            else ""
+        )
+        return (
+            f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
+            f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}{ngram}; edge-llm KV budget "
+            f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
+            f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}); "
+            f"extra edge-llm flags: {f'`{flags}`' if flags else 'none'}"
+        )
 
     def _specs_of(self, state: str) -> list[ScenarioSpec]:
         return [s for s in self.specs if state == "fresh" or s.key in STEADY_KEYS]
