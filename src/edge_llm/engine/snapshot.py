@@ -3,13 +3,61 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol, Self
 
 from edge_llm.engine.admission import predict_ttft_s
+from edge_llm.engine.backend import Backend
+from edge_llm.engine.disk_cache import DiskCache
+from edge_llm.engine.host_cache import HostCache
+from edge_llm.engine.kv_cache import KvCache
+from edge_llm.engine.kv_slots import KvSlots
+from edge_llm.engine.ledger import Account, MemoryLedger
+from edge_llm.engine.memory import MemoryPolicy
+from edge_llm.engine.offload import HostStore
+from edge_llm.engine.scheduler import Scheduler
 from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.streams import Streams
+from edge_llm.observability.metrics import EngineMetrics
 
-if TYPE_CHECKING:
-    from edge_llm.engine.engine import Engine
+
+class Engine(Protocol):
+    """What these readings take of the engine (``engine.Engine``, which calls them
+    with itself), read-only, so that this module does not import the engine's."""
+
+    # fmt: off
+    @property
+    def backend(self) -> Backend: ...
+    @property
+    def metrics(self) -> EngineMetrics: ...
+    @property
+    def ledger(self) -> MemoryLedger: ...
+    @property
+    def device(self) -> Account: ...
+    @property
+    def kv(self) -> KvCache | KvSlots: ...
+    @property
+    def host(self) -> HostStore: ...
+    @property
+    def host_cache(self) -> HostCache: ...
+    @property
+    def disk(self) -> DiskCache | None: ...
+    @property
+    def scheduler(self) -> Scheduler: ...
+    @property
+    def streams(self) -> Streams: ...
+    @property
+    def memory(self) -> MemoryPolicy: ...
+    @property
+    def machine_bytes(self) -> int | None: ...
+    @property
+    def steps(self) -> int: ...
+    @property
+    def alive(self) -> bool: ...
+    def locked(self, read: Callable[[Self], float]) -> Callable[[], float]: ...
+    def tier_bytes(self) -> dict[str, int]: ...
+    def ledger_lines(self) -> dict[str, int | None]: ...
+    # fmt: on
 
 
 def snapshot(engine: Engine, now: float) -> dict[str, Any]:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from edge_llm.engine.offload import HostStore
 from edge_llm.engine.scheduler import Scheduler
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
@@ -22,11 +21,18 @@ RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
 
 
+class OffloadedStates(Protocol):
+    """Where an offloaded stream's KV waits (``offload.HostStore``): its state is
+    dropped when the stream ends."""
+
+    def pop(self, key: str) -> bytes | None: ...
+
+
 class Streams:
     def __init__(
         self,
         scheduler: Scheduler,
-        host: HostStore,
+        host: OffloadedStates,
         settings: EngineSettings,
         *,
         metrics: EngineMetrics,
