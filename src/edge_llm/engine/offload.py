@@ -76,15 +76,24 @@ class HostStore:
     def oldest(self, skip: set[str] | frozenset[str] = frozenset()) -> str | None:
         return next((key for key in self._states if key not in skip), None)
 
-    def reserve(self, key: str, num_bytes: int) -> None:
-        """Hold room for a state about to be saved (the save runs a little later)."""
+    def reserve(self, key: str, num_bytes: int) -> bool:
+        """Hold room for a state about to be saved (the save runs a little later);
+        False, nothing held, when the room could not be made (an entry the host tier
+        counted on giving back is about to be loaded, or its engine is busy)."""
         if not self.account.reserve(num_bytes):
-            raise ValueError(f"{num_bytes} bytes do not fit: {self.num_bytes} used")
+            return False
         self._states[key] = b""
         self._sizes[key] = num_bytes
+        return True
 
     def put(self, key: str, state: bytes) -> None:
-        """Store a state, in the room reserved for it if there was one."""
+        """Store a state, in the room reserved for it if there was one (kept, not
+        given back and asked again: another thread could take it meanwhile)."""
+        reserved = self._sizes.get(key)
+        if reserved is not None and len(state) <= reserved:
+            self.account.release(reserved - len(state))
+            self._states[key], self._sizes[key] = state, len(state)
+            return
         self.pop(key)
         if not self.account.reserve(len(state)):
             raise ValueError(f"{len(state)} bytes do not fit: {self.num_bytes} used")
@@ -150,9 +159,16 @@ class OffloadPolicy:
                 return
         self.save(seq, size)
 
-    def save(self, seq: Sequence, size: int) -> None:
-        """Save ``seq``'s KV (``size`` bytes, room checked) and give back its slot."""
-        self.host.reserve(seq.id, size)
+    def save(self, seq: Sequence, size: int) -> bool:
+        """Save ``seq``'s KV (``size`` bytes) and give back its slot; False when the
+        room for it could not be had after all (nothing changed)."""
+        if not self.host.reserve(seq.id, size):
+            return False
+        self.save_reserved(seq, size)
+        return True
+
+    def save_reserved(self, seq: Sequence, size: int) -> None:
+        """:meth:`save` once the host store holds room for ``seq``'s state."""
         n_tokens, slot = seq.num_computed, seq.slot
         self.scheduler.offload(seq)
         self.streams.metrics.kv_offloads.inc()
@@ -209,12 +225,13 @@ class PreemptionPolicy:
     def _preempt(self, seq: Sequence) -> bool:
         handle = self.streams.live.get(seq.id)
         size = self.offload.state_size(seq.require_slot())
-        if handle is None or not self.offload.host.fits(size):
+        host = self.offload.host
+        if handle is None or not host.fits(size) or not host.reserve(seq.id, size):
             return False
         seq.preemptions += 1
         self.streams.metrics.preemptions.labels(str(seq.priority)).inc()
         self.streams.add_pause(handle, PauseCause.PREEMPTED)
-        self.offload.save(seq, size)
+        self.offload.save_reserved(seq, size)
         return True
 
     def _give_back(self) -> None:
