@@ -8,7 +8,13 @@ import asyncio
 import pytest
 
 from edge_llm.engine.host_cache import HostCache
-from edge_llm.engine.ledger import MemoryLedger, device_share_bytes, ledger_summary
+from edge_llm.engine.ledger import (
+    MemoryLedger,
+    context_cells,
+    device_share_bytes,
+    kv_bytes_per_token,
+    ledger_summary,
+)
 from edge_llm.engine.offload import HostStore
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import KvBudgetExceeded
@@ -23,6 +29,29 @@ def test_the_device_keeps_the_cap_less_the_host_tiers_share() -> None:
     assert device_share_bytes(256 * MIB, 256 * MIB, 512 * MIB) == 192 * MIB
     assert device_share_bytes(256 * MIB, 8 * MIB, 0) == 248 * MIB
     assert device_share_bytes(256 * MIB, 0, 0) == 256 * MIB  # no host tiers: all of it
+    embeddings = 512 * 23040  # SmolLM2's embeddings context: 11.25 MiB
+    assert device_share_bytes(256 * MIB, 256 * MIB, 512 * MIB, embeddings) == 192 * MIB
+    assert device_share_bytes(256 * MIB, 0, 0, embeddings) == 256 * MIB - embeddings
+    assert device_share_bytes(8 * MIB, 0, 0, embeddings) == 6 * MIB  # a quarter at most
+
+
+def test_a_tokens_kv_from_gguf_metadata_as_llama_cpp_sizes_it() -> None:
+    smol = {
+        "general.architecture": "llama", "llama.block_count": 30,
+        "llama.embedding_length": 576, "llama.attention.head_count": 9,
+        "llama.attention.head_count_kv": 3,
+    }  # fmt: skip
+    sizes = [kv_bytes_per_token(smol, kind) for kind in ("f16", "q8_0", "q4_0")]
+    assert sizes == [23040, 12240, 6480]  # what docs/memory.md and the backend say
+    gemma = {
+        "general.architecture": "gemma3", "gemma3.block_count": 18,
+        "gemma3.embedding_length": 640, "gemma3.attention.head_count": 4,
+        "gemma3.attention.head_count_kv": 1, "gemma3.attention.key_length": 256,
+        "gemma3.attention.value_length": 256,
+    }  # fmt: skip
+    assert kv_bytes_per_token(gemma, "f16") == 18432
+    assert kv_bytes_per_token({"general.architecture": "llama"}, "f16") is None
+    assert context_cells(512) == 512 and context_cells(513) == 768
 
 
 def test_a_host_tier_takes_only_what_the_ledger_has_free() -> None:

@@ -57,8 +57,8 @@ class BackpressureConfig(_Section):
         256,
         ge=1,
         description="Memory for every KV tier together (MiB): the KV context of all sequences "
-        "(allocated once at start: the cap less the host tiers' share, at most a quarter), the "
-        "host cache, offloaded streams and the embeddings context",
+        "(allocated once at start: the cap less the other tiers' share, at most a quarter), "
+        "the host cache, offloaded streams and the embeddings context",
     )
     max_prompt_tokens: int = Field(
         512,

@@ -50,11 +50,49 @@ HOST_TIERS_SHARE = 4
 Giver = Callable[[], int]
 
 
-def device_share_bytes(cap_bytes: int, host_cache_bytes: int, host_offload_bytes: int) -> int:
-    """The KV context's budget on a CPU: the cap minus the host tiers' room, which is
-    what their caps ask for, up to a quarter of the cap (all of it without tiers)."""
-    tiers = min(host_cache_bytes + host_offload_bytes, cap_bytes // HOST_TIERS_SHARE)
+KV_CELL_ROUND = 256  # llama.cpp allocates a context's cells in blocks of 256
+# (elements per block, bytes per block) of each KV cell type, as llama.cpp stores them.
+_KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
+
+
+def device_share_bytes(
+    cap_bytes: int, host_cache_bytes: int, host_offload_bytes: int, embeddings_bytes: int = 0
+) -> int:
+    """The KV context's budget on a CPU: the cap minus the room of the other tiers:
+    what the host caps ask for, up to a quarter of the cap, and at least room for the
+    embeddings context (within that quarter), so that embeddings work without host
+    tiers too."""
+    quarter = cap_bytes // HOST_TIERS_SHARE
+    tiers = max(min(host_cache_bytes + host_offload_bytes, quarter), min(embeddings_bytes, quarter))
     return cap_bytes - tiers
+
+
+def context_cells(max_tokens: int) -> int:
+    """Cells llama.cpp allocates for a context of ``max_tokens``."""
+    return -(-max_tokens // KV_CELL_ROUND) * KV_CELL_ROUND
+
+
+def kv_bytes_per_token(metadata: dict[str, Any], kv_cache_type: str) -> int | None:
+    """A token's K and V in every layer, from a GGUF's metadata (before the model is
+    loaded; as ``LlamaBackend`` computes it once loaded). None when a key is missing."""
+    arch = metadata.get("general.architecture")
+
+    def number(key: str) -> int | None:
+        value = metadata.get(f"{arch}.{key}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            return None
+        return int(value)
+
+    n_layer, n_embd = number("block_count"), number("embedding_length")
+    n_head = number("attention.head_count")
+    if not (n_layer and n_embd and n_head) or kv_cache_type not in _KV_TYPE_BLOCKS:
+        return None
+    n_head_kv = number("attention.head_count_kv") or n_head
+    key_len = number("attention.key_length") or n_embd // n_head
+    value_len = number("attention.value_length") or n_embd // n_head
+    per_block, block_bytes = _KV_TYPE_BLOCKS[kv_cache_type]
+    blocks = -(-n_head_kv * key_len // per_block) + -(-n_head_kv * value_len // per_block)
+    return n_layer * blocks * block_bytes
 
 
 @dataclass

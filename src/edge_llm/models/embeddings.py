@@ -21,11 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from edge_llm.engine.ledger import Account, MemoryLedger
+from edge_llm.engine.ledger import Account, MemoryLedger, context_cells
 from edge_llm.errors import InvalidRequest, KvBudgetExceeded, QueueFull
 
 EmbeddingInput = str | list[int]
-_KV_CELL_ROUND = 256  # llama.cpp allocates a context's cells in blocks of 256
 
 
 class Embedder(Protocol):
@@ -82,8 +81,7 @@ class Embeddings:
     @property
     def context_bytes(self) -> int:
         """The KV of its context: ``max_embedding_tokens`` in whole blocks of cells."""
-        cells = -(-self.limits.max_tokens // _KV_CELL_ROUND) * _KV_CELL_ROUND
-        return cells * self._kv_bytes_per_token
+        return context_cells(self.limits.max_tokens) * self._kv_bytes_per_token
 
     def _charge_context(self) -> None:
         """Before the first embedding: the context's KV into the ledger, or 503."""

@@ -22,13 +22,14 @@ from prometheus_client import CollectorRegistry
 from edge_llm.config.tree import EngineConfig
 from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
-from edge_llm.engine.ledger import device_share_bytes
+from edge_llm.engine.ledger import context_cells, device_share_bytes, kv_bytes_per_token
 from edge_llm.errors import BackendError
 from edge_llm.generation.dispatch import Dispatcher
 from edge_llm.generation.pump import PumpSettings
 from edge_llm.generation.service import GenerationService, Limits, ServedModel
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
+from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.pool import Loader, ModelPool
 from edge_llm.models.spec import (
@@ -85,18 +86,22 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
 def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend:
     """The model ``spec`` names (None: the default model, ``model_path`` or the
     embedded one) loaded with the engine's settings."""
-    from edge_llm.engine.llama_backend import LlamaBackend  # noqa: PLC0415 (loads llama.cpp)
+    from edge_llm.engine.llama_backend import (  # noqa: PLC0415 (loads llama.cpp)
+        LlamaBackend,
+        default_model_path,
+    )
 
     sched, cache = config.scheduler, config.cache
     kv_bytes = config.backpressure.max_kv_cache_mb * MIB
     path, model_id = config.model.model_path, config.model.model_id
     if spec is not None:
         path, model_id, kv_bytes = spec.path, spec.name, spec.kv_budget_bytes
-    # On a CPU the KV context is one line of the model's memory ledger: the host
+    # On a CPU the KV context is one line of the model's memory ledger: the other
     # tiers' share is carved from the cap before it (engine/ledger.py).
     device_bytes = device_share_bytes(
-        kv_bytes, cache.host_cache_mb * MIB, cache.host_offload_mb * MIB
-    )
+        kv_bytes, cache.host_cache_mb * MIB, cache.host_offload_mb * MIB,
+        embeddings_context_bytes(path or default_model_path(), config),
+    )  # fmt: skip
     return LlamaBackend(
         path,
         kv_budget_bytes=device_bytes,
@@ -110,6 +115,17 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
         model_id=model_id,
         verbose=config.model.verbose,
     )
+
+
+def embeddings_context_bytes(path: str | Path, config: EngineConfig) -> int:
+    """The KV of the model's embeddings context, from its GGUF's metadata (0 when the
+    file cannot tell: its load says why)."""
+    try:
+        metadata = read_metadata(str(path))
+    except (OSError, GgufError):
+        return 0
+    per_token = kv_bytes_per_token(metadata, config.cache.kv_cache_type) or 0
+    return context_cells(config.model.max_embedding_tokens) * per_token
 
 
 def model_loader(config: EngineConfig) -> Loader[ServedModel]:
