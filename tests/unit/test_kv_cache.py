@@ -241,3 +241,17 @@ def test_a_request_sharing_part_of_one_cached_run_may_evict_the_rest_of_it() -> 
     admission = d.kv.admit(second, len(second) + 20)
     d.apply(admission.ops)
     assert admission.n_cached == len(SYSTEM)
+
+
+def test_one_id_shares_nothing_so_every_request_is_admitted() -> None:
+    """Regression: with one slot holding the whole budget (``--max-sequences 1``) a
+    kept prefix pinned the only id, and the next request sharing the chat template's
+    system prompt could not be admitted (RuntimeError, a 500)."""
+    d = Driver(capacity=400, ids=1)
+    for suffix in (range(10, 30), range(60, 70), range(10, 30)):
+        prompt = [*SYSTEM, *suffix]
+        seq, cached = d.admit(prompt, max_tokens=20)
+        assert cached == 0
+        d.prefill(seq, len(prompt))
+        d.generate(seq, 5)
+        d.release(seq)

@@ -170,6 +170,10 @@ class KvCache:
     num_cache: int = field(init=False, default=0)  # cells owned by no running sequence
 
     def __post_init__(self) -> None:
+        # A prefix is shared by copying its cells into the new sequence's id: with one
+        # id (one slot holding the whole budget) there is no second id to copy into, and
+        # a kept prefix would pin the only id (every second request failed to admit).
+        self.share = self.share and self.num_seq_ids > 1
         self._root = _Node([], 0, None)
         # The lowest free id first: with per-slot KV llama.cpp decodes each run of
         # consecutive seq ids apart, so busy ids are kept together.
