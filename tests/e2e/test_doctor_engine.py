@@ -102,8 +102,10 @@ def test_a_repeat_run_still_measures_a_real_prefill(engine_factory: Any) -> None
     the second run: its measured prompt starts with a tag new to each request."""
     engine = engine_factory("--ttft-timeout-ms", "600000")  # a long prefill on a loaded machine
     argv = ("--base-url", engine.base_url, "--model", MODEL, "--ttft-warn-ms", "600000")
-    runs = [check(doctor(*argv)[1], "ttft") for _ in range(2)]
-    for ttft in runs:
+    for _ in range(2):
+        prefilled = engine.metric("edge_llm_prompt_tokens_total")
+        ttft = check(doctor(*argv)[1], "ttft")
+        prefilled = engine.metric("edge_llm_prompt_tokens_total") - prefilled
         details = ttft["details"]
         n_prompt = details["long_prompt_tokens"]
         assert n_prompt > 300, ttft
@@ -112,4 +114,7 @@ def test_a_repeat_run_still_measures_a_real_prefill(engine_factory: Any) -> None
         assert details["long_cached_tokens"] < 0.03 * n_prompt, ttft
         # The same request sent again is the cache hit, reported apart.
         assert details["repeat_cached_tokens"] >= n_prompt - 1, ttft
-        assert details["long_ttft_ms"] > details["repeat_ttft_ms"], ttft
+        # What the engine prefilled says the same, in tokens: the whole uncached prompt
+        # once (the doctor's other requests are short), the repeat at most a token.
+        long_uncached = n_prompt - details["long_cached_tokens"]
+        assert long_uncached <= prefilled < long_uncached + n_prompt // 4, (prefilled, ttft)

@@ -15,10 +15,11 @@ from edge_llm.bench.storm.run import (
     TargetRunResult,
     round_order,
 )
-from edge_llm.bench.storm.stats import TargetRunData, summarize_storm
+from edge_llm.bench.storm.stats import TargetRunData, is_server_error, summarize_storm
 from edge_llm.bench.storm.user import StormRecord
 from edge_llm.bench.storm.watch import CounterReading, ServerSample
 from edge_llm.bench.targets import Target
+from edge_llm.cli.storm import report_server_errors
 
 
 def record(
@@ -106,6 +107,7 @@ def test_every_figure_follows_from_the_records_and_samples() -> None:
     assert summary.prompt_tokens_processed == 630.0
     assert summary.wasted_prefill_tokens == 100 + 60 + 40  # superseded and failed streams
     assert summary.errors == {"503 queue_full": 1, "504 ttft_timeout": 1}
+    assert summary.server_errors == {"504 ttft_timeout": 1}  # a 503 is a refusal
     assert summary.peak_kv_bytes == 4e6
     assert (summary.peak_running, summary.peak_waiting, summary.peak_paused) == (4, 2, 1)
     assert summary.peak_rss_bytes == 300
@@ -168,3 +170,39 @@ def test_table_and_report_show_the_summary() -> None:
     assert data["records"][0]["outcome"] == "superseded"
     assert data["runs"][0]["counters_after"]["generated_tokens"] == 1050.0
     assert LiveState().counters == {}
+
+
+@pytest.mark.parametrize(
+    ("kind", "fault"),
+    [
+        ("500 internal_error", True),
+        ("500", True),
+        ("502 upstream_error", True),
+        ("504 ttft_timeout", True),
+        ("stream_error backend_error", True),
+        ("stream_error internal_error", True),
+        ("stream_error server_error", True),  # llama-server's type in a 200 stream
+        ("503 queue_full", False),  # a refusal, retried after Retry-After
+        ("503 kv_budget_exceeded", False),
+        ("stream_error memory_pressure", False),
+        ("409 cancelled", False),
+        ("400 prompt_too_long", False),
+        ("timeout", False),  # the user's own time-out
+        ("incomplete_stream", False),
+    ],
+)
+def test_server_errors_are_5xx_other_than_503(kind: str, fault: bool) -> None:
+    assert is_server_error(kind) is fault
+
+
+def test_the_storm_command_fails_when_a_request_met_a_server_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = StormConfig((Target("edge", "http://127.0.0.1:1"),), StormSettings())
+    result = StormResult(config, "2026-12-02T18:00:00+00:00", {"cpu_count": 2}, "abc123")
+    refused = [r for r in recorded() if r.request.error_kind != "504 ttft_timeout"]
+    result.summaries = [summarize_storm("edge", refused, [run_data()], 1000.0)]
+    assert report_server_errors(result) == 0
+    result.summaries = [summarize_storm("edge", recorded(), [run_data()], 1000.0)]
+    assert report_server_errors(result) == 1
+    assert "edge: server errors: 504 ttft_timeout x1" in capsys.readouterr().err

@@ -9,7 +9,9 @@ Example::
 Beside the interactive users, ``--batch-users`` (default 2) run a background batch with
 ``priority: --batch-priority``; ``--no-priorities`` runs the same load in one class.
 Without ``--prompt-tokens`` the prompts stay within the smallest ``max_prompt_tokens``
-an edge-llm target reports.
+an edge-llm target reports. Exit status: 0; 1 when a request met a server error (a 5xx
+other than 503, or one inside a 200 stream: ``stats.is_server_error``), or a target was
+unreachable, or the output could not be written; 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "X-Session-Id); some abandon streams mid-way, some read slowly through a small "
         "receive buffer. Beside them a background batch runs one job after another at a "
         "less urgent priority. Targets take turns under the same seeded load.",
+        epilog="Exit status 1 when any request met a server error: a 5xx other than 503 "
+        "(retried after Retry-After), or one inside a 200 stream.",
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -195,7 +199,17 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"edge-llm storm: cannot write output: {exc}", file=sys.stderr)
         return 1
-    return 0
+    return report_server_errors(result)
+
+
+def report_server_errors(result: StormResult) -> int:
+    """1 (with the kinds, per target) when a request met a server error: a 5xx other
+    than a 503, which the users retry; else 0."""
+    failing = {s.target: s.server_errors for s in result.summaries if s.server_errors}
+    for target, errors in failing.items():
+        kinds = ", ".join(f"{kind} x{n}" for kind, n in errors.items())
+        print(f"edge-llm storm: {target}: server errors: {kinds}", file=sys.stderr)
+    return 1 if failing else 0
 
 
 def run_with_live_view(config: StormConfig, console: Console) -> StormResult:

@@ -12,7 +12,8 @@
 - peaks of the sampled KV bytes, running / waiting / paused sequences and RSS;
 - per class (interactive users, the background batch): TTFT, goodput, tokens lost
   (generated for the class's requests and not read, from ``/debug/streams``) and how
-  often its streams were preempted.
+  often its streams were preempted;
+- server errors: the error kinds a server is at fault for (:func:`is_server_error`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ from edge_llm.bench.storm.watch import CounterReading, ServerSample
 
 READ_OUTCOMES = ("completed", "abandoned")
 UNREAD_OUTCOMES = ("superseded", "failed")
+# A 503 is a refusal the storm expects and retries after its Retry-After (queue full,
+# KV budget, memory pressure). Every other 5xx is the server's failure, and so is an
+# error inside a 200 stream with the code of one: edge-llm's 500, 502 and 504 codes,
+# and the ``type`` other servers give a server error (OpenAI, Anthropic).
+REFUSAL_STATUS = 503
+STREAM_SERVER_ERRORS = frozenset(
+    {"internal_error", "backend_error", "upstream_error", "ttft_timeout", "server_error",
+     "api_error"}
+)  # fmt: skip
 
 
 @dataclass
@@ -88,6 +98,21 @@ class StormSummary:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def server_errors(self) -> dict[str, int]:
+        """The errors (kind: count) the server is at fault for: :func:`is_server_error`."""
+        return {kind: n for kind, n in self.errors.items() if is_server_error(kind)}
+
+
+def is_server_error(error_kind: str) -> bool:
+    """Whether a request's error kind (``"500 internal_error"``, ``"503 queue_full"``,
+    ``"stream_error backend_error"``, ``"timeout"``) is a 5xx other than a 503, or
+    such an error inside a 200 stream."""
+    head, _, code = error_kind.partition(" ")
+    if head == "stream_error":
+        return code in STREAM_SERVER_ERRORS
+    return head.isdigit() and 500 <= int(head) < 600 and int(head) != REFUSAL_STATUS
 
 
 def summarize_storm(
