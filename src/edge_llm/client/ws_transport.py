@@ -1,5 +1,8 @@
 """Streaming over the engine's WebSocket protocol: ``GET {base}/stream`` (docs/design.md §6).
 
+The frames are :mod:`edge_llm.protocol.ws`'s, the vocabulary the server's state
+machine reads and writes.
+
 The client sends ``start`` with the chat completion body, then ``pause`` /
 ``resume`` as its render queue crosses the watermarks, and ``cancel`` on a TTFT
 hard timeout or when the caller abandons the stream. Heartbeat frames carry the
@@ -28,6 +31,7 @@ from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
 from edge_llm.client.stream_request import StreamRequest
 from edge_llm.observability.events import Event
+from edge_llm.protocol.ws import Frame, control_frame, start_frame
 
 MAX_FRAME_BYTES = 1 << 20
 
@@ -49,7 +53,7 @@ class FramePause:
             if self._paused or self._ws.closed:
                 return
             self._paused = True
-            await self._send({"type": "pause"})
+            await self._send(control_frame(Frame.PAUSE))
             self._attempt.log.emit(Event.PAUSE_SENT, queue_fill=round(self._queue.fill, 3))
 
     async def resume(self) -> None:
@@ -57,7 +61,7 @@ class FramePause:
             if not self._paused or self._ws.closed:
                 return
             self._paused = False
-            await self._send({"type": "resume"})
+            await self._send(control_frame(Frame.RESUME))
             self._attempt.log.emit(Event.RESUME_SENT, queue_fill=round(self._queue.fill, 3))
 
     async def _send(self, frame: dict[str, str]) -> None:
@@ -80,7 +84,7 @@ class WSTransport:
         ws = None
         try:
             ws = await attempt.read(self._connect)
-            await ws.send_json({"type": "start", "request": self._request.body})
+            await ws.send_json(start_frame(self._request.body))
             attempt.log.emit(
                 Event.REQUEST_SENT,
                 transport=self.name,
@@ -118,7 +122,7 @@ class WSTransport:
             attempt.cancelled(reason, method="close")
             return
         with contextlib.suppress(aiohttp.ClientError, ConnectionError):
-            await ws.send_json({"type": "cancel"})
+            await ws.send_json(control_frame(Frame.CANCEL))
         attempt.cancelled(reason, method="frame")
 
     async def _read_frames(self, ws: aiohttp.ClientWebSocketResponse, attempt: Attempt) -> None:
@@ -137,24 +141,24 @@ class WSTransport:
     async def _on_frame(self, frame: dict[str, Any], attempt: Attempt) -> bool:
         """Handle one server frame; True when the stream is done."""
         kind = frame.get("type")
-        if kind == "delta":
+        if kind == Frame.DELTA:
             attempt.set_request_id(frame.get("id"))
             n_tokens = frame.get("n_tokens")
             await attempt.on_content(str(frame.get("text") or ""), _int(n_tokens))
-        elif kind == "heartbeat":
+        elif kind == Frame.HEARTBEAT:
             attempt.on_heartbeat(Heartbeat.of(frame))
-        elif kind == "started":
+        elif kind == Frame.STARTED:
             attempt.on_data()
             attempt.set_request_id(frame.get("id"))
-        elif kind == "paused":
+        elif kind == Frame.PAUSED:
             cause = str(frame.get("cause") or "unknown")
             attempt.on_server_paused(cause)
             if cause == "preempted":
                 attempt.on_heartbeat(Heartbeat(state=cause))
-        elif kind == "done":
+        elif kind == Frame.DONE:
             _finish(frame, attempt)
             return True
-        elif kind == "error":
+        elif kind == Frame.ERROR:
             raise ServerStreamError.from_payload(frame)
         return False
 

@@ -27,6 +27,33 @@ class State(enum.Enum):
     STREAMING = "streaming"
 
 
+class Frame(enum.StrEnum):
+    """Every frame's ``type``: the client sends start, pause, resume and cancel; the
+    server the others. Both sides name them from here (``client/ws_transport.py``)."""
+
+    START = "start"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CANCEL = "cancel"
+    STARTED = "started"
+    DELTA = "delta"
+    HEARTBEAT = "heartbeat"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    DONE = "done"
+    ERROR = "error"
+
+
+def start_frame(request: dict[str, Any]) -> dict[str, Any]:
+    """The client's first frame: a chat completion body to stream."""
+    return {"type": Frame.START.value, "request": request}
+
+
+def control_frame(kind: Frame) -> dict[str, str]:
+    """The client's pause, resume or cancel frame."""
+    return {"type": kind.value}
+
+
 @dataclass(frozen=True)
 class StartStream:
     request: dict[str, Any]
@@ -70,13 +97,13 @@ class StreamProtocol:
         if frame is None:
             return []
         kind = frame.get("type")
-        if kind == "start":
+        if kind == Frame.START:
             return self._start(frame)
-        if kind == "pause":
+        if kind == Frame.PAUSE:
             return self._pause()
-        if kind == "resume":
+        if kind == Frame.RESUME:
             return self._resume()
-        if kind == "cancel":
+        if kind == Frame.CANCEL:
             return self._cancel()
         self._error("unknown_frame_type", f"unknown frame type {kind!r}")
         return []
@@ -135,7 +162,7 @@ class StreamProtocol:
 
     def on_started(self, stream_id: str) -> None:
         self.stream_id = stream_id
-        self._out.append({"type": "started", "id": stream_id})
+        self._out.append({"type": Frame.STARTED.value, "id": stream_id})
 
     def on_rejected(self, code: str, message: str, **extra: Any) -> None:
         """The start request was refused before a stream existed."""
@@ -144,26 +171,32 @@ class StreamProtocol:
 
     def on_delta(self, text: str, n_tokens: int, seq: int) -> None:
         self._out.append(
-            {"type": "delta", "id": self.stream_id, "seq": seq, "text": text, "n_tokens": n_tokens}
+            {
+                "type": Frame.DELTA.value,
+                "id": self.stream_id,
+                "seq": seq,
+                "text": text,
+                "n_tokens": n_tokens,
+            }
         )
 
     def on_heartbeat(self, heartbeat: Heartbeat) -> None:
         """While no token flows: the stream's state, prefill progress, place in the
         queue and predicted wait for its first token."""
-        self._out.append({"type": "heartbeat", **heartbeat.progress()})
+        self._out.append({"type": Frame.HEARTBEAT.value, **heartbeat.progress()})
 
     def on_paused(self, cause: str) -> None:
         """Cause ``client``, ``socket_full`` or ``preempted`` (a more urgent request
         took its place; it resumes by itself, ``resumed`` follows)."""
-        self._out.append({"type": "paused", "cause": cause})
+        self._out.append({"type": Frame.PAUSED.value, "cause": cause})
 
     def on_resumed(self) -> None:
-        self._out.append({"type": "resumed"})
+        self._out.append({"type": Frame.RESUMED.value})
 
     def on_done(self, finish_reason: str, usage: dict[str, Any], stats: dict[str, Any]) -> None:
         self._out.append(
             {
-                "type": "done",
+                "type": Frame.DONE.value,
                 "id": self.stream_id,
                 "finish_reason": finish_reason,
                 "usage": usage,
@@ -183,4 +216,4 @@ class StreamProtocol:
         self.stream_id = None
 
     def _error(self, code: str, message: str, **extra: Any) -> None:
-        self._out.append({"type": "error", "code": code, "message": message, **extra})
+        self._out.append({"type": Frame.ERROR.value, "code": code, "message": message, **extra})
