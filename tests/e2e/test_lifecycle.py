@@ -4,14 +4,16 @@ timeout, KV-budget admission, queue limit, regenerate storms."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
+from typing import Any
 
 import aiohttp
 import psutil
 import pytest
 
 from helpers import next_frame
-from support import STORY, RawSseClient, chat_body, wait_until
+from support import STORY, RawSseClient, chat_body, complete, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -22,23 +24,73 @@ def kv_idle(engine) -> bool:
     return engine.debug_streams()["kv_used_bytes"] == 0
 
 
-async def test_ws_cancel_frees_kv_and_is_counted(engine_server) -> None:
-    await wait_until(lambda: kv_idle(engine_server), what="an idle engine")
-    before = engine_server.metric("edge_llm_cancellations_total", reason="client")
-    url = engine_server.base_url.replace("http", "ws") + "/stream"
+def index_of(events: list[dict[str, Any]], event: str, request_id: str) -> int | None:
+    """Where the first ``event`` line of ``request_id`` stands in the log, if any."""
+    return next(
+        (i for i, e in enumerate(events) if (e["event"], e["request_id"]) == (event, request_id)),
+        None,
+    )
+
+
+def freed_after(events: list[dict[str, Any]], request_id: str) -> int | None:
+    """Where the engine freed ``request_id``'s slot after cancelling it: the first
+    ``kv_freed`` of the slot its ``scheduled`` line named, after its ``cancel`` line
+    (None while either line is not in the log)."""
+    scheduled = index_of(events, "scheduled", request_id)
+    cancel = index_of(events, "cancel", request_id)
+    if scheduled is None or cancel is None:
+        return None
+    slot = events[scheduled]["slot"]
+    return next(
+        (i for i in range(cancel, len(events))
+         if events[i]["event"] == "kv_freed" and events[i]["slot"] == slot),
+        None,
+    )  # fmt: skip
+
+
+async def test_ws_cancel_frees_kv_before_the_next_step(engine_factory) -> None:
+    """While the cancelled stream decodes, another prompt is prefilled 16 tokens a step,
+    and each step logs its ``prefill_progress``: between the ``cancel`` line and the
+    ``kv_freed`` of the stream's slot there is at most that one step (the one in flight
+    when the CANCEL came), and the next step's progress comes after the free."""
+    engine = engine_factory("--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "16")
+    url = engine.base_url.replace("http", "ws") + "/stream"
+    prefilling = None
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
-        await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=200)})
-        await next_frame(ws, "delta")
-        assert engine_server.debug_streams()["kv_used_bytes"] > 0
-        await ws.send_json({"type": "cancel"})
-        frame = await next_frame(ws, "error")
-        assert frame["code"] == "cancelled"
-        assert frame["reason"] == "client"
-        await wait_until(lambda: kv_idle(engine_server), what="KV freed after cancel")
-        # The socket stays usable for the next stream.
-        await ws.send_json({"type": "start", "request": chat_body("Hi", max_tokens=4)})
-        await next_frame(ws, "done")
-    assert engine_server.metric("edge_llm_cancellations_total", reason="client") == before + 1
+        try:
+            await ws.send_json({"type": "start", "request": chat_body(STORY, max_tokens=400)})
+            stream_id = (await next_frame(ws, "started"))["id"]
+            await next_frame(ws, "delta")
+            prefilling = RawSseClient(engine.url, chat_body(LONG_PROMPT, max_tokens=4))
+            other = prefilling.request_id()
+            await wait_until(lambda: engine.events_of("prefill_progress", other), what="prefill")
+            assert engine.debug_streams()["kv_used_bytes"] > 0
+            await ws.send_json({"type": "cancel"})
+            frame = await next_frame(ws, "error")
+            assert (frame["code"], frame["reason"]) == ("cancelled", "client")
+
+            def progress_after_the_free() -> list[dict[str, Any]] | None:
+                events = engine.events()
+                freed = freed_after(events, stream_id)
+                if freed is None:
+                    return None
+                later = [e for e in events[freed:] if e["request_id"] == other]
+                return events if any(e["event"] == "prefill_progress" for e in later) else None
+
+            events = await wait_until(progress_after_the_free, what="a step after the free")
+            cancel, freed = index_of(events, "cancel", stream_id), freed_after(events, stream_id)
+            in_flight = [
+                e for e in events[cancel:freed]
+                if (e["event"], e["request_id"]) == ("prefill_progress", other)
+            ]  # fmt: skip
+            assert len(in_flight) <= 1, in_flight
+            # The socket stays usable for the next stream.
+            await ws.send_json({"type": "start", "request": chat_body("Hi", max_tokens=4)})
+            await next_frame(ws, "done")
+        finally:
+            if prefilling is not None:
+                prefilling.close()
+    assert engine.metric("edge_llm_cancellations_total", reason="client") == 1
 
 
 async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
@@ -66,7 +118,15 @@ async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
     )
     assert stream["cancel_reason"] == "disconnect"
     assert stream["prefill_done"] == held["prefill_done"]  # nothing prefilled meanwhile
-    await wait_until(lambda: kv_idle(engine), what="KV freed after disconnect")
+    events = await wait_until(
+        lambda: (events := engine.events()) and freed_after(events, stream_id) is not None
+        and events,
+        what="kv_freed after the disconnect",
+    )  # fmt: skip
+    # Its live cells were released at the next step: the engine's books then held no
+    # live KV (the prompt cells it had prefilled may stay as evictable cache).
+    assert events[freed_after(events, stream_id)]["kv_used_bytes"] == 0
+    assert kv_idle(engine)
     assert engine.metric("edge_llm_cancellations_total", reason="disconnect") == 1
 
 
@@ -146,13 +206,19 @@ async def test_per_sequence_kv_layout_serves_and_caps_one_sequence(engine_factor
     await wait_until(lambda: kv_idle(engine), what="KV freed")
 
 
-async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
+async def test_full_queue_is_503_and_a_queued_disconnect_leaves_the_queue(
+    engine_factory,
+) -> None:
+    """The only slot is held, one request waits, a third is refused. The waiting one's
+    client then goes: it leaves the queue at once, and the freed slot never goes to it
+    (no ``scheduled`` line, even after the holder ends)."""
     engine = engine_factory("--max-sequences", "1", "--max-queue", "1")
     running = RawSseClient(engine.url, chat_body(STORY, max_tokens=300))
     queued = None
     try:
-        running.request_id()  # it holds the only slot (and stays: nobody reads it)
+        holder = running.request_id()  # it holds the only slot (and stays: nobody reads it)
         queued = RawSseClient(engine.url, chat_body(STORY, max_tokens=4))
+        waiting = queued.request_id()
         await wait_until(
             lambda: engine.debug_streams()["requests_waiting"] == 1, what="a queued request"
         )
@@ -163,17 +229,34 @@ async def test_full_queue_is_503_with_retry_after(engine_factory) -> None:
                 assert r.status == 503
                 assert int(r.headers["Retry-After"]) >= 1
                 assert (await r.json())["error"]["code"] == "queue_full"
+        queued.close()
+        cancel = await wait_until(lambda: engine.events_of("cancel", waiting), what="its cancel")
+        assert cancel[0]["reason"] == "disconnect"
+        await wait_until(
+            lambda: engine.debug_streams()["requests_waiting"] == 0, what="an empty queue"
+        )
+        assert engine.stream(holder)["state"] in ("decoding", "paused")  # still in the slot
     finally:
         running.close()
         if queued is not None:
             queued.close()
+    # The slot frees and a new request runs in it: a queue still holding the gone
+    # request would have given it the slot first. Lines are written in order, so once
+    # the new one's end is in the log, any earlier line is too.
+    after = await complete(engine.url, chat_body("Hi", max_tokens=2))
+    await wait_until(lambda: engine.events_of("end", after["id"]), what="the next request's end")
+    assert engine.events_of("admitted", waiting)
+    assert not engine.events_of("scheduled", waiting), "the queued request got the slot"
     assert engine.metric("edge_llm_admission_rejections_total", reason="queue_full") == 1
 
 
 async def test_regenerate_storm_leaves_one_live_sequence(engine_server) -> None:
     """Twenty clicks, each sent once the engine admitted the one before (tasks do not
     reach the server in the order they were created): at most one live sequence of
-    the session at any time, and the last click answered."""
+    the session at any time, and the last click answered. Proven from the event log,
+    not only sampled: each click's predecessor had ended (cancelled ``superseded``, or
+    finished) before the click's ``scheduled`` line, and a cancelled one's slot was
+    freed before it too."""
     session_id = f"storm-{uuid.uuid4().hex[:8]}"
     headers = {"X-Session-Id": session_id}
 
@@ -208,6 +291,33 @@ async def test_regenerate_storm_leaves_one_live_sequence(engine_server) -> None:
     assert engine_server.metric("edge_llm_cancellations_total", reason="superseded") >= len(
         superseded
     )
+    clicks = [e["request_id"] for e in engine_server.events_of("admitted")
+              if e["session"] == session_id]  # fmt: skip
+    await wait_until(lambda: engine_server.events_of("end", clicks[-1]), what="the last end")
+    assert_each_click_ended_its_predecessor(engine_server.events(), clicks)
+
+
+def assert_each_click_ended_its_predecessor(
+    events: list[dict[str, Any]], clicks: list[str]
+) -> None:
+    """For each click: its predecessor's ``end`` line (after a ``cancel`` with reason
+    ``superseded``, or a normal finish) comes before the click's ``scheduled`` line;
+    a cancelled predecessor that had a slot has it freed before then too."""
+    n_superseded = 0
+    for before, click in itertools.pairwise(clicks):
+        scheduled = index_of(events, "scheduled", click)
+        ended = index_of(events, "end", before)
+        assert scheduled is not None and ended is not None, (before, click)
+        assert ended < scheduled, f"{before} still live when {click} was scheduled"
+        cancel = index_of(events, "cancel", before)
+        if cancel is None:
+            continue  # it finished first
+        assert events[cancel]["reason"] == "superseded", events[cancel]
+        n_superseded += 1
+        if index_of(events, "scheduled", before) is not None:  # it had a slot
+            freed = freed_after(events, before)
+            assert freed is not None and freed < scheduled, f"{before}'s KV not freed first"
+    assert n_superseded >= 1  # the storm superseded something
 
 
 async def test_cancel_cycles_leave_kv_idle_and_memory_flat(engine_factory) -> None:
