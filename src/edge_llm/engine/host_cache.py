@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.ledger import Account, Giver, MemoryLedger
+from edge_llm.engine.ledger import Giver, LedgerTier, MemoryLedger
 
 # A saved state holds, beside the K and V rows, each cell's position and sequence ids
 # and a small header: an upper bound used to reserve room before the save runs.
@@ -45,7 +45,7 @@ class HostEntry:
     pending_loads: int = 0  # loads decided, not applied yet: the entry must stay
 
 
-class HostCache:
+class HostCache(LedgerTier):
     def __init__(
         self,
         capacity_bytes: int,
@@ -63,20 +63,7 @@ class HostCache:
         self._keys = itertools.count()
         giver = wrap_giver(self.give_back) if wrap_giver else self.give_back
         ledger = ledger or MemoryLedger(None)
-        self.account: Account = ledger.account("host_cache", "host_cache", capacity_bytes, giver)
-
-    @property
-    def num_bytes(self) -> int:
-        return self.account.num_bytes
-
-    @property
-    def capacity_bytes(self) -> int:
-        """Its own cap (``host_cache_mb``), inside the ledger's."""
-        return self.account.cap_bytes or 0
-
-    @capacity_bytes.setter
-    def capacity_bytes(self, value: int) -> None:
-        self.account.cap_bytes = value
+        self.account = ledger.account("host_cache", "host_cache", capacity_bytes, giver)
 
     @property
     def enabled(self) -> bool:

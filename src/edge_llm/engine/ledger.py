@@ -1,35 +1,35 @@
 """One memory ledger for every KV tier of a CPU device.
 
 On a CPU the device's KV context, the prefix cache's host tier, the states of
-offloaded streams, the embeddings context and other models' KV contexts all live in
-one RAM. ``max_kv_cache_mb`` is the cap on all of them together: every tier is an
+offloaded streams and the embeddings context all live in one RAM.
+``max_kv_cache_mb`` is the cap on all of them together: every tier is an
 :class:`Account` in one :class:`MemoryLedger` and asks it before it allocates.
 
-- *Fixed* accounts are allocated whole when made: a model's KV context (llama.cpp
+- *Fixed* accounts are allocated whole when made: the model's KV context (llama.cpp
   allocates it at start and clears it, so all of it is resident however few cells
-  are in use) and an embeddings context. They are charged at their full size.
+  are in use) and its embeddings context. They are charged at their full size.
 - *Elastic* accounts hold saved states: the host prefix tier (``host_cache_mb``)
   and offloaded streams (``host_offload_mb``). Their own setting is a cap inside the
   ledger, never an addition to it.
 
-Policy: the KV context of the default model is sized at start to the cap minus the
-host tiers' share (:func:`device_share_bytes`); the host tiers, the embeddings
-context and other models' contexts live in what is left. The prefix host tier takes
-whatever is free and gives it back first: an offload, an embeddings context or a
-model load that needs room evicts its entries, least recently used first
-(:meth:`MemoryLedger.make_room`); if that is not enough the request is refused
-(503 ``kv_budget_exceeded`` or ``model_memory``, with ``Retry-After``). Nothing is
-charged past the cap.
+Policy: the KV context is sized at start to the cap minus the other tiers' share
+(:func:`device_share_bytes`); the host tiers and the embeddings context live in what
+is left. The prefix host tier takes whatever is free and gives it back first: an
+offload or an embeddings context that needs room evicts its entries, least recently
+used first (:meth:`MemoryLedger.make_room`); if that is not enough nothing is
+allocated (no offload; 503 ``kv_budget_exceeded`` with ``Retry-After`` for an
+embeddings request). Nothing is charged past the cap.
 
+Each loaded model has a ledger of its own, under its own ``max_kv_cache_mb``;
+another model's KV is not in it (``max_model_memory_mb`` bounds models together).
 A backend whose KV lives in its own memory (an accelerator) would keep the tiers
 apart: its ledger has no cap (``cap_bytes=None``) and each tier is bound only by its
 own setting. Every backend this project builds today is a CPU one.
 
-Pure bookkeeping: no llama.cpp, no clock. Several threads use one ledger (each
-model's engine thread, the embeddings threads, the event loop): its own lock makes
-each check-and-charge one step, and a host tier gives back only when its engine's
-lock is free (``try_giver``), so two engines making room at once never wait on
-each other.
+Pure bookkeeping: no llama.cpp, no clock. Several threads use one ledger (its
+engine's thread, the embeddings thread, the event loop): its own lock makes each
+check-and-charge one step, and a host tier gives back only when its engine's lock
+is free (``try_giver``), so a thread making room never waits on a decode.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class Account:
 
     ledger: MemoryLedger
     name: str
-    kind: str  # "device", "host_cache", "offload", "embeddings", "model"
+    kind: str  # "device", "host_cache", "offload", "embeddings"
     cap_bytes: int | None = None  # None: only the ledger's cap
     num_bytes: int = 0
 
@@ -150,6 +150,26 @@ class Account:
         """The tier is gone (a model unloaded): its line leaves the ledger."""
         self.num_bytes = 0
         self.ledger.remove(self)
+
+
+class LedgerTier:
+    """A tier whose bytes are its :class:`Account`'s (the host cache, the offload
+    store): what it holds, and its own cap inside the ledger's."""
+
+    account: Account
+
+    @property
+    def num_bytes(self) -> int:
+        return self.account.num_bytes
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Its own cap (``host_cache_mb``, ``host_offload_mb``), inside the ledger's."""
+        return self.account.cap_bytes or 0
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, value: int) -> None:
+        self.account.cap_bytes = value
 
 
 @dataclass
@@ -217,7 +237,7 @@ class MemoryLedger:
             return num_bytes <= self.free_bytes
 
     def by_kind(self) -> dict[str, int]:
-        """Bytes per kind of account (device, host_cache, offload, embeddings, model)."""
+        """Bytes per kind of account (device, host_cache, offload, embeddings)."""
         totals: dict[str, int] = {}
         for account in self._accounts:
             totals[account.kind] = totals.get(account.kind, 0) + account.num_bytes

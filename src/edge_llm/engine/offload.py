@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.ledger import Account, MemoryLedger
+from edge_llm.engine.ledger import LedgerTier, MemoryLedger
 from edge_llm.engine.priorities import preemption_victim
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.errors import PauseTimeout
@@ -22,30 +22,15 @@ if TYPE_CHECKING:
     from edge_llm.engine.streams import Streams
 
 
-class HostStore:
+class HostStore(LedgerTier):
     """Saved sequence states by key, oldest first. The engine decides what to drop
     when a new state would not fit (:meth:`oldest`); :meth:`put` never goes over its
     cap nor the ledger's."""
 
     def __init__(self, capacity_bytes: int, ledger: MemoryLedger | None = None) -> None:
-        self.account: Account = (ledger or MemoryLedger(None)).account(
-            "offload", "offload", capacity_bytes
-        )
+        self.account = (ledger or MemoryLedger(None)).account("offload", "offload", capacity_bytes)
         self._states: OrderedDict[str, bytes] = OrderedDict()
         self._sizes: dict[str, int] = {}
-
-    @property
-    def num_bytes(self) -> int:
-        return self.account.num_bytes
-
-    @property
-    def capacity_bytes(self) -> int:
-        """Its own cap (``host_offload_mb``), inside the ledger's."""
-        return self.account.cap_bytes or 0
-
-    @capacity_bytes.setter
-    def capacity_bytes(self, value: int) -> None:
-        self.account.cap_bytes = value
 
     @property
     def enabled(self) -> bool:
