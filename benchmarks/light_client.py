@@ -13,7 +13,8 @@ server, ``edge_llm_decode_threads`` is read from ``/metrics`` every GAUGE_PERIOD
 
 The table: per configuration and stream count, tok/s median (min-max) over the
 rounds, the ratios to llama-server and to ``--no-adaptive-threads`` (each per round,
-min / median / max), how long the gauge read below full width and round 1's readings.
+min / median / max), how long the gauge read below full width and round 1's readings
+(its first 6 s; the JSON has them all).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ LIGHT_STREAMS = 4
 GAUGE_PERIOD_S = 0.25
 DECODE_THREADS = "edge_llm_decode_threads"
 IDLE_BEFORE_S = 2.0
+SHOWN_SAMPLES = 24  # round 1's first 6 s of readings in the table (all in the JSON)
 WARMUP_TOKENS = 8
 LIGHT_COLUMNS = (
     "server", "streams", "tok/s median (min-max)", "/ llama-server min / median / max",
@@ -159,6 +161,11 @@ def _spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
+def _failed(values: list[float | None]) -> str:
+    n = sum(v is None for v in values)
+    return f" [{n} failed]" if n else ""
+
+
 def _ratios(mine: list[float | None], other: list[float | None]) -> str:
     ratios = [m / o for m, o in zip(mine, other, strict=False) if m is not None and o]
     if not ratios:
@@ -185,8 +192,9 @@ def _gauge_cells(runs: list[LightRun], threads: int) -> tuple[str, str]:
     )
     if never:
         cell += f" [never in {never} round(s)]"
-    first = " ".join("-" if v is None else f"{v:g}" for _, v in runs[0].samples)
-    return cell, first
+    shown = runs[0].samples[:SHOWN_SAMPLES]
+    first = " ".join("-" if v is None else f"{v:g}" for _, v in shown)
+    return cell, first + (" …" if len(runs[0].samples) > SHOWN_SAMPLES else "")
 
 
 def light_table(
@@ -201,7 +209,8 @@ def light_table(
             values = [pick(r) for r in mine]
             rows.append(
                 [
-                    name, str(streams), _spread([v for v in values if v is not None]),
+                    name, str(streams), _spread([v for v in values if v is not None])
+                    + _failed(values),
                     _ratios(values, [pick(r) for r in runs[llama]]) if name != llama else "-",
                     _ratios(values, [pick(r) for r in runs[fixed]])
                     if name not in (fixed, llama) else "-",
