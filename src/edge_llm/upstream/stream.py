@@ -1,8 +1,12 @@
-"""One request relayed from an upstream's SSE stream, under this engine's contract.
+"""One request relayed from an upstream's SSE stream, under this engine's contract:
+the I/O driver around :class:`~edge_llm.upstream.relay_state.RelayState`.
 
 A reader task reads the upstream's response and puts its chunks into a small
 bounded buffer; the connection takes them with :meth:`UpstreamStream.events`
-(the same events as the local pump, plus the upstream's chunk objects).
+(the same events as the local pump, plus the upstream's chunk objects). The state
+(buffer, pauses, progress, the end) and its decisions are the sans-I/O
+``RelayState``'s; this module holds the loop's side: the reader task, aiohttp,
+timers, failover, metrics and the event log.
 
 - PAUSE (client): the reader stops reading the upstream socket. A full buffer
   (our client's socket stopped draining) stops it too (cause ``socket_full``).
@@ -22,13 +26,12 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import aiohttp
 
+from edge_llm.engine.sequence import PauseCause
 from edge_llm.engine.stream import Outcome
 from edge_llm.errors import (
     Cancelled,
@@ -44,35 +47,21 @@ from edge_llm.protocol.sse import EventTooLarge, SSEParser
 from edge_llm.protocol.stream_events import Finished, Heartbeat, PauseChanged
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
+from edge_llm.upstream.relay_state import (
+    DONE,
+    Progress,
+    RelayState,
+    StreamSettings,
+    UpstreamChunk,
+    ended_reason,
+)
+
+__all__ = ["StreamSettings", "UpstreamChunk", "UpstreamEvent", "UpstreamStream", "rejected"]
 
 _log = logging.getLogger("edge_llm.upstream")
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_EVENT_BYTES = 1 << 20
 _READ_BYTES = 16 * 1024
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    buffer_chunks: int = 32  # outbound_buffer_tokens: chunks held for a slow client
-    resume_threshold: float = 0.3
-    heartbeat_interval_s: float = 1.0
-    connect_timeout_s: float = 3.0
-    ttft_timeout_s: float | None = 10.0
-    max_pause_s: float | None = 60.0
-
-
-@dataclass(frozen=True)
-class UpstreamChunk:
-    """One chunk object of the upstream, ``id`` and ``model`` set to ours."""
-
-    data: dict[str, Any]
-    text: str  # content text of its first choice ("" if none)
-    has_content: bool  # text or a tool call: a token reached the client
-
-    @property
-    def usage_only(self) -> bool:
-        return not self.data.get("choices") and "usage" in self.data
-
 
 UpstreamEvent = UpstreamChunk | Heartbeat | PauseChanged | Finished
 
@@ -86,22 +75,15 @@ class _GiveUp(Exception):
         self.unhealthy = unhealthy
 
 
-@dataclass
-class _Progress:
-    created_at: float = field(default_factory=time.monotonic)
-    first_token_at: float | None = None
-    n_received: int = 0  # chunks put in the buffer
-    n_sent: int = 0  # chunks taken by the connection
-    n_content: int = 0
-    pauses: int = 0
-    paused_since: float | None = None
-    paused_s: float = 0.0
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    failovers: list[str] = field(default_factory=list)
-
-
 class UpstreamStream:
+    """The loop's side of one relayed stream; its state and decisions are
+    :attr:`relay`'s (:class:`~edge_llm.upstream.relay_state.RelayState`).
+
+    Longer than most classes (about 340 lines) because the connection's side (pause,
+    resume, cancel, the events it reads) and the reader task (connect, failover,
+    read the SSE stream into the buffer) wait on the same asyncio events and timers;
+    what is not I/O lives in the state machine."""
+
     def __init__(
         self,
         *,
@@ -126,14 +108,8 @@ class UpstreamStream:
         self.session = session
         self.metrics = metrics
         self.log_event = events
-        self.backend = self.candidates[0].name if self.candidates else "none"
-        self.connected = False
-        self.outcome: Outcome | None = None
-        self.progress = _Progress()
-        self.finished_at: float | None = None
-        self._buffer: deque[UpstreamChunk] = deque()
-        self._client_paused = False
-        self._socket_full = False
+        first = self.candidates[0].name if self.candidates else "none"
+        self.relay = RelayState(stream_id, client_model, settings, first, time.monotonic())
         self._unpaused = asyncio.Event()
         self._unpaused.set()
         self._room = asyncio.Event()
@@ -141,6 +117,45 @@ class UpstreamStream:
         self._task: asyncio.Task[None] | None = None
         self._timers: list[asyncio.TimerHandle] = []
         self._pause_timer: asyncio.TimerHandle | None = None
+
+    # -- the state, as the dispatcher and /debug/streams read it ------------------------
+
+    @property
+    def backend(self) -> str:
+        return self.relay.backend
+
+    @property
+    def outcome(self) -> Outcome | None:
+        return self.relay.outcome
+
+    @property
+    def finished(self) -> bool:
+        return self.relay.finished
+
+    @property
+    def finished_at(self) -> float | None:
+        return self.relay.finished_at
+
+    @property
+    def progress(self) -> Progress:
+        return self.relay.progress
+
+    @property
+    def pause_cause(self) -> str | None:
+        return self.relay.pause_cause
+
+    @property
+    def state(self) -> str:
+        return self.relay.state
+
+    def usage(self) -> dict[str, Any]:
+        return self.relay.usage()
+
+    def stats(self, now: float) -> dict[str, Any]:
+        return self.relay.stats(now)
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return self.relay.describe(now, self.session)
 
     # -- control (event loop) ----------------------------------------------------------
 
@@ -150,37 +165,25 @@ class UpstreamStream:
         if self.settings.ttft_timeout_s:
             self._timers.append(loop.call_later(self.settings.ttft_timeout_s, self._ttft_expired))
 
-    @property
-    def finished(self) -> bool:
-        return self.outcome is not None
-
-    @property
-    def pause_cause(self) -> str | None:
-        if self._client_paused:
-            return "client"
-        return "socket_full" if self._socket_full else None
-
     def pause(self) -> None:
         """The client asked to pause: stop reading the upstream."""
-        if self.finished or self._client_paused:
+        if self.finished or PauseCause.CLIENT in self.relay.causes:
             return
-        self._client_paused = True
         self._unpaused.clear()
         self.log_event(Event.PAUSE_RECEIVED, self.id, n_generated=self.progress.n_content)
-        self._note_pause_change(was_paused=self._socket_full)
+        self._paused(self.relay.pause(PauseCause.CLIENT, time.monotonic()))
         if self.settings.max_pause_s:
             loop = asyncio.get_running_loop()
             self._pause_timer = loop.call_later(self.settings.max_pause_s, self._pause_expired)
 
     def resume(self) -> None:
-        if self.finished or not self._client_paused:
+        if self.finished or PauseCause.CLIENT not in self.relay.causes:
             return
-        self._client_paused = False
         self._unpaused.set()
         self.log_event(Event.RESUME_RECEIVED, self.id, n_generated=self.progress.n_content)
         if self._pause_timer is not None:
             self._pause_timer.cancel()
-        self._note_pause_change(was_paused=True)
+        self._resumed(self.relay.resume(PauseCause.CLIENT, time.monotonic()))
 
     def cancel(self, reason: str) -> None:
         """End now; the upstream connection is closed by the reader task's cleanup."""
@@ -203,7 +206,7 @@ class UpstreamStream:
             if cause != reported:
                 reported = cause
                 yield PauseChanged(cause)
-            if self._buffer:
+            if self.relay.buffer:
                 chunk = self._take()
                 last_sent = time.monotonic()
                 yield chunk
@@ -219,12 +222,9 @@ class UpstreamStream:
             await self._wait_changed(interval - idle)
 
     def _take(self) -> UpstreamChunk:
-        chunk = self._buffer.popleft()
-        self.progress.n_sent += 1
-        low = int(self.settings.buffer_chunks * self.settings.resume_threshold)
-        if self._socket_full and len(self._buffer) <= low:
-            self._socket_full = False
-            self._note_pause_change(was_paused=True)
+        chunk = self.relay.take()
+        if self.relay.drained():
+            self._resumed(self.relay.resume(PauseCause.SOCKET_FULL, time.monotonic()))
             self._room.set()
         return chunk
 
@@ -237,80 +237,15 @@ class UpstreamStream:
     def _signal(self) -> None:
         self._changed.set()
 
-    # -- state for /debug/streams, usage and stats ---------------------------------------
+    # -- what the state decided: logged, signalled --------------------------------------
 
-    @property
-    def state(self) -> str:
-        if self.outcome is not None:
-            error = self.outcome.error
-            return "cancelled" if isinstance(error, Cancelled) else "done"
-        if self.pause_cause is not None:
-            return "paused"
-        if self.progress.first_token_at is not None:
-            return "decoding"
-        return "prefill" if self.connected else "queued"
-
-    def usage(self) -> dict[str, Any]:
-        usage = self.progress.usage
-        if usage is not None:
-            return usage
-        n = self.progress.n_content
-        return {"prompt_tokens": 0, "completion_tokens": n, "total_tokens": n}
-
-    def ttft_ms(self) -> float | None:
-        first = self.progress.first_token_at
-        return None if first is None else round((first - self.progress.created_at) * 1000.0, 3)
-
-    def paused_ms(self, now: float) -> float:
-        p = self.progress
-        current = now - p.paused_since if p.paused_since is not None else 0.0
-        return round((p.paused_s + current) * 1000.0, 3)
-
-    def stats(self, now: float) -> dict[str, Any]:
-        return {
-            "ttft_ms": self.ttft_ms(),
-            "pauses": self.progress.pauses,
-            "paused_ms": self.paused_ms(now),
-            "backend": self.backend,
-        }
-
-    def describe(self, now: float) -> dict[str, Any]:
-        p = self.progress
-        error = self.outcome.error if self.outcome else None
-        return {
-            "id": self.id,
-            "session": self.session,
-            "backend": self.backend,
-            "state": self.state,
-            "pause_cause": self.pause_cause,
-            "ring_write": p.n_received,
-            "ring_read": p.n_sent,
-            "ring_capacity": self.settings.buffer_chunks,
-            "kv_tokens": None,  # held by the upstream, not here
-            "n_generated": p.n_content,
-            "pauses": p.pauses,
-            "paused_ms": self.paused_ms(now),
-            "ttft_ms": self.ttft_ms(),
-            "finish_reason": self.outcome.finish_reason if self.outcome else None,
-            "cancel_reason": error.extra.get("reason") if isinstance(error, Cancelled) else None,
-            "error": error.code if error is not None else None,
-            "failovers": list(p.failovers),
-            "age_ms": round((now - p.created_at) * 1000.0, 3),
-        }
-
-    # -- pause bookkeeping --------------------------------------------------------------
-
-    def _note_pause_change(self, *, was_paused: bool) -> None:
-        now = time.monotonic()
-        p = self.progress
-        paused = self.pause_cause is not None
-        if paused and not was_paused:
-            p.pauses += 1
-            p.paused_since = now
+    def _paused(self, began: bool) -> None:
+        if began:
             self.log_event(Event.PAUSED, self.id, cause=self.pause_cause, backend=self.backend)
-        elif was_paused and not paused and p.paused_since is not None:
-            p.paused_s += now - p.paused_since
-            p.paused_since = None
+        self._signal()
+
+    def _resumed(self, ended: bool) -> None:
+        if ended:
             self.log_event(Event.RESUMED, self.id, backend=self.backend)
         self._signal()
 
@@ -325,27 +260,22 @@ class UpstreamStream:
             self._finish(None, error)
 
     def _pause_expired(self) -> None:
-        if self._client_paused and not self.finished:
+        if PauseCause.CLIENT in self.relay.causes and not self.finished:
             limit_ms = round((self.settings.max_pause_s or 0) * 1000)
             self._finish(None, PauseTimeout(f"paused longer than max_pause_ms ({limit_ms})"))
 
     def _finish(self, finish_reason: str | None, error: EdgeLLMError | None = None) -> None:
-        if self.outcome is not None:
-            return
-        self.outcome = Outcome(finish_reason, error)
         now = time.monotonic()
-        self.finished_at = now
-        if self.progress.paused_since is not None:
-            self.progress.paused_s += now - self.progress.paused_since
-            self.progress.paused_since = None
+        if not self.relay.finish(Outcome(finish_reason, error), now):
+            return
         for timer in [*self._timers, self._pause_timer]:
             if timer is not None:
                 timer.cancel()
         self._unpaused.set()
         self._room.set()
-        reason = error.extra.get("reason") if error is not None else None
+        reason = ended_reason(error)
         if reason:
-            self.metrics.cancellations.labels(self.backend, str(reason)).inc()
+            self.metrics.cancellations.labels(self.backend, reason).inc()
             self.log_event(
                 Event.CANCEL, self.id, reason=reason, backend=self.backend, state="upstream"
             )
@@ -388,17 +318,17 @@ class UpstreamStream:
         self.metrics.failovers.labels(upstream.name, "unhealthy" if exc.unhealthy else "busy").inc()
         if exc.unhealthy:
             self.registry.mark(upstream, False, exc.reason)
-        self.connected = False
+        self.relay.connected = False
         self.log_event(Event.UPSTREAM_FAILOVER, self.id, backend=upstream.name, reason=exc.reason)
 
     async def _attempt(self, upstream: Upstream) -> None:
         """Relay from one upstream; _GiveUp if it failed before any content."""
-        self.backend = upstream.name
+        self.relay.attempt(upstream.name)
         upstream.num_open += 1
         response: aiohttp.ClientResponse | None = None
         try:
             response = await self._open(upstream)
-            self.connected = True
+            self.relay.connected = True
             self._signal()
             await self._relay(upstream, response)
         finally:
@@ -427,7 +357,6 @@ class UpstreamStream:
 
     async def _relay(self, upstream: Upstream, response: aiohttp.ClientResponse) -> None:
         parser = SSEParser(max_event_bytes=_MAX_EVENT_BYTES)
-        held: list[UpstreamChunk] = []  # before the first content chunk: dropped on failover
         try:
             while True:
                 await self._unpaused.wait()
@@ -436,7 +365,7 @@ class UpstreamStream:
                 data = await response.content.read(_READ_BYTES)
                 events = parser.feed(data) if data else parser.close()
                 for event in events:
-                    if await self._on_event(event.data, held):
+                    if await self._on_event(event.data):
                         return
                 if not data:
                     break
@@ -444,7 +373,7 @@ class UpstreamStream:
             self._broke_off(upstream, f"stream broke: {type(exc).__name__}", exc)
         if self.progress.finish_reason is None:
             self._broke_off(upstream, "stream ended without a finish_reason or [DONE]")
-        await self._flush(held)
+        await self._push_all(self.relay.take_held())
         self._finish(self.progress.finish_reason or "stop")
 
     def _broke_off(
@@ -457,88 +386,45 @@ class UpstreamStream:
         self.registry.mark(upstream, False, reason)
         raise UpstreamFailure(f"upstream {upstream.name!r}: {reason}") from cause
 
-    async def _on_event(self, data: str, held: list[UpstreamChunk]) -> bool:
+    async def _on_event(self, data: str) -> bool:
         """Handle one SSE event; True when the stream ended ([DONE])."""
-        if data.strip() == "[DONE]":
-            await self._flush(held)
+        read = self.relay.read(data)
+        if read == DONE:
+            await self._push_all(self.relay.take_held())
             self._finish(self.progress.finish_reason or "stop")
             return True
-        chunk = self._chunk(data)
-        if chunk is None:
+        if not isinstance(read, UpstreamChunk):
             return False
-        if self.progress.first_token_at is None and not chunk.has_content:
-            held.append(chunk)
-            return False
-        if chunk.has_content and self.progress.first_token_at is None:
+        chunks, first = self.relay.arrived(read, time.monotonic())
+        if first:
             self._first_token()
-        await self._flush(held)
-        await self._push(chunk)
+        await self._push_all(chunks)
         return False
 
-    def _chunk(self, data: str) -> UpstreamChunk | None:
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return None  # not JSON (a stray line): skipped, as robust clients do
-        if not isinstance(obj, dict):
-            return None
-        if "error" in obj:
-            raise stream_error(obj["error"], self.backend)
-        obj["id"] = self.id
-        obj["model"] = self.client_model
-        if obj.get("usage"):
-            self.progress.usage = obj["usage"]
-        text, has_content, finish = _read_choice(obj)
-        if finish:
-            self.progress.finish_reason = finish
-        return UpstreamChunk(obj, text, has_content)
-
     def _first_token(self) -> None:
-        p = self.progress
-        p.first_token_at = time.monotonic()
-        ttft = p.first_token_at - p.created_at
+        ttft = self.relay.ttft_s() or 0.0
         self.metrics.ttft.labels(self.backend).observe(ttft)
         self.log_event(
             Event.FIRST_TOKEN, self.id, ttft_ms=round(ttft * 1000.0, 3), backend=self.backend
         )
 
-    async def _flush(self, held: list[UpstreamChunk]) -> None:
-        while held:
-            await self._push(held.pop(0))
+    async def _push_all(self, chunks: list[UpstreamChunk]) -> None:
+        for chunk in chunks:
+            await self._push(chunk)
 
     async def _push(self, chunk: UpstreamChunk) -> None:
         """Into the bounded buffer; while it is full, nothing more is read."""
-        while len(self._buffer) >= self.settings.buffer_chunks and not self.finished:
-            if not self._socket_full:
-                self._socket_full = True
+        while self.relay.full and not self.finished:
+            if PauseCause.SOCKET_FULL not in self.relay.causes:
                 self._room.clear()
-                self._note_pause_change(was_paused=self._client_paused)
+                self._paused(self.relay.pause(PauseCause.SOCKET_FULL, time.monotonic()))
             await self._room.wait()
         if self.finished:
             return
-        self._buffer.append(chunk)
-        self.progress.n_received += 1
+        self.relay.put(chunk)
         if chunk.has_content:
-            self.progress.n_content += 1
             self.metrics.generated_chunks.labels(self.backend).inc()
         self._signal()
-
-
-def _read_choice(obj: dict[str, Any]) -> tuple[str, bool, str | None]:
-    """(content text, carries a token, finish_reason) of a chat or text chunk."""
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return "", False, None
-    choice = choices[0]
-    delta = choice.get("delta")
-    if isinstance(delta, dict):
-        text = delta.get("content") or ""
-        has_content = bool(text) or bool(delta.get("tool_calls"))
-    else:
-        text = choice.get("text") or ""
-        has_content = bool(text)
-    finish = choice.get("finish_reason")
-    return (str(text), has_content, str(finish) if finish else None)
 
 
 def rejected(status: int, raw: bytes, backend: str) -> UpstreamRejected:
@@ -549,12 +435,3 @@ def rejected(status: int, raw: bytes, backend: str) -> UpstreamRejected:
         code = str(error.get("code") or error.get("type") or code)
         message = str(error.get("message") or message)
     return UpstreamRejected(status, code, f"upstream {backend!r}: {message}", backend=backend)
-
-
-def stream_error(error: object, backend: str) -> UpstreamFailure:
-    message = error.get("message") if isinstance(error, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    failure = UpstreamFailure(f"upstream {backend!r}: {message or error}", backend=backend)
-    if isinstance(code, str) and code:
-        failure.code = code
-    return failure
