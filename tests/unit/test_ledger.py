@@ -4,6 +4,7 @@ engine over the fake backend whose every tier is filled."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -14,6 +15,7 @@ from edge_llm.engine.ledger import (
     device_share_bytes,
     kv_bytes_per_token,
     ledger_summary,
+    try_giver,
 )
 from edge_llm.engine.offload import HostStore
 from edge_llm.engine.sequence import GenerationRequest
@@ -231,3 +233,25 @@ def test_an_engine_whose_kv_context_passes_the_cap_does_not_start() -> None:
     )
     with pytest.raises(BackendError, match="does not fit max_kv_cache_mb"):
         Engine(backend, EngineSettings(memory_cap_bytes=DEVICE - 1))  # type: ignore[arg-type]
+
+
+def test_a_giver_whose_engine_lock_stays_held_gives_nothing() -> None:
+    lock = threading.RLock()
+    give = try_giver(lock, lambda: 100)
+    assert give() == 100  # free, or held by this very thread
+    with lock:
+        assert give() == 100
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    assert give() == 0  # another thread keeps it past the bounded wait
+    release.set()
+    holder.join(10)
+    assert give() == 100

@@ -28,8 +28,8 @@ own setting. Every backend this project builds today is a CPU one.
 
 Pure bookkeeping: no llama.cpp, no clock. Several threads use one ledger (its
 engine's thread, the embeddings thread, the event loop): its own lock makes each
-check-and-charge one step, and a host tier gives back only when its engine's lock
-is free (``try_giver``), so a thread making room never waits on a decode.
+check-and-charge one step, and a host tier gives back under its engine's lock,
+waited for briefly (``try_giver``): a thread making room never waits on a decode.
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ from edge_llm.observability.units import mib
 # The host tiers' share of the cap at most: the rest is the device's KV context, so
 # that live streams keep three quarters of the configured budget.
 HOST_TIERS_SHARE = 4
+
+# How long a thread making room waits for a host tier's engine lock.
+GIVE_WAIT_S = 0.1
 
 # Evicts the least recently used entry of a host tier; returns the bytes it freed
 # (0: nothing left to give).
@@ -248,10 +251,12 @@ class MemoryLedger:
 
 
 def try_giver(lock: threading.RLock, give: Giver) -> Giver:
-    """``give`` under ``lock`` (its engine's), or nothing when another thread holds it."""
+    """``give`` under ``lock`` (its engine's), or nothing when another thread holds it
+    longer than ``GIVE_WAIT_S`` (the engine holds it for a step's planning, never for
+    a decode; a bounded wait, so two threads making room never wait on each other)."""
 
     def locked() -> int:
-        if not lock.acquire(blocking=False):
+        if not lock.acquire(timeout=GIVE_WAIT_S):
             return 0
         try:
             return give()
