@@ -4,7 +4,7 @@
 # Why: PyPI ships only the source, and the default (GGML_NATIVE) build enables AMX,
 # whose first instruction faults inside some VMs (SIGSEGV on the first decode).
 # We pick AVX flags from /proc/cpuinfo and never AMX, apply the project's patches
-# (scripts/patches/llama-cpp-python-VERSION-*.patch: see each file's first hunk for why),
+# (scripts/patches/llama-cpp-python-VERSION-*.patch, each saying why at its top),
 # and cache the built wheel per (version, flags, patches) so a fresh venv on the same
 # machine does not rebuild llama.cpp.
 set -euo pipefail

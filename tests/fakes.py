@@ -55,12 +55,6 @@ class FakeBackend:
     lives while a slot sees it. Decoding at a position that does not follow the
     slot's cells, or past the capacity, fails as llama.cpp would: tests catch cursor
     and budget bugs.
-
-    ``kernel[cell]`` records how llama.cpp's CPU attention would compute the cell's
-    row: ``tile`` (64 rows or more of one sequence in a ubatch), ``row`` (fewer),
-    ``split`` (a ubatch of one sequence's one row, over 256 cells) or ``mixed`` (a
-    per-slot batch llama.cpp would split unevenly). Rows computed differently round differently:
-    tests compare kernels where the real model would compare texts.
     """
 
     def __init__(
@@ -99,7 +93,6 @@ class FakeBackend:
         self.after_sampling: Callable[[], None] | None = None
         self.step_delay_s = 0.0
         self.kv: dict[int, list[int]] = {}  # slot -> cell id per position
-        self.kernel: dict[int, str] = {}  # cell id -> how its row was computed
         self._next_cell = 0
         self.generated: dict[str, int] = {}  # sampler key -> tokens sampled
         self.decode_calls: list[list[tuple[int, int]]] = []
@@ -179,7 +172,6 @@ class FakeBackend:
             raise BackendError("injected failure")
         if self.num_used_cells + sum(len(i.tokens) for i in items) > self.kv_capacity_tokens:
             raise KvSlotUnavailable("fake KV pool is full")
-        kernels = self._kernels(items)
         for item in items:
             cells = self.kv.setdefault(item.slot, [])
             if item.start_pos != len(cells):
@@ -188,34 +180,13 @@ class FakeBackend:
                 )
             if len(cells) + len(item.tokens) > self.kv_sequence_tokens:
                 raise KvSlotUnavailable(f"slot {item.slot} is full")
-            for _ in item.tokens:
-                self.kernel[self._next_cell] = kernels[item.slot]
-                cells.append(self._next_cell)
-                self._next_cell += 1
+            cells.extend(range(self._next_cell, self._next_cell + len(item.tokens)))
+            self._next_cell += len(item.tokens)
         self.drafts.extend(item.n_draft for item in items if item.n_draft)
         runs = [self._verify(item, drafting) for item in items if item.sample]
         if self.after_sampling is not None:
             self.after_sampling()
         return runs
-
-    def _kernels(self, items: Sequence[BatchItem]) -> dict[int, str]:
-        """How llama.cpp would compute each item's rows (see the class docstring)."""
-
-        def long(item: BatchItem) -> bool:  # llama.cpp's KV view spans 512 cells or more
-            return len(self.kv.get(item.slot, ())) + len(item.tokens) > 256
-
-        if not self.per_slot:
-            rows = sum(len(item.tokens) for item in items)
-            lone = len(items) == 1 and long(items[0])
-            return {item.slot: _kernel(rows, lone=lone) for item in items}
-        slots = {item.slot: item for item in items}
-        kernels = {}
-        for slot, item in slots.items():
-            run = _run_of(slot, slots)
-            even = len({len(slots[s].tokens) for s in run}) == 1
-            lone = len(run) == 1 and long(item)
-            kernels[slot] = _kernel(len(item.tokens), lone=lone) if even else "mixed"
-        return kernels
 
     def sample_from(self, key: str, logits: Any) -> Sampled:
         assert logits == FAKE_LOGITS
@@ -251,13 +222,7 @@ class FakeBackend:
             self.kv[dst] = source[:n_tokens]
             return
         self.kv[dst] = list(range(self._next_cell, self._next_cell + n_tokens))
-        for old, new in zip(source, self.kv[dst], strict=False):
-            self.kernel[new] = self.kernel.get(old, "row")
         self._next_cell += n_tokens
-
-    def kernels(self, slot: int) -> list[str]:
-        """How each of the slot's cells was computed, in position order."""
-        return [self.kernel.get(cell, "?") for cell in self.kv.get(slot, [])]
 
     def truncate(self, slot: int, start: int) -> None:
         cells = self.kv.get(slot)
@@ -269,16 +234,14 @@ class FakeBackend:
         return len(self.save_state(slot))
 
     def save_state(self, slot: int) -> bytes:
-        return json.dumps(self.kernels(slot)).encode()
+        return json.dumps(["cell"] * len(self.kv.get(slot, []))).encode()
 
     def load_state(self, slot: int, state: bytes) -> None:
         if self.kv.get(slot):
             raise BackendError(f"restore into slot {slot}, which is not empty")
-        kernels = json.loads(state)  # restored into new cells, as llama.cpp does
-        self.kv[slot] = list(range(self._next_cell, self._next_cell + len(kernels)))
-        for cell, kernel in zip(self.kv[slot], kernels, strict=True):
-            self.kernel[cell] = kernel
-        self._next_cell += len(kernels)
+        n_cells = len(json.loads(state))  # restored into new cells, as llama.cpp does
+        self.kv[slot] = list(range(self._next_cell, self._next_cell + n_cells))
+        self._next_cell += n_cells
 
     def close(self) -> None:
         self.kv.clear()
@@ -307,23 +270,6 @@ class FakeEmbedder:
 
     def close(self) -> None:
         self.closed = True
-
-
-def _kernel(n_rows: int, *, lone: bool) -> str:
-    if n_rows >= 64:
-        return "tile"
-    return "split" if n_rows == 1 and lone else "row"
-
-
-def _run_of(slot: int, busy: dict[int, BatchItem]) -> list[int]:
-    """The consecutive busy slots around ``slot`` (llama.cpp's ubatch in this layout)."""
-    low = slot
-    while low - 1 in busy:
-        low -= 1
-    high = slot
-    while high + 1 in busy:
-        high += 1
-    return list(range(low, high + 1))
 
 
 def fake_loader(

@@ -64,7 +64,7 @@ async def test_client_pause_lets_at_most_the_inflight_token_through(engine_of) -
     backend.gate = threading.Semaphore(0)
     engine = engine_of(backend)
     handle = engine.submit(request(max_tokens=40))
-    backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
+    backend.gate.release(3)  # the prompt (its first token) + two decodes
     await wait_for(handle, lambda: handle.seq.n_generated >= 3)
     engine.pause(handle)  # the fourth decode may already be waiting at the gate
     generated_at_pause = handle.seq.n_generated  # read while the gate is still closed

@@ -1,6 +1,6 @@
 """The per-slot KV book, checked against the fake backend's cells: what may be reused
-(only cells a miss would compute the same way), which slot a request runs in, the host
-tier, and that the books always equal the cells that exist."""
+(every cached cell that starts the prompt, a previous answer's included), which slot a
+request runs in, the host tier, and that the books always equal the cells that exist."""
 
 from __future__ import annotations
 
@@ -19,19 +19,13 @@ from edge_llm.engine.kv_cache import (
     SaveState,
     Truncate,
 )
-from edge_llm.engine.kv_slots import (
-    MIN_TILE_ROWS,
-    SWITCH_SLOT_TOKENS,
-    KvSlots,
-    chunk_rows,
-    usable_prefix,
-)
+from edge_llm.engine.kv_slots import SWITCH_SLOT_TOKENS, KvSlots, usable_prefix
 from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import FakeBackend
 
 SYSTEM = list(range(500, 540))  # a 40-token "system prompt"
-LONG = list(range(1000, 1100))  # a prompt long enough to be prefilled in tiles
+LONG = list(range(1000, 1100))  # a longer prompt
 
 
 class Driver:
@@ -80,8 +74,7 @@ class Driver:
         chunks of about ``chunk``, as the scheduler does."""
         done = len(self.backend.kv.get(seq_id, []))
         while done < n_rows:
-            n = chunk_rows(n_rows - done, chunk, 512, self.n_prompt[seq_id])
-            tokens = self.tokens[seq_id][done : done + n]
+            tokens = self.tokens[seq_id][done : min(n_rows, done + chunk)]
             self.backend.decode([BatchItem(seq_id, tokens, done, False, str(seq_id))])
             done += len(tokens)
             self.kv.computed(seq_id, self.tokens[seq_id], done, publish=True)
@@ -108,20 +101,18 @@ class Driver:
         self.apply(ops)
 
 
-def test_usable_prefix_keeps_to_cells_a_miss_computes_the_same_way() -> None:
-    short = [*SYSTEM, 1, 2]  # 41 prompt rows: computed one by one, hit or miss
+def test_usable_prefix_is_every_matching_cell_but_the_prompts_last() -> None:
+    short = [*SYSTEM, 1, 2]
     assert usable_prefix(short, len(short), short) == len(short) - 1
     assert usable_prefix([*short, 900], len(short), [*short, 900, 3]) == len(short) + 1
-    # A long prompt's rows are tiles: a short prompt's cells (rows) cannot serve it.
     long = [*SYSTEM, *LONG]
-    assert usable_prefix(short, len(short), long) == 0
+    assert usable_prefix(short, len(short), long) == len(SYSTEM)  # the shared start
     assert usable_prefix(long, len(long), long) == len(long) - 1
-    # The next turn: the earlier prompt's tiles, not its answer (decoded: rows).
+    # The next turn: the earlier prompt and its answer.
     turn = [*long, 900, 901, *range(2000, 2100)]
-    assert usable_prefix([*long, 900, 901], len(long), turn) == len(long) - 1
-    # The rest is prefilled in tiles: never fewer than MIN_TILE_ROWS rows.
+    assert usable_prefix([*long, 900, 901], len(long), turn) == len(long) + 2
     close = [*long, 900, 901, 7]
-    assert usable_prefix([*long, 900, 901], len(long), close) == len(close) - 1 - MIN_TILE_ROWS
+    assert usable_prefix([*long, 900, 901], len(long), close) == len(close) - 1
     # Kept logits: a regenerate needs no decode at all.
     assert usable_prefix(long, len(long), long, whole=True) == len(long)
     assert usable_prefix([*long, 900], len(long), long[:-1], whole=True) == len(long) - 2
@@ -168,19 +159,15 @@ def test_a_cancelled_stream_keeps_its_prompt_for_the_regenerate() -> None:
     assert d.admit(prompt) == (seq, len(prompt) - 1)
 
 
-def test_the_next_turn_reuses_the_previous_prompt_and_recomputes_its_answer() -> None:
+def test_the_next_turn_reuses_the_previous_prompt_and_its_answer() -> None:
     d = Driver()
     first = [*SYSTEM, *LONG]
-    seq = d.run(first, n_generated=6)
+    seq = d.run(first, n_generated=6)  # cells: the prompt and the answer's first five
     turn = [*first, *range(900, 905), *range(3000, 3080)]
-    assert d.admit(turn) == (seq, len(first) - 1)
+    assert d.admit(turn) == (seq, len(first) + 5)
+    assert len(d.backend.kv[seq]) == len(first) + 5
     d.prefill(seq, len(turn) - 1, chunk=256)
-    d.generate(seq, 1)
-    alone = Driver()
-    other, _ = alone.admit(turn)
-    alone.prefill(other, len(turn) - 1, chunk=256)
-    alone.generate(other, 1)
-    assert d.backend.kernels(seq) == alone.backend.kernels(other)
+    assert len(d.backend.kv[seq]) == len(turn) - 1
 
 
 def test_the_lowest_slot_unless_another_shares_much_more() -> None:
@@ -206,12 +193,11 @@ def test_a_reused_slot_goes_to_the_host_tier_and_comes_back_elsewhere() -> None:
     d = Driver(slots=2, host_bytes=10_000)
     first = [*SYSTEM, *LONG]
     seq = d.run(first)
-    kernels = d.backend.kernels(seq)[: len(first) - 1]
     busy, _ = d.admit(list(range(5000, 5020)))  # the lowest slot: first's cells saved
     assert busy == seq and len(d.host) == 1
     again, cached = d.admit(first)  # the other slot, loaded from the host tier
     assert (again, cached) == (1 - seq, len(first) - 1)
-    assert d.backend.kernels(again) == kernels
+    assert len(d.backend.kv[again]) == len(first) - 1
     assert d.host.hits == 1
 
 
@@ -245,8 +231,8 @@ def test_a_prefix_in_flight_is_copied_once_computed() -> None:
     d.prefill(a, len(first) - 1)
     gained, ops = d.kv.attach_published(b, second)
     d.apply(ops)
-    assert gained == len(second) - 1 - MIN_TILE_ROWS  # the rest: one whole tile
-    assert d.backend.kernels(b) == d.backend.kernels(a)[:gained]
+    assert gained == len(first) - 1  # all that a computed
+    assert len(d.backend.kv[b]) == gained
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -106,8 +106,8 @@ def test_scheduler_prefills_a_lone_prompt_in_one_step_and_a_second_beside_decodi
     scheduler.prefill_budget.costs = measured(0.01, 0.01, prefill_token_s=0.001)
     first = make_seq(400, "first")
     scheduler.add(first, 0.0)
-    # One decode call for the whole prompt but its last token, which is decoded next.
-    assert complete(scheduler) == [("first", 399)]
+    # One decode call for the whole prompt, which samples the first token.
+    assert complete(scheduler) == [("first", 400)]
     second = make_seq(400, "second")
     scheduler.add(second, 0.0)
     (decode, prefill) = complete(scheduler)
@@ -132,7 +132,7 @@ def test_a_prompt_near_its_ttft_time_out_goes_first_with_whole_batches() -> None
     assert name == "young" and 75 <= n <= 80
     # Past it: the old prompt first, with the whole batch, the decoding stream beside it.
     assert complete(scheduler, now=5.0) == [("decoding", 1), ("old", 512)]
-    assert complete(scheduler, now=5.5) == [("decoding", 1), ("old", 387), ("young", 125)]
+    assert complete(scheduler, now=5.5) == [("decoding", 1), ("old", 388), ("young", 124)]
     # The old prompt decodes; the young one is back to the target's budget.
     *decode, (name, n) = complete(scheduler, now=6.0)
     assert decode == [("decoding", 1), ("old", 1)] and name == "young" and n < 80

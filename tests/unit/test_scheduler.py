@@ -29,12 +29,15 @@ def make_seq(n_prompt: int, max_tokens: int = 10, name: str = "s", first: int = 
 
 
 def run_step(scheduler: Scheduler) -> StepPlan:
-    """Complete every scheduled chunk once: prompt chunks, and decode chunks that
-    sample token 7 (a draft or pad rows are dropped)."""
+    """Complete every scheduled chunk once: prompt chunks (the one that ends the prompt
+    samples token 7), and decode chunks that sample token 7 (a draft or pad rows are
+    dropped)."""
     plan = scheduler.schedule(0.0)
     for chunk in plan.chunks:
         if chunk.prompt:
             scheduler.complete(chunk)
+            if chunk.sample:
+                scheduler.record_token(chunk.seq, 7, 0.0)
         else:
             scheduler.record_token(chunk.seq, 7, 0.0)
             scheduler.complete_run(chunk, 1, 1)
@@ -108,9 +111,10 @@ def test_long_prompt_is_prefilled_in_chunks_and_a_short_one_goes_first() -> None
     scheduler.add(short_seq, 0.0)
     plan = scheduler.schedule(0.0)
     by_name = {chunk.seq.id: chunk for chunk in plan.chunks}
-    assert by_name["short"].tokens == [100, 101]  # its last token is decoded next
-    assert len(by_name["long"].tokens) == 6  # the rest of the chunk budget
-    assert not any(chunk.sample for chunk in plan.chunks)
+    assert by_name["short"].tokens == [100, 101, 102]  # whole: it samples its first token
+    assert by_name["short"].sample and by_name["short"].keep_logits is False
+    assert len(by_name["long"].tokens) == 5  # the rest of the chunk budget
+    assert not by_name["long"].sample
 
 
 def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
@@ -118,34 +122,34 @@ def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
     a, b = make_seq(4, name="a"), make_seq(4, name="b")
     scheduler.add(a, 0.0)
     scheduler.add(b, 0.0)
-    run_step(scheduler)  # the prompts but their last tokens
+    run_step(scheduler)  # the prompts, each sampling its first token
     assert a.state is b.state is SequenceState.DECODING
     plan = scheduler.schedule(0.0)
     assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [
-        ("a", [3], 3),
-        ("b", [3], 3),
+        ("a", [7], 4),
+        ("b", [7], 4),
     ]
     for chunk in plan.chunks:
         scheduler.record_token(chunk.seq, 7, 0.0)
         scheduler.complete_run(chunk, 1, 1)
     a.add_pause(PauseCause.CLIENT, 0.0)
     plan = scheduler.schedule(0.0)
-    assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [("b", [7], 4)]
+    assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [("b", [7], 5)]
 
 
 def test_finish_returns_the_reservation_and_frees_the_private_cells_once() -> None:
     scheduler = make_scheduler(chunk=16, share=True)
     seq = make_seq(10)
     scheduler.add(seq, 0.0)
-    run_step(scheduler)  # the prompt but its last token
-    run_step(scheduler)  # the last prompt token, decoded
+    run_step(scheduler)  # the prompt, sampling the first token
     run_step(scheduler)  # one token fed back
+    run_step(scheduler)  # another
     scheduler.take_kv_ops()
     scheduler.finish(seq, SequenceState.CANCELLED, 2.0, keep=False)
     assert scheduler.kv.num_reserved == 0
     assert scheduler.num_running == 0
-    # The prompt's prefilled part is in the prefix cache: only the cells after it go.
-    assert scheduler.take_kv_ops() == [Truncate(seq.slot, 9, 2, "release")]
+    # The prompt is in the prefix cache: only the cells after it go.
+    assert scheduler.take_kv_ops() == [Truncate(seq.slot, 10, 2, "release")]
     assert scheduler.take_kv_ops() == []
 
 
@@ -153,8 +157,6 @@ def test_kv_cursor_counts_prompt_and_tokens_fed_back() -> None:
     scheduler = make_scheduler(chunk=16)
     seq = make_seq(10)
     scheduler.add(seq, 0.0)
-    run_step(scheduler)
-    assert seq.kv_tokens == 9  # the prompt's last token is decoded next
     run_step(scheduler)
     assert seq.kv_tokens == 10  # the sampled token is not in KV until it is fed back
     for _ in range(4):
@@ -189,27 +191,24 @@ def test_the_lowest_free_slot_is_reused_first() -> None:
     assert again.slot == 1
 
 
-def test_the_last_prompt_token_is_decoded_as_generated_tokens_are() -> None:
-    """A regenerate recomputes only that token: it must be computed as it was first,
-    whatever the chunks before it were."""
+def test_a_prompt_and_its_first_token_take_one_decode() -> None:
+    """The chunk that ends the prompt samples the first token (as llama-server does);
+    a request whose prompt is cached but for its last token prefills just that one."""
     scheduler = make_scheduler(chunk=16, share=True)
     first = make_seq(10, name="first")
     scheduler.add(first, 0.0)
     plan = scheduler.schedule(0.0)
-    assert [len(c.tokens) for c in plan.chunks] == [9]
+    assert [(len(c.tokens), c.prompt, c.sample) for c in plan.chunks] == [(10, True, True)]
     for chunk in plan.chunks:
         scheduler.complete(chunk)
-    plan = scheduler.schedule(0.0)
-    assert [(c.tokens[:1], c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
-    for chunk in plan.chunks:
         scheduler.record_token(chunk.seq, 7, 0.0)
-        scheduler.complete_run(chunk, 1, 1)
+    assert first.state is SequenceState.DECODING and first.kv_tokens == 10
     scheduler.finish(first, SequenceState.DONE, 1.0, keep=True)
     again = make_seq(10, name="again")
     scheduler.add(again, 1.0)
-    assert again.num_cached == 9 and again.state is SequenceState.DECODING
+    assert again.num_cached == 9 and again.state is SequenceState.PREFILL
     plan = scheduler.schedule(1.0)
-    assert [(c.tokens[:1], c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
+    assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
 
 
 def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
@@ -229,13 +228,13 @@ def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
     assert [chunk.seq.id for chunk in plan.chunks] == ["first"]  # 64 of its 102 tokens
     for chunk in plan.chunks:
         scheduler.complete(chunk)
-    run_step(scheduler)  # first's prompt done but its last token
+    run_step(scheduler)  # the rest of first's prompt, and its first token
     assert second.num_computed == 0
     plan = scheduler.schedule(0.0)
     assert plan.attached == [(second, len(system))]
     assert second.num_cached == second.num_computed == len(system)
     assert second.kv_reserved_tokens == reserved - len(system)
-    assert [chunk.tokens for chunk in plan.chunks if chunk.seq is second] == [[3]]
+    assert [chunk.tokens for chunk in plan.chunks if chunk.seq is second] == [[3, 4]]
     scheduler.add(other, 0.0)  # nothing shared: prefilled at once
     assert [chunk.seq.id for chunk in scheduler.schedule(0.0).chunks][-1] == "other"
 
@@ -255,7 +254,8 @@ def test_requests_with_one_prompt_arriving_together_all_take_slots() -> None:
     for _ in range(12):
         computed += run_step(scheduler).num_prefill_tokens
     assert all(seq.n_generated for seq in burst[:4])
-    assert computed == len(prompt) - 1  # the shared part once; each last token is decoded
+    # The shared part once; each of the others prefills the last token, its own.
+    assert computed == len(prompt) - 1 + 4
 
 
 def test_a_request_ended_while_it_waits_for_a_prefix_attaches_nothing() -> None:

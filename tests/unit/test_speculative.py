@@ -182,7 +182,7 @@ async def test_pause_in_a_run_lets_through_at_most_that_step(engine_of) -> None:
     backend.gate = threading.Semaphore(0)
     engine = engine_of(backend, FreeDrafts(), speculative=True)
     handle = engine.submit(request())
-    backend.gate.release(4)  # prefill (two steps: the last prompt token alone) + two decodes
+    backend.gate.release(3)  # the prompt (its first token) + two decodes
     while handle.seq.n_generated < 3:
         assert await handle.wait_changed(10.0)
     assert await asyncio.to_thread(backend.at_gate.wait, 10.0)
@@ -215,7 +215,7 @@ async def test_a_pause_cannot_land_between_a_runs_sampling_and_its_recording(
     backend.gate = threading.Semaphore(0)
     engine = engine_of(backend, FreeDrafts(), speculative=True)
     handle = engine.submit(request())
-    backend.gate.release(4)  # prefill (two steps) + two decodes, as in the test above
+    backend.gate.release(3)  # the prompt (its first token) + two decodes, as above
     while handle.seq.n_generated < 3:
         assert await handle.wait_changed(10.0)
     assert await asyncio.to_thread(backend.at_gate.wait, 10.0)  # the step with a draft of 8

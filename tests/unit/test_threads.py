@@ -19,6 +19,7 @@ from edge_llm.engine.threads import (
     FIRST_RETRY_S,
     IDLE_S,
     MAX_RETRY_S,
+    MIN_LIFE_S,
     RAISE_AT,
     SAMPLES,
     WINDOW_S,
@@ -27,6 +28,7 @@ from edge_llm.engine.threads import (
     ProcRunQueue,
     ThreadGovernor,
 )
+from edge_llm.observability.events import Event
 
 from fakes import FakeBackend, drain
 
@@ -41,6 +43,7 @@ class Machine:
         self.busy = 0.0
         self.busy_reads = 0
         self.set_to: list[int] = []
+        self.events: list[tuple[Event, dict[str, object]]] = []
 
     def clock(self) -> float:
         return self.now
@@ -53,7 +56,12 @@ class Machine:
         return self.busy
 
     def governor(self, max_threads: int = 2, cpus: int = 2) -> ThreadGovernor:
-        return ThreadGovernor(max_threads, self.set_to.append, self, self.clock, cpus)
+        return ThreadGovernor(
+            max_threads, self.set_to.append, self, self.clock, cpus, events=self.emit
+        )
+
+    def emit(self, event: Event, request_id: str | None = None, /, **fields: object) -> None:
+        self.events.append((event, fields))
 
     def window(self, governor: ThreadGovernor, load: float, seconds: float = WINDOW_S) -> None:
         self.now += seconds
@@ -63,6 +71,7 @@ class Machine:
 
 def test_a_contended_window_drops_a_thread_and_a_quiet_one_keeps_them() -> None:
     machine = Machine()
+    machine.busy = 1.0  # the neighbour that makes the decode threads wait
     governor = machine.governor()
     machine.window(governor, load=RAISE_AT / 2)
     machine.window(governor, load=DROP_AT * 0.9)
@@ -87,6 +96,7 @@ def test_short_steps_are_summed_into_a_window_before_the_delay_is_read() -> None
 
 def test_threads_come_back_when_quiet_and_a_failed_try_waits_twice_as_long() -> None:
     machine = Machine()
+    machine.busy = 1.0  # a neighbour still there: no thread comes back before a try
     governor = machine.governor()
     machine.window(governor, load=1.0)  # dropped to one at t=0.5: may try again at 2.5
     machine.window(governor, load=0.0)
@@ -112,6 +122,7 @@ def test_threads_come_back_when_quiet_and_a_failed_try_waits_twice_as_long() -> 
 
 def test_the_wait_between_failed_tries_is_bounded() -> None:
     machine = Machine()
+    machine.busy = 1.0
     governor = machine.governor()
     machine.window(governor, load=1.0)
     for _ in range(12):
@@ -183,27 +194,148 @@ def test_a_start_on_fewer_threads_waits_before_trying_one_more() -> None:
     assert machine.set_to == [1, 2]
 
 
-def write_proc(proc: Path, running: int, machine_cpus: int, states: dict[int, str]) -> None:
+HZ, UPTIME_S = 100, 1000.0
+
+
+def write_task(task: Path, state: str, cpu_s: float = 0.0, life_s: float = 10.0) -> None:
+    """A task's stat line: ``cpu_s`` of CPU (utime + stime) over ``life_s``."""
+    task.mkdir(parents=True, exist_ok=True)
+    name = "(edge llm) R)"  # a thread may name itself anything, ")" included
+    utime = round(cpu_s * HZ / 2)
+    start = round((UPTIME_S - life_s) * HZ)
+    fields = [state, *["0"] * 10, str(utime), str(round(cpu_s * HZ) - utime), *["0"] * 6]
+    (task / "stat").write_text(f"{task.name} {name} {' '.join([*fields, str(start), '0'])}\n")
+
+
+def write_proc(
+    proc: Path,
+    running: int,
+    machine_cpus: int,
+    states: dict[int, str],
+    others: dict[int, list[tuple[str, float, float]]] | None = None,
+) -> None:
+    """A /proc: ``states`` of this process's threads; ``others``: per process id, its
+    threads' (state, CPU seconds, life seconds)."""
     cpus = "".join(f"cpu{n} 1 2 3\n" for n in range(machine_cpus))
+    proc.mkdir(parents=True, exist_ok=True)
     (proc / "stat").write_text(f"cpu 4 5 6\n{cpus}intr 7\nprocs_running {running}\n")
+    (proc / "uptime").write_text(f"{UPTIME_S} 1.0\n")
     for tid, state in states.items():
-        (proc / "self" / "task" / str(tid)).mkdir(parents=True, exist_ok=True)
-        name = "(edge llm) R)"  # a thread may name itself anything, ")" included
-        (proc / "self" / "task" / str(tid) / "stat").write_text(f"{tid} {name} {state} 1 2\n")
+        write_task(proc / "self" / "task" / str(tid), state)
+    for pid, tasks in (others or {}).items():
+        for n, (state, cpu_s, life_s) in enumerate(tasks):
+            write_task(proc / str(pid) / "task" / str(pid + n), state, cpu_s, life_s)
 
 
-def test_proc_run_queue_counts_other_processes_runnable_tasks(tmp_path: Path) -> None:
-    write_proc(tmp_path, running=5, machine_cpus=2, states={1: "R", 2: "S", 3: "R", 4: "D"})
-    assert ProcRunQueue(tmp_path, cpus=2)() == 3
-    write_proc(tmp_path, running=2, machine_cpus=2, states={})
-    assert ProcRunQueue(tmp_path, cpus=2)() == 0  # never below none
-    write_proc(tmp_path, running=10, machine_cpus=8, states={1: "S", 3: "S"})
-    assert ProcRunQueue(tmp_path, cpus=2)() == pytest.approx(2.5)  # our 2 of the 8 CPUs
+def run_queue(proc: Path, cpus: int = 2) -> float:
+    return ProcRunQueue(proc, cpus=cpus, ticks_per_s=HZ)()
+
+
+BUSY_LOOP = ("R", 60.0, 60.0)  # a core's worth for all its life
+LIGHT_CLIENT = ("R", 0.5, 60.0)  # a client waiting on its sockets, running right now
+
+
+def test_proc_run_queue_weighs_other_runnable_tasks_by_their_cpu_share(tmp_path: Path) -> None:
+    write_proc(
+        tmp_path, running=5, machine_cpus=2, states={1: "R", 2: "S"},
+        others={100: [BUSY_LOOP, ("S", 60.0, 60.0)], 200: [BUSY_LOOP, ("D", 60.0, 60.0)]},
+    )  # fmt: skip
+    assert run_queue(tmp_path) == pytest.approx(2.0)  # two busy loops; ours and sleepers not
+    write_proc(tmp_path / "light", running=3, machine_cpus=2, states={1: "R"},
+               others={300: [LIGHT_CLIENT, LIGHT_CLIENT]})  # fmt: skip
+    assert run_queue(tmp_path / "light") == pytest.approx(2 * 0.5 / 60)
+    write_proc(tmp_path / "young", running=2, machine_cpus=2, states={1: "R"},
+               others={400: [("R", 0.05, 0.01)]})  # fmt: skip
+    assert run_queue(tmp_path / "young") == pytest.approx(0.05 / MIN_LIFE_S)
+    write_proc(tmp_path / "eight", running=5, machine_cpus=8, states={1: "S"},
+               others={500: [BUSY_LOOP] * 5})  # fmt: skip
+    assert run_queue(tmp_path / "eight") == pytest.approx(5 * 2 / 8)  # our 2 of the 8 CPUs
+
+
+def test_proc_run_queue_scans_nothing_when_only_our_threads_run(tmp_path: Path) -> None:
+    write_proc(tmp_path, running=2, machine_cpus=2, states={1: "R", 2: "R"},
+               others={100: [BUSY_LOOP]})  # fmt: skip
+    assert run_queue(tmp_path) == 0  # the busy loop's R is stale: procs_running says 2
+
+
+def test_proc_run_queue_reads_a_broken_proc_as_no_busy_core(tmp_path: Path) -> None:
+    write_proc(tmp_path, running=3, machine_cpus=2, states={}, others={100: [BUSY_LOOP]})
     (tmp_path / "stat").write_text("cpu 4 5 6\nprocs_running\n")
-    assert ProcRunQueue(tmp_path, cpus=2)() == 0  # unreadable: never an error on the step
-    write_proc(tmp_path, running=5, machine_cpus=2, states={})
+    assert run_queue(tmp_path) == 0  # unreadable: never an error on the step
+    write_proc(tmp_path, running=3, machine_cpus=2, states={})
+    (tmp_path / "self" / "task" / "1").mkdir(parents=True)
     (tmp_path / "self" / "task" / "1" / "stat").write_text("1 no name field\n")
-    assert ProcRunQueue(tmp_path, cpus=2)() == 0
+    assert run_queue(tmp_path) == pytest.approx(1.0)  # the busy loop still counts
+    (tmp_path / "100" / "task" / "100" / "stat").write_text("100 (short) R 1 2\n")
+    assert run_queue(tmp_path) == 0  # a stat line without the CPU fields counts as none
+    (tmp_path / "uptime").unlink()
+    write_task(tmp_path / "100" / "task" / "100", *BUSY_LOOP)
+    assert run_queue(tmp_path) == 0
+
+
+def test_a_light_client_beside_the_engine_leaves_it_every_thread(tmp_path: Path) -> None:
+    """Issue 49: four streams from a client on the same machine started on one thread,
+    its threads runnable in the run-queue snapshot; weighed by its CPU share it is no
+    busy core. Two busy loops still are."""
+    write_proc(tmp_path, running=4, machine_cpus=2, states={1: "R"},
+               others={300: [LIGHT_CLIENT] * 3})  # fmt: skip
+    machine = Machine()
+    cores = ProcCores(run_delay=machine.run_delay, run_queue=lambda: run_queue(tmp_path))
+    governor = ThreadGovernor(
+        2, machine.set_to.append, cores, machine.clock, 2, events=machine.emit
+    )
+    governor.before_step()
+    assert machine.set_to == [] and governor.threads == 2
+    write_proc(tmp_path, running=3, machine_cpus=2, states={1: "R"},
+               others={300: [LIGHT_CLIENT], 400: [BUSY_LOOP], 500: [BUSY_LOOP]})  # fmt: skip
+    machine.now += IDLE_S
+    governor.before_step()
+    assert machine.set_to == [1]
+
+
+def test_threads_come_back_at_once_when_the_busy_cores_are_gone() -> None:
+    machine = Machine()
+    machine.busy = 2.0
+    governor = machine.governor()
+    governor.before_step()
+    machine.window(governor, load=0.0)  # one thread beside two busy loops: no wait
+    assert machine.set_to == [1]
+    machine.busy = 0.0  # they ended: no back-off to wait out
+    machine.window(governor, load=0.0)
+    assert machine.set_to == [1, 2]
+    assert machine.now < FIRST_RETRY_S
+
+
+def test_a_wrong_reading_of_gone_busy_cores_costs_one_try_then_waits() -> None:
+    """A neighbour the busy-core reading misses (a long idle process turned busy):
+    the quick way back fails once and then the back-off governs."""
+    machine = Machine()
+    governor = machine.governor()
+    machine.window(governor, load=1.0)
+    machine.window(governor, load=0.0)  # reads no busy core: back at once ...
+    machine.window(governor, load=1.0)  # ... which fails
+    assert machine.set_to == [1, 2, 1]
+    for _ in range(3):
+        machine.window(governor, load=0.0)  # no quick try after a failed one
+    assert machine.set_to == [1, 2, 1]
+    machine.now += 2 * FIRST_RETRY_S
+    machine.window(governor, load=0.0)
+    assert machine.set_to == [1, 2, 1, 2]
+
+
+def test_every_change_is_an_event_with_the_reading_that_caused_it() -> None:
+    machine = Machine()
+    machine.busy = 2.0
+    governor = machine.governor()
+    governor.before_step()
+    machine.busy = 0.0
+    machine.window(governor, load=0.0)
+    assert machine.events == [
+        (Event.DECODE_THREADS, {"threads": 1, "before": 2, "reason": "busy cores after idle",
+                                "reading": 2.0}),
+        (Event.DECODE_THREADS, {"threads": 2, "before": 1, "reason": "busy cores gone",
+                                "reading": 0.0}),
+    ]  # fmt: skip
 
 
 def test_busy_cores_are_the_least_of_a_few_readings_a_moment_apart() -> None:

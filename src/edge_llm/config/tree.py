@@ -33,9 +33,6 @@ from edge_llm.config.priority import MAX_PRIORITY, MIN_PRIORITY, PRIORITY_ROUTES
 from edge_llm.config.upstream import UpstreamConfig, check_name, parse_upstream_flag
 
 ENV_PREFIX = "EDGE_LLM_"
-# llama.cpp's CPU flash-attention tile (engine/kv_slots.py MIN_TILE_ROWS): deterministic
-# prefill computes prompts in whole tiles.
-MIN_TILE_ROWS = 64
 # The contract's serve flag --model names a GGUF path, or NAME=PATH (docs/design.md §3):
 # it is its own repeatable flag (_MODELS), so model_path has only --model-path.
 _FLAG_ALIASES: dict[str, tuple[str, ...]] = {}
@@ -165,9 +162,9 @@ class SchedulerConfig(_Section):
     )
     deterministic: bool = Field(
         False,
-        description="Greedy text independent of the other streams in a step and of "
-        "speculation too (each decode row computed beside another: a lone stream decodes "
-        "about 35-40 % slower, benchmarks/decode_rows.py); needs kv_unified = false",
+        description="A request's greedy text (or seeded sample) is a function of the request "
+        "alone: not of the cache tiers, drafts, other streams, pauses, offloads or the thread "
+        "count (llama.cpp's invariant kernels, scripts/patches/); needs kv_unified = false",
     )
     max_preemptions: int = Field(
         3,
@@ -185,11 +182,6 @@ class SchedulerConfig(_Section):
     def _deterministic_needs_slots(self) -> SchedulerConfig:
         if self.deterministic and self.kv_unified:
             raise ValueError("deterministic = true needs kv_unified = false (per-slot KV)")
-        if self.deterministic and self.prefill_chunk_tokens < MIN_TILE_ROWS:
-            raise ValueError(
-                f"deterministic = true needs prefill_chunk_tokens >= {MIN_TILE_ROWS} "
-                "(prompts are computed in whole tiles)"
-            )
         return self
 
 
@@ -272,7 +264,7 @@ class ModelConfig(_Section):
         True,
         description="Decode on fewer threads while other processes keep the cores busy "
         "(counted from the run queue before the first step after idle, then measured from "
-        "the threads' run-queue delay; Linux); the text does not change",
+        "the threads' run-queue delay; Linux); with deterministic the text does not change",
     )
     verbose: bool = Field(False, description="Let llama.cpp log to stderr (silenced otherwise)")
     min_available_mb: int = Field(

@@ -120,7 +120,7 @@ class Engine:
         guard = MemoryGuard(settings.min_available_bytes, memory or ProcMemory(), clock)
         self.memory = MemoryPolicy(guard, self.host_cache, self.streams)
         self.machine_bytes = machine_memory_bytes()  # what doctor holds the ledger against
-        self.threads = thread_governor(backend, settings.adaptive_threads, clock, cores)
+        self.threads = thread_governor(backend, settings.adaptive_threads, clock, cores, events)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -10,18 +10,12 @@ host tier (``host_cache.py``) holds are copied into the new request's slot inste
 being computed again; a kept slot that is reused for something else is saved to the
 host tier first.
 
-**What may be reused.** A stream's greedy text must not depend on whether its prompt
-was cached (nor on the other streams of a step). llama.cpp's CPU flash attention
-computes a sequence's rows tile by tile when a ubatch holds at least
-``MIN_TILE_ROWS`` of them, else row by row, and the two round differently; the
-engine makes the choice a function of the prompt alone: a prompt's rows but the last
-are prefilled in chunks of at least ``MIN_TILE_ROWS`` (tiles) when there are that
-many, else together (rows); its last token and every generated token are decoded row
-by row (never alone in a ubatch, which would split the row across threads). A cached
-cell is therefore reused only where a miss would have computed it the same way:
-:func:`usable_prefix`. A regenerate reuses the whole prompt; the next turn of a
-conversation reuses the previous prompt (its answer was decoded, the new prompt would
-prefill it: computed again).
+**What may be reused.** Every cached cell that starts the new prompt: a regenerate
+reuses the whole prompt (and the logits of its last token), the next turn of a
+conversation the previous prompt and its answer (:func:`usable_prefix`). With
+``deterministic`` the kernels round a row the same however it was batched, so a hit
+gives the text a miss would; by default a hit may turn a near-tie the other way far
+into a long answer (docs/architecture.md, what may differ).
 
 Pure bookkeeping: methods return the operations (``kv_cache.KvOp``) the engine applies.
 """
@@ -48,52 +42,22 @@ from edge_llm.engine.kv_cache import (
     common_prefix,
 )
 
-MIN_TILE_ROWS = 64  # GGML_FA_TILE_Q of llama.cpp's CPU backend
 SWITCH_SLOT_TOKENS = 64  # the match worth leaving the lowest free slot for
 MIN_SAVED_CELLS = 128  # fewer are not worth a host-tier entry (prefilled in ~0.4 s)
 
 
 def usable_prefix(
-    cells: Sequence[int],
-    n_prompt: int,
-    prompt: Sequence[int],
-    whole: bool = False,
-    tiles: bool = True,
+    cells: Sequence[int], n_prompt: int, prompt: Sequence[int], whole: bool = False
 ) -> int:
     """How many of ``cells`` (computed for a sequence whose prompt was their first
-    ``n_prompt`` tokens) a new sequence with ``prompt`` may use, so that its tokens are
-    those it would get without them. ``whole``: the logits of the prompt's last token
-    were kept with these cells, so a regenerate may skip its decode too. ``tiles``:
-    llama.cpp computes long prompts in tiles (f16 KV; quantized KV is always computed
-    row by row, so any cell may be reused)."""
-    n_rows = len(prompt) - 1  # prefilled rows; the last token is decoded
+    ``n_prompt`` tokens) a new sequence with ``prompt`` may use: all that match but
+    the prompt's last token, whose logits give the first token; all of them when
+    ``whole`` (the logits of that last token were kept with the cells: a regenerate
+    skips the decode too)."""
     match = common_prefix(cells, prompt)
     if whole and n_prompt == len(prompt) and match == len(prompt):
         return len(prompt)
-    if not tiles:
-        return min(match, n_rows)
-    tiled = n_prompt - 1 if n_prompt - 1 >= MIN_TILE_ROWS else 0
-    if n_rows < MIN_TILE_ROWS:  # a miss computes every row one by one
-        return min(match, n_rows) if tiled == 0 else 0
-    usable = min(match, tiled, n_rows)
-    if 0 < n_rows - usable < MIN_TILE_ROWS:
-        usable = n_rows - MIN_TILE_ROWS  # the rest is prefilled as one whole tile
-    return usable
-
-
-def chunk_rows(
-    rows_left: int, budget: int, max_chunk: int, n_prompt: int, tiles: bool = True
-) -> int:
-    """Prompt rows to prefill in the next chunk, within ``budget``: a long prompt's
-    chunks hold at least ``MIN_TILE_ROWS`` rows and leave none or at least that many,
-    so that every row of it is computed in tiles (a short prompt's rows, one by one,
-    are the same however they are split; so are all rows without ``tiles``)."""
-    if not tiles or n_prompt - 1 < MIN_TILE_ROWS or max_chunk < MIN_TILE_ROWS:
-        return min(rows_left, budget)  # (below a tile per chunk the guarantee is off)
-    n = min(rows_left, max(budget, MIN_TILE_ROWS))
-    if 0 < rows_left - n < MIN_TILE_ROWS:
-        n = rows_left if rows_left <= max_chunk else rows_left - MIN_TILE_ROWS
-    return n
+    return min(match, len(prompt) - 1)
 
 
 @dataclass
@@ -131,7 +95,6 @@ class KvSlots:
     sequence_tokens: int
     prefix_cache: bool = True
     host: HostCache = field(default_factory=lambda: HostCache(0, 1))
-    tiles: bool = True  # f16 KV: long prompts are computed in tiles (see usable_prefix)
     _slots: list[_Slot] = field(init=False)
     _tick: int = field(init=False, default=0)
 
@@ -291,7 +254,7 @@ class KvSlots:
         if not self.prefix_cache or not slot.n_cells or not tokens:
             return _Source(0, slot)
         whole = slot.first_logits is not None
-        usable = usable_prefix(slot.cells, slot.n_prompt, tokens, whole, self.tiles)
+        usable = usable_prefix(slot.cells, slot.n_prompt, tokens, whole)
         return _Source(usable, slot, whole=whole and usable == len(tokens))
 
     def _best_source(self, tokens: Sequence[int], target: _Slot | None) -> _Source:
@@ -301,7 +264,7 @@ class KvSlots:
                 best = max(best, self._own(slot, tokens), key=lambda s: s.usable)
         for entry in self.host.entries():
             whole = entry.first_logits is not None
-            usable = usable_prefix(entry.tokens, entry.n_prompt, tokens, whole, self.tiles)
+            usable = usable_prefix(entry.tokens, entry.n_prompt, tokens, whole)
             if usable > best.usable and entry.state is not None:
                 best = _Source(usable, entry=entry, whole=whole and usable == len(tokens))
         return best
@@ -405,5 +368,5 @@ def kv_book(backend: Backend, prefix_cache: bool, host_cache: HostCache) -> KvCa
         return KvCache(capacity, per_token, backend.num_seq_ids, share=prefix_cache)
     return KvSlots(
         capacity, per_token, backend.num_seq_ids, backend.kv_sequence_tokens,
-        prefix_cache=prefix_cache, host=host_cache, tiles=backend.kv_cache_type == "f16",
+        prefix_cache=prefix_cache, host=host_cache,
     )  # fmt: skip

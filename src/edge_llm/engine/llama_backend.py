@@ -19,6 +19,8 @@ import importlib.util
 import json
 import logging
 import math
+import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -55,6 +57,9 @@ KV_TYPES = {
     "q4_0": (llama.GGML_TYPE_Q4_0, 32, 18),
 }
 _NO_SEED = 0xFFFFFFFF
+# Read by ggml's CPU backend when a context is created (scripts/patches/): the kernels
+# whose rounding depends neither on the thread count nor on the rows of a batch.
+_INVARIANT_ENV = "GGML_CPU_USE_REF"
 _KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
 # GGUF keys of a model's recommended sampling (llama.cpp names them), and our names.
 _RECOMMENDED_SAMPLING = (
@@ -166,6 +171,7 @@ class LlamaBackend:
         kv_cache_type: str = "f16",
         model_id: str | None = None,
         verbose: bool = False,
+        invariant_kernels: bool = False,
     ) -> None:
         if not verbose:
             llama.llama_log_set(_DISCARD_LOGS, ctypes.c_void_p(0))
@@ -185,15 +191,20 @@ class LlamaBackend:
         self.kv_cache_type = kv_cache_type
         self.info = self._describe(path, model_id)
         try:
+            if invariant_kernels:
+                _require_invariant_kernels()
             self.kv_capacity_tokens = self._kv_capacity(kv_budget_bytes, kv_unified)
-            self._ctx = self._new_context(max_batch_tokens, n_threads, kv_unified)
+            with _kernels(invariant_kernels):
+                self._ctx = self._new_context(max_batch_tokens, n_threads, kv_unified)
         except BackendError:
             llama.llama_model_free(self._model)
             raise
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         layout = "unified" if kv_unified else f"slots{max_sequences}"
+        # Cells computed by the other kernels would change an invariant stream's text.
+        kernels = "invariant" if invariant_kernels else "fast"
         self.state_fingerprint = fingerprint(
-            self.info.path, f"{kv_cache_type}|{layout}", llama.__version__
+            self.info.path, f"{kv_cache_type}|{layout}|{kernels}", llama.__version__
         )
         self._memory = llama.llama_get_memory(self._ctx)
         self._batch = _Batch(max_batch_tokens)
@@ -702,6 +713,44 @@ def _new_chain(params: SamplingParams) -> ctypes.c_void_p:
     seed = _NO_SEED if params.seed is None else params.seed & 0xFFFFFFFF
     llama.llama_sampler_chain_add(chain, llama.llama_sampler_init_dist(seed))
     return chain  # type: ignore[no-any-return]
+
+
+class _kernels:  # noqa: N801 (used as a context manager, like a function)
+    """Sets ggml's invariant-kernel switch for the contexts created inside it.
+
+    The switch is an environment variable read when a context's CPU backend is made,
+    so it is set and restored under one process-wide lock."""
+
+    _lock = threading.Lock()
+
+    def __init__(self, invariant: bool) -> None:
+        self._invariant = invariant
+        self._before: str | None = None
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self._before = os.environ.pop(_INVARIANT_ENV, None)
+        if self._invariant:
+            os.environ[_INVARIANT_ENV] = "1"
+
+    def __exit__(self, *exc: object) -> None:
+        os.environ.pop(_INVARIANT_ENV, None)
+        if self._before is not None:
+            os.environ[_INVARIANT_ENV] = self._before
+        self._lock.release()
+
+
+def _require_invariant_kernels() -> None:
+    """Invariant kernels need llama.cpp built with the project's patch; an unpatched
+    build ignores the switch, so its text would silently depend on threads and batch."""
+    lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama.__file__).parent / "lib")
+    for lib in lib_dir.glob("libggml-cpu*"):
+        if _INVARIANT_ENV.encode() in lib.read_bytes():
+            return
+    raise BackendError(
+        "deterministic = true needs llama.cpp built with scripts/patches/ "
+        f"(no {_INVARIANT_ENV} switch in {lib_dir}/libggml-cpu*): run `make install`"
+    )
 
 
 def _finite_float(text: str | None) -> float | None:

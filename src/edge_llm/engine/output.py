@@ -51,7 +51,7 @@ class Output:
                 error = BackendFailure(str(result.error))
                 self.streams.finish(handle, error, SequenceState.DONE, "error")
             elif result.chunk.prompt:
-                self._prefilled(handle, result.chunk)
+                self._prefilled(handle, result.chunk, result.run or [], now)
             else:
                 self._decoded(handle, result.chunk, result.run or [], now)
 
@@ -77,7 +77,11 @@ class Output:
             tier=seq.cache_tier,
         )  # fmt: skip
 
-    def _prefilled(self, handle: StreamHandle, chunk: ScheduledChunk) -> None:
+    def _prefilled(
+        self, handle: StreamHandle, chunk: ScheduledChunk, run: list[Sampled], now: float
+    ) -> None:
+        """A prompt chunk: its cells are the prefix cache's at once; the chunk that
+        ends the prompt brings the first token."""
         seq = handle.seq
         self.scheduler.complete(chunk)
         self.metrics.prompt_tokens.inc(len(chunk.tokens))
@@ -85,14 +89,16 @@ class Output:
             Event.PREFILL_PROGRESS, seq.id, prefill_done=seq.n_prefilled, prefill_total=seq.n_prompt
         )
         self.streams.touch(handle)
+        if run:
+            _, end = self._emit(handle, run, now)
+            if end is not None:
+                self.streams.finish(handle, None, SequenceState.DONE, end.finish_reason)
 
     def _decoded(
         self, handle: StreamHandle, chunk: ScheduledChunk, run: list[Sampled], now: float
     ) -> None:
         """A decode chunk (a first token from kept logits included): its accepted run
         becomes output up to the end of the stream, then its cursor moves."""
-        if run and run[0].logits is not None:  # the prompt's last token: kept for a regenerate
-            self.scheduler.kv.keep_logits(handle.seq.request.prompt_tokens, run[0].logits)
         n_kept, end = self._emit(handle, run, now)
         self.scheduler.complete_run(chunk, n_kept, n_accepted=len(run))
         if chunk.n_draft:
@@ -105,7 +111,10 @@ class Output:
         self, handle: StreamHandle, run: list[Sampled], now: float
     ) -> tuple[int, _End | None]:
         """Record the run's tokens up to the first that ends the stream; returns how
-        many were recorded and the end, if one came."""
+        many were recorded and the end, if one came. The prompt's logits, kept with the
+        first token, stay with its cells for a regenerate."""
+        if run and run[0].logits is not None:
+            self.scheduler.kv.keep_logits(handle.seq.request.prompt_tokens, run[0].logits)
         for n, sampled in enumerate(run, start=1):
             end = self._emit_token(handle, sampled, now)
             if end is not None:

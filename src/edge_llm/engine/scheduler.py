@@ -28,16 +28,13 @@ from typing import Any
 
 from edge_llm.engine.admission import QueueView, queue_view
 from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
-from edge_llm.engine.kv_slots import KvSlots, chunk_rows
+from edge_llm.engine.kv_slots import KvSlots
 from edge_llm.engine.prefill_budget import PrefillBudget
 from edge_llm.engine.priorities import next_in_line, prefill_order, queue_key, queue_position
 from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.speculative import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
-# llama.cpp's CPU attention computes a ubatch of one sequence's one row split across
-# threads once its KV view spans 512 cells (a sequence past 256: views are 256-padded).
-SPLIT_CELLS = 256
 # An admitted sequence waits for a prompt start another sequence is prefilling right
 # now when it would otherwise compute at least this many of those tokens again itself.
 HOLD_FOR_PREFIX_TOKENS = 32
@@ -71,8 +68,6 @@ class SchedulerLimits:
     # A prompt still waiting for its first token this long after it arrived gets the
     # whole batch: past it, holding others' ITL steady would cost it its TTFT time-out.
     urgent_after_s: float | None = None
-    # Batch-invariant decode (``_pad``): a row is never alone in its ubatch.
-    deterministic: bool = False
     max_preemptions: int = 3  # times one stream may be preempted (priorities.py)
 
     @property
@@ -85,7 +80,7 @@ class ScheduledChunk:
     seq: Sequence
     tokens: list[int]
     start_pos: int
-    sample: bool = False
+    sample: bool = False  # a prompt chunk samples when it ends the prompt
     prompt: bool = False  # a chunk of the prompt (else a decode chunk, or kept logits)
     n_draft: int = 0  # the ``n_draft`` tokens before the pad are a draft to verify
     n_pad: int = 0  # the last ``n_pad`` tokens are computed, never sampled (``_pad``)
@@ -229,7 +224,6 @@ class Scheduler:
         seq.num_cached = seq.num_computed = admission.n_cached
         seq.state = SequenceState.PREFILL
         seq.admitted_at = now
-        _decode_when_prefilled(seq)
         self._await_prefix_in_flight(seq)
         self.running.append(seq)
 
@@ -277,7 +271,6 @@ class Scheduler:
             seq.kv_reserved_tokens -= gained
             seq.num_cached += gained
             seq.num_computed += gained
-            _decode_when_prefilled(seq)
             if gained:
                 attached.append((seq, gained))
         return attached
@@ -364,14 +357,15 @@ class Scheduler:
 
     def _decode_chunks(self, draft_room: Callable[[Sequence], int] | None) -> list[ScheduledChunk]:
         """One chunk per decoding sequence: its last token, its draft, and the pad rows
-        that keep every sequence's rows off llama.cpp's split attention (``_pad``)."""
+        that give every sequence as many rows (``_pad``)."""
         decoding = [s for s in self.running if s.runnable and s.state is SequenceState.DECODING]
         price = _DraftPrice(
             self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot),
             PROBE_EVERY * (len(decoding) if self.kv.per_slot else 1),
         )
         chunks = [self._decode_chunk(seq, draft_room, price) for seq in decoding]
-        _pad(chunks, self.kv.per_slot, self.limits.deterministic)
+        if self.kv.per_slot:
+            _pad(chunks)
         return chunks
 
     def _decode_chunk(
@@ -384,27 +378,17 @@ class Scheduler:
         room = draft_room(seq) if draft_room else self.limits.max_draft_tokens + 1
         draft = self._draft(seq, room, price)
         tokens = [seq.last_token, *draft]
-        # The prompt's last token: its logits are kept for a regenerate of the prompt.
-        keep = self.kv.reuses_prefixes and seq.num_computed == seq.n_prompt - 1
-        return ScheduledChunk(
-            seq, tokens, seq.num_computed, sample=True, n_draft=len(draft), keep_logits=keep
-        )
+        return ScheduledChunk(seq, tokens, seq.num_computed, sample=True, n_draft=len(draft))
 
     def _draft(self, seq: Sequence, room: int, price: _DraftPrice) -> list[int]:
         """Prompt-lookup draft: at most one token fewer than may still be emitted
-        (max_tokens, ring room), so an accepted run never overruns either; and, unless
-        ``deterministic``, none past ``SPLIT_CELLS`` in the per-slot layout (below)."""
+        (max_tokens, ring room), so an accepted run never overruns either."""
         max_draft = self.limits.max_draft_tokens
         if max_draft <= 0:
             return []
         if seq.lookup is None:
             seq.lookup = PromptLookup(max_draft)
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
-        if self.kv.per_slot and not self.limits.deterministic:
-            # Past SPLIT_CELLS cells llama.cpp splits a lone row's attention across
-            # threads, but never a drafted run's: the text would depend on where drafts
-            # fell (reader speed, measured costs). Below it both are computed alike.
-            limit = min(limit, SPLIT_CELLS - seq.num_computed - 1)
         return seq.lookup.propose(seq.token_ids, limit, price.threshold, price.probe_every)
 
     def _urgent(self, prefilling: list[Sequence], now: float) -> list[Sequence]:
@@ -431,32 +415,28 @@ class Scheduler:
         for seq in [*urgent, *rest]:
             if budget <= 0:
                 break
-            n = self._chunk_rows(seq, budget)
-            start = seq.num_computed
-            tokens = seq.request.prompt_tokens[start : start + n]
-            chunks.append(ScheduledChunk(seq, tokens, start, prompt=True))
-            budget -= n
+            chunks.append(self._prompt_chunk(seq, budget))
+            budget -= len(chunks[-1].tokens)
         return chunks
 
-    def _chunk_rows(self, seq: Sequence, budget: int) -> int:
-        """Prompt rows ``seq`` prefills in this step, within ``budget``. Every row but
-        the prompt's last is prefilled (that one is decoded, its logits give the first
-        token). In the per-slot layout a long prompt is prefilled in whole tiles
-        (``kv_slots.chunk_rows``), so that llama.cpp computes every row of it the same
-        way, hit or miss."""
-        if not isinstance(self.kv, KvSlots):
-            return min(seq.prefill_rows, budget)
-        limit = self.limits.prefill_chunk_tokens
-        return chunk_rows(seq.prefill_rows, budget, limit, seq.n_prompt, self.kv.tiles)
+    def _prompt_chunk(self, seq: Sequence, budget: int) -> ScheduledChunk:
+        """The next ``budget`` prompt tokens of ``seq``; the chunk that ends the prompt
+        samples the first token, and keeps its logits for a regenerate of the prompt."""
+        start = seq.num_computed
+        tokens = seq.request.prompt_tokens[start : start + min(seq.prefill_rows, budget)]
+        last = start + len(tokens) == seq.n_prompt
+        keep = last and self.kv.reuses_prefixes
+        return ScheduledChunk(seq, tokens, start, sample=last, prompt=True, keep_logits=keep)
 
     def complete(self, chunk: ScheduledChunk) -> None:
         """Record that a prompt chunk was decoded; its cells become visible to the
-        prefix cache at once. A sequence whose prompt is in KV but for its last
-        token decodes that one next."""
+        prefix cache at once. The chunk that ends the prompt sampled the first token
+        (recorded next, by the output): the sequence decodes from then on."""
         seq = chunk.seq
         seq.num_computed += len(chunk.tokens)
         self.kv.computed(seq.require_slot(), seq.token_ids, seq.num_computed, publish=True)
-        _decode_when_prefilled(seq)
+        if chunk.sample:
+            seq.state = SequenceState.DECODING
 
     def complete_run(self, chunk: ScheduledChunk, n_kept: int, n_accepted: int) -> None:
         """A decode chunk was verified and its output recorded: the cells of its first
@@ -509,43 +489,14 @@ class Scheduler:
         return ops
 
 
-def _decode_when_prefilled(seq: Sequence) -> None:
-    """A prompt in KV but for its last token decodes that token next (its logits give
-    the first token): the same row computation whether the rest was cached or not."""
-    if seq.state is SequenceState.PREFILL and seq.first_logits is None and not seq.prefill_rows:
-        seq.state = SequenceState.DECODING
-        seq.last_token = seq.request.prompt_tokens[-1]
-
-
-def _pad(chunks: list[ScheduledChunk], per_slot: bool, deterministic: bool) -> None:
-    """Pad decode chunks with rows that are computed, never sampled, and dropped.
-
-    In the per-slot layout every sequence gets as many rows as the longest (its
-    draft): llama.cpp splits a batch into ubatches holding as many rows of each
-    sequence, and one ubatch is the cheapest. ``deterministic``: llama.cpp's CPU
-    attention splits a row across threads when its ubatch holds one sequence with
-    one row (and 512 cells or more), which rounds differently from a row computed
-    beside others or beside its draft, so such a row gets a pad row: a stream's text
-    then depends neither on the other streams nor on speculation, at the cost of a
-    second row in each of its steps (a lone stream 35-40 % slower, measured by
-    benchmarks/decode_rows.py). Pad rows follow the rows they pad, so causal
-    attention keeps them out of every sampled row."""
-    if not chunks:
-        return
-    length = max(len(c.tokens) for c in chunks)
-    if deterministic and length == 1 and _has_lone_row(chunks, per_slot):
-        length = 2
-    for chunk in chunks if per_slot or len(chunks) == 1 else ():
+def _pad(chunks: list[ScheduledChunk]) -> None:
+    """Per-slot layout: give every decode chunk as many rows as the longest (its
+    draft), with rows that are computed, never sampled, and dropped: llama.cpp splits
+    a batch into ubatches holding as many rows of each sequence, and one ubatch is the
+    cheapest. Pad rows follow the rows they pad, so causal attention keeps them out of
+    every sampled row."""
+    length = max((len(c.tokens) for c in chunks), default=0)
+    for chunk in chunks:
         n_pad = length - len(chunk.tokens)
         chunk.tokens = [*chunk.tokens, *[chunk.tokens[-1]] * n_pad]
         chunk.n_pad = n_pad
-
-
-def _has_lone_row(chunks: list[ScheduledChunk], per_slot: bool) -> bool:
-    """Whether a ubatch would hold one sequence's one row: a lone sequence, or in
-    the per-slot layout one whose slot has no busy neighbour (llama.cpp puts only
-    consecutive slots in one ubatch there)."""
-    if len(chunks) == 1 or not per_slot:
-        return len(chunks) == 1
-    busy = {c.seq.require_slot() for c in chunks}
-    return any(slot - 1 not in busy and slot + 1 not in busy for slot in busy)

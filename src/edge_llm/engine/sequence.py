@@ -119,8 +119,8 @@ class Sequence:
 
     @property
     def prefill_rows(self) -> int:
-        """Prompt tokens still to prefill before its last one, which is decoded."""
-        return max(0, self.n_prompt - 1 - self.num_computed)
+        """Prompt tokens still to prefill (the chunk with the last samples the first token)."""
+        return max(0, self.n_prompt - self.num_computed)
 
     @property
     def kv_tokens(self) -> int:

@@ -36,7 +36,6 @@ class EngineSettings:
     offload_paused_after_s: float = 1.0
     deadline_admission: bool = False
     min_available_bytes: int = 0  # device memory floor (0: not watched)
-    deterministic: bool = False  # batch- and speculation-invariant decode (Scheduler._pad)
     max_preemptions: int = 3  # times one stream may be preempted (0: never)
     adaptive_threads: bool = True  # fewer decode threads under CPU contention (threads.py)
 
@@ -53,6 +52,5 @@ def scheduler_limits(max_sequences: int, settings: EngineSettings) -> SchedulerL
         settings.itl_target_s,
         settings.max_draft_tokens if settings.speculative else 0,
         urgent_after_s,
-        settings.deterministic,
         settings.max_preemptions,
     )

@@ -18,8 +18,13 @@ thread; under ``RAISE_AT`` it tries one more, backing off while such tries fail.
 That measure needs a window of decode, and one step on too many threads can itself
 stall for seconds. So the first step after an idle spell (and a fresh engine's first)
 starts on the threads the cores have room for now: the other processes' runnable
-tasks (``/proc/stat``'s ``procs_running`` less this process's running threads) are
-counted as busy cores.
+tasks count as busy cores, each weighted by the share of a core it has used over its
+life. A busy loop weighs about 1; a client that mostly sleeps on its sockets (the
+one that just sent the request, on the same device) weighs a few hundredths, so it
+does not cost the engine a thread (issue 49: four streams from a light client ran on
+one thread for their first 2 s, 0.80x llama-server). While below full width, each
+window also reads the busy cores, and the thread comes back at once when none is.
+Every change is an event (``decode_threads``) with the reading that caused it.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from edge_llm.observability.events import Event, EventSink, null_sink
 
 if TYPE_CHECKING:
     from edge_llm.engine.backend import Backend
@@ -44,6 +51,7 @@ FIRST_RETRY_S = 2.0  # after a failed try with one thread more, doubled up to MA
 MAX_RETRY_S = 60.0
 IDLE_S = 1.0  # a step after this long without one counts the busy cores first
 SAMPLES, APART_S = 3, 0.002  # readings of the run queue and the time between them
+MIN_LIFE_S = 0.1  # a younger task's share of a core is counted over this long
 
 
 class CoreReadings(Protocol):
@@ -90,13 +98,19 @@ class ProcRunDelay:
 
 
 class ProcRunQueue:
-    """Runnable tasks of other processes right now, on this process's cores: the
-    system's ``procs_running`` less this process's threads in state R (the reading
-    thread is one), scaled by the share of the machine's CPUs this process may use."""
+    """Cores the other processes' runnable tasks hold right now, on this process's
+    cores: each task in state R outside this process counts as the share of a core it
+    has used over its life (a busy loop about 1, a client waiting on sockets nearly
+    0), scaled by the share of the machine's CPUs this process may use. The scan of
+    every task runs only when ``/proc/stat``'s ``procs_running`` shows more runnable
+    tasks than this process's own."""
 
-    def __init__(self, proc: Path = Path("/proc"), cpus: int | None = None) -> None:
+    def __init__(
+        self, proc: Path = Path("/proc"), cpus: int | None = None, ticks_per_s: int = 0
+    ) -> None:
         self.proc = proc
         self.cpus = cpus or usable_cpus()
+        self.ticks_per_s = ticks_per_s or os.sysconf("SC_CLK_TCK")
 
     @classmethod
     def available(cls, proc: Path = Path("/proc")) -> bool:
@@ -106,23 +120,53 @@ class ProcRunQueue:
         try:
             lines = (self.proc / "stat").read_text().splitlines()
             running = sum(int(line.split()[1]) for line in lines if line[:14] == "procs_running ")
-            others = max(0, running - self._own_running())
+            if running <= self._own_running():
+                return 0.0  # the usual quiet case: no scan
+            busy = self._others_busy()
         except (OSError, ValueError, IndexError):
             return 0.0  # unreadable: the windows of decode still govern
         machine_cpus = sum(1 for line in lines if line[:3] == "cpu" and line[3:4].isdigit())
-        return others * min(1.0, self.cpus / max(1, machine_cpus))
+        return busy * min(1.0, self.cpus / max(1, machine_cpus))
 
     def _own_running(self) -> int:
-        return sum(_state(task / "stat") == "R" for task in (self.proc / "self" / "task").iterdir())
+        return sum(_fields(task / "stat")[:1] == ["R"] for task in self._tasks(self.proc / "self"))
+
+    def _others_busy(self) -> float:
+        """The runnable tasks of other processes, each weighted by its life's CPU share."""
+        now_s = float((self.proc / "uptime").read_text().split()[0])
+        own = (self.proc / "self").resolve().name
+        busy = 0.0
+        for process in self.proc.iterdir():
+            if not process.name.isdigit() or process.name == own:
+                continue
+            for task in self._tasks(process):
+                fields = _fields(task / "stat")
+                if fields[:1] == ["R"] and len(fields) > 19:
+                    busy += self._share(fields, now_s)
+        return busy
+
+    def _share(self, fields: list[str], now_s: float) -> float:
+        """A task's CPU seconds (utime + stime) over its life, at most one core."""
+        cpu_s = (int(fields[11]) + int(fields[12])) / self.ticks_per_s
+        life_s = max(MIN_LIFE_S, now_s - int(fields[19]) / self.ticks_per_s)
+        return min(1.0, cpu_s / life_s)
+
+    @staticmethod
+    def _tasks(process: Path) -> Iterator[Path]:
+        try:
+            yield from (process / "task").iterdir()
+        except OSError:
+            return  # the process ended while we read
 
 
-def _state(stat: Path) -> str:
-    """A task's state letter: the field after its name, which may hold spaces."""
+def _fields(stat: Path) -> list[str]:
+    """A task's stat fields from its state letter on (after its name, which may hold
+    spaces); none when the task ended while we read or the line is not a stat line."""
     try:
         text = stat.read_text()
-    except OSError:
-        return ""  # the thread ended while we read
-    return text[text.rindex(")") + 2 :][:1]
+        return text[text.rindex(")") + 2 :].split()
+    except (OSError, ValueError):
+        return []
 
 
 def usable_cpus() -> int:
@@ -172,12 +216,15 @@ class ThreadGovernor:
         cores: CoreReadings,
         clock: Callable[[], float],
         cpus: int,
+        *,
+        events: EventSink = null_sink,
     ) -> None:
         self.max_threads = max_threads
         self.threads = max_threads
         self._set_threads = set_threads
         self._cores = cores
         self._clock = clock
+        self._events = events
         self._spare_cpus = max(0, cpus - max_threads)  # cores our threads never use
         self._last_step_at: float | None = None
         self._busy_s = 0.0
@@ -193,13 +240,17 @@ class ThreadGovernor:
         now, last = self._clock(), self._last_step_at
         if last is not None and now - last < IDLE_S:
             return
-        busy = self._cores.busy_cores()
-        fits = max(1, self.max_threads - max(0, round(busy - self._spare_cpus)))
+        busy, fits = self._room()
         self._trying = False
         if fits < self.threads:  # as after a contended window: no try at once
             self._raise_after = now + self._retry_s
         if fits != self.threads:
-            self._set(fits, f"{busy:.1f} cores busy after idle")
+            self._set(fits, "busy cores after idle", busy)
+
+    def _room(self) -> tuple[float, int]:
+        """The busy cores now, and the threads they leave room for (at least one)."""
+        busy = self._cores.busy_cores()
+        return busy, max(1, self.max_threads - max(0, round(busy - self._spare_cpus)))
 
     def observe(self, decode_s: float) -> None:
         """After each decode, with its duration."""
@@ -218,22 +269,38 @@ class ThreadGovernor:
             if trying:  # the thread added back made it worse: wait longer next time
                 self._retry_s = min(MAX_RETRY_S, self._retry_s * 2)
             self._raise_after = now + self._retry_s
-            self._set(self.threads - 1, f"run-queue delay {load:.2f} per second")
+            self._set(self.threads - 1, "run-queue delay", load)
             return
         if trying:
             self._retry_s = FIRST_RETRY_S
-        if load < RAISE_AT and self.threads < self.max_threads and now >= self._raise_after:
+        if load >= RAISE_AT or self.threads >= self.max_threads:
+            return
+        if self._retry_s == FIRST_RETRY_S:  # no try has failed since the last success
+            busy, fits = self._room()
+            if fits > self.threads:  # the busy cores are gone: all of them back at once
+                self._trying = True
+                self._set(fits, "busy cores gone", busy)
+                return
+        if now >= self._raise_after:
             self._trying = True
-            self._set(self.threads + 1, f"run-queue delay {load:.2f} per second")
+            self._set(self.threads + 1, "run-queue delay", load)
 
-    def _set(self, threads: int, why: str) -> None:
-        log.info("decode threads %d -> %d (%s)", self.threads, threads, why)
+    def _set(self, threads: int, why: str, reading: float) -> None:
+        log.info("decode threads %d -> %d (%s %.2f)", self.threads, threads, why, reading)
+        self._events(
+            Event.DECODE_THREADS, None,
+            threads=threads, before=self.threads, reason=why, reading=round(reading, 3),
+        )  # fmt: skip
         self.threads = threads
         self._set_threads(threads)
 
 
 def thread_governor(
-    backend: Backend, adaptive: bool, clock: Callable[[], float], cores: CoreReadings | None
+    backend: Backend,
+    adaptive: bool,
+    clock: Callable[[], float],
+    cores: CoreReadings | None,
+    events: EventSink = null_sink,
 ) -> ThreadGovernor | None:
     """A governor for ``backend``'s threads, or None where there is nothing to govern
     (one thread, turned off, or no /proc to read)."""
@@ -243,4 +310,6 @@ def thread_governor(
         if not ProcCores.available():
             return None
         cores = ProcCores()
-    return ThreadGovernor(backend.n_threads, backend.set_threads, cores, clock, usable_cpus())
+    return ThreadGovernor(
+        backend.n_threads, backend.set_threads, cores, clock, usable_cpus(), events=events
+    )

@@ -39,6 +39,7 @@ async def pump(
     reported_step: tuple[str, int] | None = None
     last_sent = time.monotonic()
     held_since: float | None = None
+    tokens_flowed = False  # past the first token, a change of state is a pause's, above
     carried = _Carried()
     wants_logprobs = handle.seq.request.sampling.n_logprobs is not None
     while True:
@@ -61,7 +62,7 @@ async def pump(
             if partial and now - held_since < settings.flush_interval_s:
                 await handle.wait_changed(held_since + settings.flush_interval_s - now)
                 continue
-            held_since = None
+            held_since, tokens_flowed = None, True
             logprobs = handle.ring.peek_logprobs(len(pieces)) if wants_logprobs else []
             if delta := carried.delta("".join(pieces), len(pieces), logprobs):
                 yield delta
@@ -75,7 +76,8 @@ async def pump(
             return
         step = _step(handle.seq.public_state(), handle.seq.n_prefilled)
         idle = time.monotonic() - last_sent
-        if idle >= settings.heartbeat_interval_s or (progress and step != reported_step):
+        changed = progress and not tokens_flowed and step != reported_step
+        if idle >= settings.heartbeat_interval_s or changed:
             beat = _heartbeat(engine, handle)
             reported_step = _step(beat.state, beat.prefill_done)  # as read under the lock
             yield beat

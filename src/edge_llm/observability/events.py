@@ -53,6 +53,8 @@ class Event(StrEnum):
     # Engine: device memory under min_available_mb, and back above it.
     MEMORY_PRESSURE = "memory_pressure"
     MEMORY_RECOVERED = "memory_recovered"
+    # Engine: the thread governor changed the decode threads (with its reading and why).
+    DECODE_THREADS = "decode_threads"
     # Server: admission details and upstreams.
     MAX_TOKENS_CLAMPED = "max_tokens_clamped"
     PROMPT = "prompt"  # the prompt text, with log_prompts on

@@ -76,7 +76,6 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         cache_dir_bytes=cache.cache_dir_mb * 1024 * 1024,
         offload_paused_after_s=cache.offload_paused_after_ms / 1000.0,
         deadline_admission=sched.deadline_admission,
-        deterministic=sched.deterministic,
         max_preemptions=sched.max_preemptions,
         min_available_bytes=config.model.min_available_mb * 1024 * 1024,
         adaptive_threads=config.model.adaptive_threads,
@@ -114,6 +113,7 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
         kv_cache_type=config.cache.kv_cache_type,
         model_id=model_id,
         verbose=config.model.verbose,
+        invariant_kernels=sched.deterministic,
     )
 
 
