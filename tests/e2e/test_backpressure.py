@@ -53,15 +53,18 @@ async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None
     assert end[0]["pauses"] == 1
 
 
-async def test_paused_and_resumed_text_equals_uninterrupted(engine_server) -> None:
+async def test_paused_and_resumed_text_equals_uninterrupted(engine_factory) -> None:
+    """With ``deterministic`` (docs/architecture.md: the exactness table), also while
+    other requests run beside it during the pause."""
+    engine = engine_factory("--deterministic", "--max-pause-ms", "600000")
     body = chat_body(STORY, max_tokens=500)  # past 512 cells: llama.cpp's split rows apply
-    reference = (await complete(engine_server.url, body))["choices"][0]["message"]["content"]
-    url = engine_server.base_url.replace("http", "ws") + "/stream"
+    reference = (await complete(engine.url, body))["choices"][0]["message"]["content"]
+    url = engine.base_url.replace("http", "ws") + "/stream"
     async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
         await ws.send_json({"type": "start", "request": body})
         stream_id = (await next_frame(ws, "started"))["id"]
         first = await next_frame(ws, "delta")
-        pause = await pause_stream(engine_server, ws, stream_id, busy(engine_server))
+        pause = await pause_stream(engine, ws, stream_id, busy(engine))
         rest: list[dict[str, Any]] = []
         await next_frame(ws, "done", seen=rest)
     pause.assert_within_one_token()

@@ -460,3 +460,59 @@ def test_the_thread_count_changes_no_logit(backend: LlamaBackend) -> None:
     switching = logits(lambda step: 2 - step % 2)
     assert len(backend.tokenize(COPY, add_special=True)) > 64  # a batched prefill
     assert all(np.array_equal(a, b) for a, b in zip(two, switching, strict=True))
+
+
+def last_row_logits(
+    backend: LlamaBackend, prompt: Sequence[int], chunks: Sequence[int], threads: int = 1
+) -> np.ndarray:
+    """The logits of ``prompt``'s last token, its rows decoded in ``chunks`` (sizes, in
+    order; the last chunk samples), on ``threads`` threads; slot 0 freed after."""
+    backend.set_threads(threads)
+    backend.start_sequence("0", SamplingParams(temperature=0.0))
+    try:
+        start = 0
+        for n in chunks[:-1]:
+            backend.decode([BatchItem(0, prompt[start : start + n], start, False, "0")])
+            start += n
+        item = BatchItem(0, prompt[start:], start, True, "0", keep_logits=True)
+        [sampled] = backend.decode([item])
+        return np.asarray(sampled.logits)
+    finally:
+        release(backend, 0)
+        backend.set_threads(THREADS)
+
+
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fast"])
+def test_invariant_kernels_give_a_row_the_same_bits_in_any_batch_and_on_any_thread_count(
+    invariant: bool,
+) -> None:
+    """deterministic = true (scripts/patches/): the last row of a ~700-token prompt (past
+    512 cells, where a lone row's attention is split across the threads by default)
+    computed in one batch, alone after the rest, in 100-row chunks, on 1 or 2 threads:
+    the same logits, bit for bit. The fast kernels
+    (the default) round a lone row differently: the comparison can fail."""
+    backend = LlamaBackend(
+        None, kv_budget_bytes=64 << 20, max_sequences=2, max_batch_tokens=768,
+        n_threads=THREADS, kv_unified=False, invariant_kernels=invariant,
+    )  # fmt: skip
+    try:
+        prompt = (backend.tokenize(" ".join([STORY, COPY] * 12), add_special=True) * 2)[:700]
+        whole = last_row_logits(backend, prompt, [700])
+        n = len(prompt)
+        shapes = {
+            "alone after the rest": [n - 1, 1],
+            "100-row chunks": [100] * 7,
+            "alone, two threads": ([n - 1, 1], 2),
+            "whole, two threads": ([n], 2),
+        }
+        differs = {}
+        for name, shape in shapes.items():
+            chunks, threads = shape if isinstance(shape, tuple) else (shape, 1)
+            row = last_row_logits(backend, prompt, chunks, threads)
+            differs[name] = float(np.max(np.abs(row - whole)))
+        if invariant:
+            assert differs == dict.fromkeys(shapes, 0.0)
+        else:
+            assert differs["alone after the rest"] > 0.0  # the split lone row
+    finally:
+        backend.close()

@@ -23,7 +23,8 @@ from support import STORY, chat_body, complete, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
-FLAGS = ("--max-pause-ms", "600000", "--offload-paused-after-ms", "200")  # time-outs only
+# Time-outs only; deterministic: a restored stream's text is compared (docs/architecture.md).
+FLAGS = ("--max-pause-ms", "600000", "--offload-paused-after-ms", "200", "--deterministic")
 SLOTS = 4  # the default max_sequences
 TOLD_BEFORE_PAUSE = 16  # tokens a checked story streams before its pause
 STORY_TOKENS = 300  # enough for a wrong restore to show in the text
