@@ -101,7 +101,6 @@ async def test_deterministic_the_next_turn_is_the_same_hit_or_miss(
     assert story_text(hit) == story_text(miss)
 
 
-
 async def test_quantized_kv_rows_are_the_same_whatever_the_batch_and_threads(
     engine_factory: EngineFactory,
 ) -> None:
