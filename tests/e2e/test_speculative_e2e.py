@@ -18,7 +18,9 @@ import aiohttp
 import jsonschema
 import pytest
 
-from conftest import EngineProcess, start_engine
+from edge_llm.bench.prompts import long_text
+
+from conftest import EngineFactory, EngineProcess, start_engine
 from helpers import delta_text, next_frame
 from support import COPY, chat_body, complete, pause_stream, text_of, wait_until
 
@@ -41,6 +43,12 @@ PERSON = {
     "additionalProperties": False,
 }
 ACCEPTED = "edge_llm_spec_accepted_tokens_total"
+DRAFTED = "edge_llm_spec_draft_tokens_total"
+# A passage of about 400 tokens (24 sentences): copying it runs the sequence far past 256
+# cells, where until 2026-12-06 nothing was drafted.
+LONG_COPY = (
+    "Repeat the following text exactly, word for word:\n\n" + long_text(3, 24).split("\n\n")[1]
+)
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +143,20 @@ async def test_pause_inside_a_run_lets_through_at_most_one_token(engines) -> Non
     await wait_until(
         lambda: engine.debug_streams()["kv_used_bytes"] == 0, timeout=30, what="KV freed"
     )
+
+
+async def test_a_long_copy_drafts_past_256_cells_and_matches_the_undrafted_text(
+    engine_factory: EngineFactory,
+) -> None:
+    """Issue 42: a copy task with a 400-token prompt drafts; with ``deterministic`` its
+    text is the undrafted one bit for bit (docs/architecture.md's table)."""
+    flags = ("--deterministic", "--ttft-timeout-ms", "0")
+    drafting = engine_factory(*flags)
+    plain = engine_factory(*flags, "--speculative", "off")
+    body = chat_body(LONG_COPY, max_tokens=300)
+    on = await complete(drafting.url, body)
+    assert on["usage"]["prompt_tokens"] >= 400
+    assert drafting.metric(DRAFTED) > 0 and drafting.metric(ACCEPTED) > 0
+    off = await complete(plain.url, body)
+    assert plain.metric(DRAFTED) == 0
+    assert text_of(on) == text_of(off)
