@@ -69,6 +69,12 @@ _IDLE_WAIT_S = 5.0
 
 
 class Engine:
+    """The inference thread and its public face. It is longer than a module here
+    usually is because every public method (submit, pause, resume, cancel, consumed,
+    ...) takes the lock briefly and the step's phases are named methods; what each
+    capability decides lives in its own module the step calls (scheduler, KV books,
+    offload, deadlines, memory, threads, output)."""
+
     def __init__(
         self,
         backend: Backend,

@@ -157,6 +157,11 @@ class KvCacheStats:
 
 @dataclass
 class KvCache:
+    """The unified pool's book: a radix tree of shared prefix cells, their reference
+    counts, the budget and the eviction order. Its length is one state those share
+    (every method moves cells between live, cached and free); it returns KV
+    operations and never calls llama.cpp."""
+
     capacity_tokens: int
     bytes_per_token: int
     num_seq_ids: int

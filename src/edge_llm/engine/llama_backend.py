@@ -157,7 +157,8 @@ class _Batch:
 
 
 class LlamaBackend:
-    """Owns the model, the context, the batch and one sampler per sequence."""
+    """Owns the model, the context, the batch and one sampler per sequence: every call
+    into llama.cpp, which only this module imports, hence its length."""
 
     def __init__(
         self,

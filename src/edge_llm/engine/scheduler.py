@@ -109,6 +109,11 @@ class StepPlan:
 
 
 class Scheduler:
+    """Admission, the queue, returns from offload and each step's plan: one state
+    (running, waiting, offloaded) that all of them change, hence one class; the
+    policies it applies are pure modules of their own (priorities, prefill_budget,
+    speculative, admission)."""
+
     def __init__(self, limits: SchedulerLimits, kv: KvCache | KvSlots) -> None:
         self.limits = limits
         self.kv = kv
