@@ -43,12 +43,17 @@ def check(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in report["checks"] if c["name"] == name)
 
 
-def test_healthy_engine_passes(engine_server: Any) -> None:
-    # A generous TTFT threshold: this test is about the checks, not this machine's speed.
+def test_healthy_engine_passes(engine_factory: Any) -> None:
+    # Generous TTFT thresholds, the doctor's and the engine's: this test is about the
+    # checks, not this machine's speed (a loaded machine took the 300-word prompt past
+    # the seed's 10 s time-out: the ttft check then warns of a 504).
+    engine = engine_factory("--ttft-timeout-ms", "600000")
     code, report = doctor(
-        "--base-url", engine_server.base_url, "--model", MODEL, "--ttft-warn-ms", "600000"
+        "--base-url", engine.base_url, "--model", MODEL, "--ttft-warn-ms", "600000"
     )
-    assert set(statuses(report).values()) == {"pass"}, report
+    assert set(statuses(report).values()) == {"pass"}, [
+        c for c in report["checks"] if c["status"] != "pass"
+    ]
     assert code == 0
     ttft = check(report, "ttft")["details"]
     assert ttft["long_ttft_ms"] > 0

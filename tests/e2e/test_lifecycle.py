@@ -235,7 +235,7 @@ async def test_full_queue_is_503_and_a_queued_disconnect_leaves_the_queue(
         await wait_until(
             lambda: engine.debug_streams()["requests_waiting"] == 0, what="an empty queue"
         )
-        assert engine.stream(holder)["state"] in ("decoding", "paused")  # still in the slot
+        assert engine.stream(holder)["state"] not in ("done", "cancelled")  # still in the slot
     finally:
         running.close()
         if queued is not None:
