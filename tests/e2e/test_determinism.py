@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import EngineFactory, EngineProcess
-from support import STORY, cached, chat_body, complete, text_of
+from support import STORY, cached, chat_body, complete, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -60,6 +60,10 @@ async def test_deterministic_the_story_is_the_same_from_every_cache_tier(
     assert cached(restored) > 0
     engine.stop()  # what the slots kept goes to the disk tier
     restarted = engine_factory(*EXACT, "--cache-dir", cache_dir)
+    await wait_until(
+        lambda: restarted.debug_streams()["kv_host_cache_entries"] >= 1,
+        what="the disk tier read back",
+    )
     from_disk = await answer(restarted, story)
     assert restarted.metric("edge_llm_prompt_cache_hits_total", tier="disk") == 1
     assert cached(from_disk) > 0
