@@ -341,7 +341,9 @@ async def run_repeats(
                 if not await asyncio.to_thread(wait_idle, ctx.server):
                     figures.details["warning"] = "server still busy 60 s after the scenario"
                 results.add(spec.key, name, figures)
-                value = "failed" if figures.value is None else f"{figures.value:.3g}"
+                value = f"{figures.value:.3g}" if figures.value is not None else "failed"
+                if "errors" in figures.details:  # why, at once (the JSON is written at the end)
+                    value += f" {figures.details['errors']}"
                 console.print(f"repeat {repeat + 1}/{repeats} {spec.key:<13} {name:<13} {value}")
     return results
 
