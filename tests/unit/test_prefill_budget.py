@@ -136,3 +136,19 @@ def test_a_prompt_near_its_ttft_time_out_goes_first_with_whole_batches() -> None
     # The old prompt decodes; the young one is back to the target's budget.
     *decode, (name, n) = complete(scheduler, now=6.0)
     assert decode == [("decoding", 1), ("old", 1)] and name == "young" and n < 80
+
+
+def test_prompts_arriving_together_with_none_decoding_finish_one_by_one_in_whole_steps() -> None:
+    """Four users at once (issue 42's multi-turn benchmark: three of four first turns
+    met a 10 s TTFT time-out on a loaded machine): with no stream decoding there is no
+    one's ITL to keep, so a step finishes the shortest prompt instead of giving each
+    a target-sized sliver; once one decodes, the target governs again."""
+    kv = KvCache(10_000, 10, num_seq_ids=8, share=False)
+    scheduler = Scheduler(SchedulerLimits(4, 4, 512, itl_target_s=0.1), kv)
+    scheduler.prefill_budget.costs = measured(0.01, 0.01, prefill_token_s=0.001)
+    users = [make_seq(322 + i, f"user{i}") for i in range(4)]
+    for user in users:
+        scheduler.add(user, 0.0)
+    assert complete(scheduler) == [("user0", 322)]  # whole, sampling its first token
+    decode, (name, n) = complete(scheduler)
+    assert decode == ("user0", 1) and name == "user1" and 75 <= n <= 80

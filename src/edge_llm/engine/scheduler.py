@@ -352,8 +352,17 @@ class Scheduler:
             budget = self.limits.prefill_chunk_tokens
         else:
             budget = self.prefill_budget.tokens(n_decode_tokens, len(prefilling))
+            if not n_decode_tokens:  # no one's ITL to keep: the shortest prompt finishes
+                budget = max(
+                    budget, min(self._shortest(prefilling), self.limits.prefill_chunk_tokens)
+                )
         plan.chunks.extend(self._prefill_chunks(prefilling, budget, urgent))
         return plan
+
+    @staticmethod
+    def _shortest(prefilling: list[Sequence]) -> int:
+        """The fewest prompt tokens a prefilling sequence has left (0: none left)."""
+        return min((s.prefill_rows for s in prefilling if s.prefill_rows), default=0)
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """A step's measured time, for the prefill budget, the drafts' worth and
