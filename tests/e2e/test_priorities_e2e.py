@@ -28,7 +28,9 @@ TWO_SLOTS = (
     "--prefill-chunk-tokens", "32", "--heartbeat-interval-ms", "200", "--deterministic",
 )  # fmt: skip
 LOW_MAX_TOKENS = 320  # near-ties show only after a few hundred tokens (support.STORY)
-FILLER_MAX_TOKENS = 300  # the neighbour holding the other slot outlasts the test's stream
+# The neighbour holding the other slot outlasts the test's stream (no end of
+# generation: ignore_eos); the tests cancel it.
+FILLER_MAX_TOKENS = 2 * LOW_MAX_TOKENS
 URGENT = "Name three colours."
 URGENT_MAX_TOKENS = 24  # long enough a preemption that a loaded machine still sees it
 LONG_QUESTION = (
@@ -44,7 +46,9 @@ def tagged(text: str) -> str:
 
 async def occupy(engine: EngineProcess, priority: int) -> asyncio.Task[dict[str, Any]]:
     """A request of class ``priority`` decoding in one slot (its text, once it ends)."""
-    body = chat_body(tagged("Write a long poem about the sea."), max_tokens=FILLER_MAX_TOKENS)
+    body = chat_body(
+        tagged("Write a long poem about the sea."), max_tokens=FILLER_MAX_TOKENS, ignore_eos=True
+    )
     task = asyncio.create_task(complete(engine.url, {**body, "priority": priority}))
     streams = engine.debug_streams
     await wait_until(
