@@ -150,13 +150,16 @@ class _Clock:
         usage, stats = answer.usage(), answer.stats()
         total = time.monotonic() - self.started
         ttft_s = (stats.get("ttft_ms") or 0.0) / 1000.0
+        eval_tokens = int(usage.get("completion_tokens") or 0)
         return ollama.Timings(
             total_s=total,
             load_s=self.load_s,
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             prompt_s=ttft_s,
-            eval_tokens=int(usage.get("completion_tokens") or 0),
-            eval_s=max(0.0, total - self.load_s - ttft_s),
+            eval_tokens=eval_tokens,
+            # At least a nanosecond a token: clients divide eval_count by it (the first
+            # token comes with the prompt's last chunk, and the clocks are read apart).
+            eval_s=max(eval_tokens * 1e-9, total - self.load_s - ttft_s),
         )
 
 
