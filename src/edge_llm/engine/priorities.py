@@ -56,7 +56,7 @@ def prefill_order(prefilling: list[Sequence]) -> list[Sequence]:
     for seq in sorted(prefilling, key=lambda s: s.created_at):
         rank[seq.id] = seen[_session(seq)]
         seen[_session(seq)] += 1
-    return sorted(prefilling, key=lambda s: (s.priority, rank[s.id], s.prefill_rows))
+    return sorted(prefilling, key=lambda s: (s.priority, rank[s.id], s.prefill_remaining))
 
 
 def preemption_victim(

@@ -362,7 +362,7 @@ class Scheduler:
     @staticmethod
     def _shortest(prefilling: list[Sequence]) -> int:
         """The fewest prompt tokens a prefilling sequence has left (0: none left)."""
-        return min((s.prefill_rows for s in prefilling if s.prefill_rows), default=0)
+        return min((s.prefill_remaining for s in prefilling if s.prefill_remaining), default=0)
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """A step's measured time, for the prefill budget, the drafts' worth and
@@ -423,9 +423,9 @@ class Scheduler:
             if seq.first_logits is not None:
                 logits, seq.first_logits = seq.first_logits, None
                 chunks.append(ScheduledChunk(seq, [], seq.num_computed, True, logits=logits))
-        urgent = [seq for seq in urgent if seq.prefill_rows]
+        urgent = [seq for seq in urgent if seq.prefill_remaining]
         late = {seq.id for seq in urgent}
-        rest = prefill_order([s for s in prefilling if s.id not in late and s.prefill_rows])
+        rest = prefill_order([s for s in prefilling if s.id not in late and s.prefill_remaining])
         for seq in [*urgent, *rest]:
             if budget <= 0:
                 break
@@ -437,7 +437,7 @@ class Scheduler:
         """The next ``budget`` prompt tokens of ``seq``; the chunk that ends the prompt
         samples the first token, and keeps its logits for a regenerate of the prompt."""
         start = seq.num_computed
-        tokens = seq.request.prompt_tokens[start : start + min(seq.prefill_rows, budget)]
+        tokens = seq.request.prompt_tokens[start : start + min(seq.prefill_remaining, budget)]
         last = start + len(tokens) == seq.n_prompt
         keep = last and self.kv.reuses_prefixes
         return ScheduledChunk(seq, tokens, start, sample=last, prompt=True, keep_logits=keep)

@@ -118,11 +118,6 @@ class Sequence:
         return self.n_prompt - self.n_prefilled
 
     @property
-    def prefill_rows(self) -> int:
-        """Prompt tokens still to prefill (the chunk with the last samples the first token)."""
-        return max(0, self.n_prompt - self.num_computed)
-
-    @property
     def kv_tokens(self) -> int:
         """KV cursor: cells this sequence occupies (prompt fed + tokens fed back)."""
         return self.num_computed
