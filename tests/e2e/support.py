@@ -54,6 +54,25 @@ async def wait_until(
         await asyncio.sleep(POLL_S)
 
 
+async def logged_through(engine: EngineProcess, request_id: str) -> list[dict[str, Any]]:
+    """The event log once the request's end line is on disk: its own thread writes the
+    log, and every line emitted before a request's end is written before it."""
+    await wait_until(lambda: engine.events_of("end", request_id), what=f"the end of {request_id}")
+    return engine.events()
+
+
+async def logged_since(engine: EngineProcess, before: int) -> list[dict[str, Any]]:
+    """The event log's lines after the first ``before``, once one of them is a
+    request's end (the end of a call made since ``before`` was counted)."""
+
+    def since() -> list[dict[str, Any]]:
+        lines = engine.events()[before:]
+        return lines if any(line["event"] == "end" for line in lines) else []
+
+    result: list[dict[str, Any]] = await wait_until(since, what="a request's end line")
+    return result
+
+
 def chat_body(
     content: str, *, max_tokens: int = 32, stream: bool = True, **extra: Any
 ) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from agent_clis import (
     shape,
 )
 from conftest import EngineProcess, start_engine
+from support import logged_since
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -146,7 +147,7 @@ async def test_claude_code_round_trip_on_the_embedded_model(
     run = await run_cli(claude, args, claude_env(home, engine_server.url), cwd)
     assert run.returncode == 0, run.output
     assert run.stdout.strip(), run.output
-    events = engine_server.events()[before:]
+    events = await logged_since(engine_server, before)
     clamped = [e for e in events if e["event"] == "max_tokens_clamped"]
     assert clamped and clamped[0]["requested"] == 32000, clamped
     admitted = [e for e in events if e["event"] == "admitted"]
@@ -209,7 +210,7 @@ async def test_codex_round_trip_on_the_embedded_model(
     run = await run_cli(codex, args, codex_env(home, roomy_engine.url), cwd)
     assert run.returncode == 0, run.output
     assert run.stdout.strip(), run.output
-    admitted = [e for e in roomy_engine.events()[before:] if e["event"] == "admitted"]
+    admitted = [e for e in await logged_since(roomy_engine, before) if e["event"] == "admitted"]
     assert len(admitted) == 1, admitted  # one call, retries off
     report = {"answer": run.stdout.strip(), "n_prompt_tokens": admitted[0]["n_prompt_tokens"]}
     print(json.dumps({"codex": report}))

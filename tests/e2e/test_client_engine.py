@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from edge_llm.client import ClientConfig, StreamClient, TtftTimeoutError
 from edge_llm.observability.events import read_events
 
 from helpers import Recorder, next_frame
-from support import chat_body, served_model, wait_until
+from support import chat_body, logged_through, served_model, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -151,7 +152,8 @@ def test_chat_ws_render_delay_sends_pause_and_resume(engine_server: Any, tmp_pat
     assert names.index("pause_sent") < names.index("resume_sent")
     rid = next(e["request_id"] for e in events if e["event"] == "pause_sent")
     assert rid
-    engine_names = engine_events(engine_server, rid)
+    logged = asyncio.run(logged_through(engine_server, rid))
+    engine_names = [e["event"] for e in logged if e.get("request_id") == rid]
     assert "pause_received" in engine_names
     assert "resume_received" in engine_names
 

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import STORY, RawSseClient, RssSampler, wait_until
+from support import STORY, RawSseClient, RssSampler, logged_through, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -92,7 +92,8 @@ def test_switching_models_that_do_not_fit_together_stays_in_the_budget(tmp_path:
         )
         document = engine.debug_streams()
         assert document["model_memory_used_bytes"] <= budget_mb * MIB
-        unloads = [e for e in engine.events() if e["event"] == "model_unloaded"]
+        logged = asyncio.run(logged_through(engine, str(answer["id"])))
+        unloads = [e for e in logged if e["event"] == "model_unloaded"]
         assert [e["reason"] for e in unloads] == ["request", "memory", "memory", "memory"]
     finally:
         engine.stop()
@@ -116,8 +117,12 @@ async def test_concurrent_first_requests_load_the_model_once(two_models) -> None
         statuses = await asyncio.gather(*(ask() for _ in range(5)))
     assert statuses == [200] * 5
     assert loads(engine, "gemma") == before + 1
-    loading = [e for e in engine.events() if e["event"] == "model_loading"]
-    assert sum(1 for e in loading if e["model"] == "gemma") == before + 1
+
+    def gemma_loads() -> list[dict[str, object]]:
+        return [e for e in engine.events_of("model_loading") if e["model"] == "gemma"]
+
+    await wait_until(lambda: len(gemma_loads()) >= before + 1, what="the model_loading line")
+    assert len(gemma_loads()) == before + 1
 
 
 def cosine(a: list[float], b: list[float]) -> float:

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import EngineProcess, start_engine
 from helpers import next_frame
-from support import cached, chat_body, complete, text_of, wait_until
+from support import cached, chat_body, complete, logged_through, text_of, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -66,14 +66,12 @@ async def test_regenerate_reuses_the_prompt_and_gives_the_same_greedy_text(engin
     assert cached(again) == n_prompt
     assert cached(first) < n_prompt
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-    hits = [
-        e for e in engine.events() if e["event"] == "cache_hit" and e["request_id"] == again["id"]
-    ]
+    logged = await logged_through(engine, again["id"])
+    hits = [e for e in logged if e["event"] == "cache_hit" and e["request_id"] == again["id"]]
     assert hits and hits[0]["n_cached_tokens"] == cached(again)
     progress = [
-        e for e in engine.events()
-        if e["event"] == "prefill_progress" and e["request_id"] == again["id"]
-    ]  # fmt: skip
+        e for e in logged if e["event"] == "prefill_progress" and e["request_id"] == again["id"]
+    ]
     assert progress == [] or all(e["prefill_done"] == n_prompt for e in progress)
 
 

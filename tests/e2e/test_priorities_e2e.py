@@ -14,7 +14,15 @@ import aiohttp
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import STORY, chat_body, complete, read_sse, text_of, wait_until
+from support import (
+    STORY,
+    chat_body,
+    complete,
+    logged_through,
+    read_sse,
+    text_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +134,7 @@ async def _preempted_over_websocket(
     await leave(neighbour)
     entry = engine.stream(stream_id)
     assert (entry["priority"], entry["preemptions"]) == (5, 1)
-    events = [(e["event"], e["request_id"]) for e in engine.events()]
+    events = [(e["event"], e["request_id"]) for e in await logged_through(engine, stream_id)]
     assert events.index(("offloaded", stream_id)) < events.index(("restored", stream_id))
 
 
@@ -194,7 +202,8 @@ async def test_the_same_class_waits_its_turn_and_progress_comes_in_order(
         assert prefilled == sorted(prefilled) and len(set(prefilled)) > 1  # chunk by chunk
         # then tokens, with a heartbeat's "decoding" where no token came for 200 ms
         assert {state for state, _ in kinds[first_token:]} <= {"token", "decoding"}
-        order_of = [(e["event"], e["request_id"]) for e in engine.events()]
+        await logged_through(engine, second_id)
+        order_of = [(e["event"], e["request_id"]) for e in await logged_through(engine, first_id)]
         assert order_of.index(("end", first_id)) < order_of.index(("scheduled", second_id))
         metrics = engine.metrics_text()  # the same class: nobody was preempted
         assert "edge_llm_preemptions_total{" not in metrics
