@@ -105,7 +105,9 @@ def _keep(log: list[str], line: str) -> None:
     del log[:-MAX_LOG_LINES]
 
 
-def start_engine(model: str, threads: int, extra: list[str]) -> ServerProcess:
+def start_engine(
+    model: str, threads: int, extra: list[str], name: str = "edge-llm"
+) -> ServerProcess:
     """``python -m edge_llm serve --port 0``; ready once it prints its URL."""
     cmd = [
         sys.executable, "-m", "edge_llm", "serve", "--host", "127.0.0.1", "--port", "0",
@@ -124,7 +126,7 @@ def start_engine(model: str, threads: int, extra: list[str]) -> ServerProcess:
         _keep(log, line)
         if line.startswith("edge-llm: serving") and " on http://" in line:
             root = line.split(" on ", 1)[1].split()[0]
-            server = ServerProcess("edge-llm", root, proc, log)
+            server = ServerProcess(name, root, proc, log)
             _drain_in_background(lines, server)
             return server
     proc.kill()

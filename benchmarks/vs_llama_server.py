@@ -48,6 +48,9 @@ edge-llm / ngram-mod beside edge-llm / llama-server. ``--edge-flags`` passes mor
 flags to edge-llm (``--edge-flags=--deterministic`` measures that mode against the
 same anchors); the run's title, its notes and its benchmark name say which ran, so
 such a run is published beside the default one, not over the README's headline.
+``--variant-flags`` starts a second edge-llm with those flags beside the first and runs
+every scenario on it too (``--variant-flags=--deterministic``: what the mode costs,
+side by side with the default in one run); a third table gives variant / edge-llm.
 
 The machine is shared: under the table, the CPU time other processes used during the
 run (and the busiest of them) and the load average, so a reader can judge the noise.
@@ -281,6 +284,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the run's title and benchmark name carry them",
     )
     parser.add_argument(
+        "--variant-flags",
+        default="",
+        help="a second edge-llm with these extra flags, on every scenario, and its ratio "
+        "to the first (--variant-flags=--deterministic)",
+    )
+    parser.add_argument(
         "--ngram-peer",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -409,6 +418,32 @@ def table(
     )
 
 
+VARIANT_GOALS = {"tok/s": ">= 0.95", "s": "<= 1.05"}
+
+
+def variant_table(
+    phases: dict[str, Results], specs: dict[str, list[ScenarioSpec]], variant: str
+) -> dict[str, Any]:
+    """The variant edge-llm's figures beside the first's, per scenario row and state."""
+    rows = []
+    for state, results in phases.items():
+        for spec in specs[state]:
+            for row in spec.rows():
+                title, unit, _ = _row_text(spec, row)
+                edge = results.values(spec.key, EDGE, row)
+                other = results.values(spec.key, variant, row)
+                rows.append([
+                    f"{title}{'' if state == 'fresh' else f' ({state})'}", unit,
+                    _spread_cell(edge), _spread_cell(other), ratio_cell(other, edge),
+                    VARIANT_GOALS.get(unit, "-"),
+                ])  # fmt: skip
+    columns = (
+        "scenario", "unit", f"{EDGE} median (min-max)", f"{variant} median (min-max)",
+        f"ratio {variant} / {EDGE} min / median / max", "goal",
+    )  # fmt: skip
+    return table_data(f"{variant} beside {EDGE}", columns, rows)
+
+
 def _spread_cell(values: list[float | None]) -> str:
     return spread([v for v in values if v is not None]) + _failed(values)
 
@@ -474,6 +509,11 @@ def edge_name(args: argparse.Namespace) -> str:
     return " ".join(["edge-llm", *filter(None, (layout, args.edge_flags.strip()))])
 
 
+def variant_name(args: argparse.Namespace) -> str | None:
+    flags = args.variant_flags.strip()
+    return f"{EDGE} {flags}" if flags else None
+
+
 def benchmark_name(args: argparse.Namespace) -> str:
     """``vs_llama_server`` for make run's configuration; with other edge-llm flags a name
     of its own (``vs_llama_server_deterministic``), so that publishing such a run lists
@@ -523,6 +563,12 @@ class Comparison:
         self.model_bytes = Path(self.model).stat().st_size
         llama_kv = self.ctx_tokens * kv_per_token
         contexts = {EDGE: self._context(engine, kv_budget), LLAMA: self._context(llama, llama_kv)}
+        variant = variant_name(self.args)
+        if variant is not None:
+            variant_flags = [*flags, *self.args.variant_flags.split()]
+            other = start_engine(self.model, self.args.threads, variant_flags, name=variant)
+            self.servers.append(other)
+            contexts[variant] = self._context(other, kv_of_engine(other)[0])
         if self.with_ngram:
             ngram = start_llama_server(
                 self.binary, self.model, self.args.threads, self.ctx_tokens, PARALLEL,
@@ -548,6 +594,9 @@ class Comparison:
         tables = [table(phases, specs, self.args.repeats, servers, name)]
         if "fresh" in phases and "steady" in phases:
             tables.append(steady_table(phases, specs["steady"], servers))
+        variant = variant_name(self.args)
+        if variant is not None:
+            tables.append(variant_table(phases, specs, variant))
         setup = self._setup()
         for summary in tables:
             self.console.print(rich_table(summary))
@@ -562,6 +611,7 @@ class Comparison:
             "llama_server_ctx": self.ctx_tokens,
             "edge_layout": self.args.edge_layout,
             "edge_flags": self.args.edge_flags.split(),
+            "variant_flags": self.args.variant_flags.split(),
             "servers": servers,
         }
         run = header(benchmark_name(self.args), f"{name} vs llama-server", started, machine,
@@ -571,6 +621,7 @@ class Comparison:
     def _setup(self) -> str:
         """The note under the tables: the model, each server's flags, the KV budgets."""
         flags = self.args.edge_flags.strip()
+        variant = self.args.variant_flags.strip()
         ngram = (
             f"; llama-server {' '.join(NGRAM_FLAGS)} (same flags otherwise) for the copy scenarios"
             if self.with_ngram
@@ -582,6 +633,7 @@ class Comparison:
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
             f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}); "
             f"extra edge-llm flags: {f'`{flags}`' if flags else 'none'}"
+            + (f"; a second edge-llm with `{variant}` beside it" if variant else "")
         )
 
     def _specs_of(self, state: str) -> list[ScenarioSpec]:

@@ -197,13 +197,16 @@ def test_a_start_on_fewer_threads_waits_before_trying_one_more() -> None:
 HZ, UPTIME_S = 100, 1000.0
 
 
-def write_task(task: Path, state: str, cpu_s: float = 0.0, life_s: float = 10.0) -> None:
-    """A task's stat line: ``cpu_s`` of CPU (utime + stime) over ``life_s``."""
+def write_task(
+    task: Path, state: str, cpu_s: float = 0.0, life_s: float = 10.0, nice: int = 0
+) -> None:
+    """A task's stat line: ``cpu_s`` of CPU (utime + stime) over ``life_s``, at ``nice``."""
     task.mkdir(parents=True, exist_ok=True)
     name = "(edge llm) R)"  # a thread may name itself anything, ")" included
     utime = round(cpu_s * HZ / 2)
     start = round((UPTIME_S - life_s) * HZ)
-    fields = [state, *["0"] * 10, str(utime), str(round(cpu_s * HZ) - utime), *["0"] * 6]
+    cpu = [str(utime), str(round(cpu_s * HZ) - utime)]
+    fields = [state, *["0"] * 10, *cpu, "0", "0", "0", str(nice), "0", "0"]
     (task / "stat").write_text(f"{task.name} {name} {' '.join([*fields, str(start), '0'])}\n")
 
 
@@ -212,10 +215,10 @@ def write_proc(
     running: int,
     machine_cpus: int,
     states: dict[int, str],
-    others: dict[int, list[tuple[str, float, float]]] | None = None,
+    others: dict[int, list[tuple[str, float, float] | tuple[str, float, float, int]]] | None = None,
 ) -> None:
     """A /proc: ``states`` of this process's threads; ``others``: per process id, its
-    threads' (state, CPU seconds, life seconds)."""
+    threads' (state, CPU seconds, life seconds[, nice])."""
     cpus = "".join(f"cpu{n} 1 2 3\n" for n in range(machine_cpus))
     proc.mkdir(parents=True, exist_ok=True)
     (proc / "stat").write_text(f"cpu 4 5 6\n{cpus}intr 7\nprocs_running {running}\n")
@@ -223,12 +226,12 @@ def write_proc(
     for tid, state in states.items():
         write_task(proc / "self" / "task" / str(tid), state)
     for pid, tasks in (others or {}).items():
-        for n, (state, cpu_s, life_s) in enumerate(tasks):
-            write_task(proc / str(pid) / "task" / str(pid + n), state, cpu_s, life_s)
+        for n, task in enumerate(tasks):
+            write_task(proc / str(pid) / "task" / str(pid + n), *task)
 
 
-def run_queue(proc: Path, cpus: int = 2) -> float:
-    return ProcRunQueue(proc, cpus=cpus, ticks_per_s=HZ)()
+def run_queue(proc: Path, cpus: int = 2, nice: int = 0) -> float:
+    return ProcRunQueue(proc, cpus=cpus, ticks_per_s=HZ, nice=nice)()
 
 
 BUSY_LOOP = ("R", 60.0, 60.0)  # a core's worth for all its life
@@ -250,6 +253,15 @@ def test_proc_run_queue_weighs_other_runnable_tasks_by_their_cpu_share(tmp_path:
     write_proc(tmp_path / "eight", running=5, machine_cpus=8, states={1: "S"},
                others={500: [BUSY_LOOP] * 5})  # fmt: skip
     assert run_queue(tmp_path / "eight") == pytest.approx(5 * 2 / 8)  # our 2 of the 8 CPUs
+
+
+def test_proc_run_queue_counts_niced_work_by_the_share_it_would_get(tmp_path: Path) -> None:
+    """A busy loop at nice 10 (a test suite, a build run in the background) yields the
+    core to us: it counts as its CFS weight beside ours, not as a core."""
+    write_proc(tmp_path, running=3, machine_cpus=2, states={1: "R"},
+               others={100: [(*BUSY_LOOP, 10)], 200: [(*BUSY_LOOP, -5)]})  # fmt: skip
+    assert run_queue(tmp_path) == pytest.approx(1.25**-10 + 1.0)  # a more urgent one: a core
+    assert run_queue(tmp_path, nice=10) == pytest.approx(2.0)  # both at or above our priority
 
 
 def test_proc_run_queue_scans_nothing_when_only_our_threads_run(tmp_path: Path) -> None:

@@ -52,6 +52,8 @@ MAX_RETRY_S = 60.0
 IDLE_S = 1.0  # a step after this long without one counts the busy cores first
 SAMPLES, APART_S = 3, 0.002  # readings of the run queue and the time between them
 MIN_LIFE_S = 0.1  # a younger task's share of a core is counted over this long
+# Linux's CFS weighs each nice level about 1.25x the next (sched_prio_to_weight).
+NICE_WEIGHT_STEP = 1.25
 
 
 class CoreReadings(Protocol):
@@ -101,16 +103,23 @@ class ProcRunQueue:
     """Cores the other processes' runnable tasks hold right now, on this process's
     cores: each task in state R outside this process counts as the share of a core it
     has used over its life (a busy loop about 1, a client waiting on sockets nearly
-    0), scaled by the share of the machine's CPUs this process may use. The scan of
-    every task runs only when ``/proc/stat``'s ``procs_running`` shows more runnable
-    tasks than this process's own."""
+    0), scaled by the share of the machine's CPUs this process may use. A task niced
+    below this process counts by the CPU time the scheduler would give it beside us
+    (its weight over ours: at nice +10, about a tenth), since it yields the core. The
+    scan of every task runs only when ``/proc/stat``'s ``procs_running`` shows more
+    runnable tasks than this process's own."""
 
     def __init__(
-        self, proc: Path = Path("/proc"), cpus: int | None = None, ticks_per_s: int = 0
+        self,
+        proc: Path = Path("/proc"),
+        cpus: int | None = None,
+        ticks_per_s: int = 0,
+        nice: int | None = None,
     ) -> None:
         self.proc = proc
         self.cpus = cpus or usable_cpus()
         self.ticks_per_s = ticks_per_s or os.sysconf("SC_CLK_TCK")
+        self.nice = os.getpriority(os.PRIO_PROCESS, 0) if nice is None else nice
 
     @classmethod
     def available(cls, proc: Path = Path("/proc")) -> bool:
@@ -146,10 +155,12 @@ class ProcRunQueue:
         return busy
 
     def _share(self, fields: list[str], now_s: float) -> float:
-        """A task's CPU seconds (utime + stime) over its life, at most one core."""
+        """A task's CPU seconds (utime + stime) over its life, at most one core, times
+        its scheduling weight beside ours when it is niced below us."""
         cpu_s = (int(fields[11]) + int(fields[12])) / self.ticks_per_s
         life_s = max(MIN_LIFE_S, now_s - int(fields[19]) / self.ticks_per_s)
-        return min(1.0, cpu_s / life_s)
+        below_us = max(0, int(fields[16]) - self.nice)
+        return min(1.0, cpu_s / life_s) * NICE_WEIGHT_STEP**-below_us
 
     @staticmethod
     def _tasks(process: Path) -> Iterator[Path]:
