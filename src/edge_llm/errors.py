@@ -9,7 +9,9 @@ EdgeLLMError                      500 internal_error
 ├── AuthenticationFailed          401 invalid_api_key
 ├── ForbiddenOrigin               403 forbidden_origin (a WebSocket from another site)
 ├── NotFound                      404 not_found
-│   └── ModelNotFound             404 model_not_found
+│   ├── ModelNotFound             404 model_not_found
+│   └── StreamNotFound            404 stream_not_found (no resumable stream by that id, or expired)
+├── ResumeGap                     409 resume_gap (the replay log no longer reaches back)
 ├── BodyTooLarge                  413 request_too_large
 ├── TtftTimeout                   504 ttft_timeout
 ├── Overloaded                    503 (with Retry-After)
@@ -159,6 +161,21 @@ class NotFound(EdgeLLMError):
 
 class ModelNotFound(NotFound):
     code = "model_not_found"
+
+
+class StreamNotFound(NotFound):
+    """No resumable stream by that id for this caller: unknown, expired, or another
+    API key's (which must not learn that it exists)."""
+
+    code = "stream_not_found"
+
+
+class ResumeGap(EdgeLLMError):
+    """A resume asked for events the stream's replay log no longer holds."""
+
+    status = 409
+    code = "resume_gap"
+    type = "invalid_request_error"
 
 
 class BodyTooLarge(EdgeLLMError):

@@ -117,6 +117,7 @@ def test_parse_metrics_keeps_engine_samples_by_label() -> None:
         "client": 3.0,
         "socket_full": 1.0,
         "preempted": 0.0,
+        "disconnected": 0.0,
     }
     assert metrics["generated_tokens_total"] == {"": 53.0}
     assert metrics["streams_paused"] == {"": 1.0}

@@ -104,6 +104,26 @@ class StreamConfig(_Section):
         ge=10,
         description="Heartbeat period while no token flows: queued, prefill, paused (ms)",
     )
+    resume_grace_ms: int = Field(
+        30000,
+        ge=0,
+        description="A resumable stream whose connection drops waits this long to be resumed "
+        "(paused, cause disconnected, KV kept), then is cancelled (resume_timeout); 0 turns "
+        "resuming off",
+    )
+    max_detached_streams: int = Field(
+        16,
+        ge=0,
+        description="Most resumable streams waiting detached at once (each keeps its KV); "
+        "a drop beyond it cancels the stream as without resuming",
+    )
+    resume_buffer_events: int = Field(
+        512,
+        ge=1,
+        le=65536,
+        description="Events of a resumable stream kept for replay after a drop (at most 1 MiB); "
+        "a resume from further back gets 409 resume_gap",
+    )
 
 
 class SchedulerConfig(_Section):

@@ -256,13 +256,16 @@ class Engine:
                 self.events(Event.PAUSE_RECEIVED, handle.id, n_generated=handle.seq.n_generated)
             return self.streams.add_pause(handle, cause)
 
-    def resume(self, handle: StreamHandle, cause: PauseCause = PauseCause.CLIENT) -> bool:
+    def resume(
+        self, handle: StreamHandle, cause: PauseCause = PauseCause.CLIENT, **detail: Any
+    ) -> bool:
+        """``detail``: more fields for the ``resumed`` event."""
         with self._lock:
             if handle.finished:
                 return False
             if cause is PauseCause.CLIENT:
                 self.events(Event.RESUME_RECEIVED, handle.id, n_generated=handle.seq.n_generated)
-            resumed = self.streams.remove_pause(handle, cause)
+            resumed = self.streams.remove_pause(handle, cause, **detail)
         if resumed:
             self._wake.set()
         return resumed

@@ -26,6 +26,7 @@ class PauseCause(enum.Enum):
     CLIENT = "client"
     SOCKET_FULL = "socket_full"
     PREEMPTED = "preempted"  # a request of a more urgent class needed its slot
+    DISCONNECTED = "disconnected"  # a resumable stream's connection dropped (detached)
 
 
 @dataclass
@@ -134,13 +135,20 @@ class Sequence:
 
     @property
     def reader_paused_since(self) -> float | None:
-        """Since when its reader has held it paused (a preemption does not count)."""
-        since = [t for c, t in self.pause_causes.items() if c is not PauseCause.PREEMPTED]
+        """Since when its reader has held it paused (a preemption does not count, nor a
+        detach: resume_grace_ms bounds that)."""
+        engine_held = (PauseCause.PREEMPTED, PauseCause.DISCONNECTED)
+        since = [t for c, t in self.pause_causes.items() if c not in engine_held]
         return min(since, default=None)
 
     @property
     def preempted(self) -> bool:
         return PauseCause.PREEMPTED in self.pause_causes
+
+    @property
+    def detached(self) -> bool:
+        """Its connection dropped and it waits to be resumed."""
+        return PauseCause.DISCONNECTED in self.pause_causes
 
     @property
     def runnable(self) -> bool:
@@ -154,6 +162,8 @@ class Sequence:
             return self.state.value
         if self.preempted:
             return "preempted"
+        if self.detached:
+            return "detached"
         if self.offloaded:
             return "offloaded"
         return "paused" if self.paused else self.state.value

@@ -198,6 +198,7 @@ def bind_gauges(engine: Engine) -> None:
         backpressure_peak=engine.locked(lambda e: e.streams.backpressure_peak),
         kv_usage=engine.locked(lambda e: e.kv.stats().used_tokens / e.kv.capacity_tokens),
     )
+    metrics.streams_detached.set_function(engine.locked(lambda e: e.streams.count_detached()))
     metrics.bind_tiers(engine.tier_bytes)
     metrics.bind_ledger(engine.ledger_lines)
     metrics.memory_available.set_function(engine.locked(_memory_available))

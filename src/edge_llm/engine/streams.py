@@ -91,6 +91,9 @@ class Streams:
     def count_paused(self) -> int:
         return sum(1 for handle in self.live.values() if handle.seq.paused)
 
+    def count_detached(self) -> int:
+        return sum(1 for handle in self.live.values() if handle.seq.detached)
+
     # -- pauses: the seed's counter, +1 per pause cause, -1 per resume ------------------------
 
     def add_pause(self, handle: StreamHandle, cause: PauseCause) -> bool:
@@ -103,15 +106,18 @@ class Streams:
         self.touch(handle)
         return True
 
-    def remove_pause(self, handle: StreamHandle, cause: PauseCause) -> bool:
+    def remove_pause(self, handle: StreamHandle, cause: PauseCause, **detail: Any) -> bool:
+        """``detail``: more fields for the ``resumed`` event (a resume's replay gap)."""
         elapsed = handle.seq.remove_pause(cause, self.clock())
         if elapsed is None:
             return False
         self.backpressure -= 1
         self.metrics.paused_seconds.labels(cause.value).inc(elapsed)
+        if cause is PauseCause.DISCONNECTED and not handle.finished:
+            self.metrics.stream_resumes.inc()
         self.events(
             Event.RESUMED, handle.id, cause=cause.value, paused_ms=round(elapsed * 1000.0, 3),
-            **ring_fields(handle),
+            **ring_fields(handle), **detail,
         )  # fmt: skip
         self.touch(handle)
         return True

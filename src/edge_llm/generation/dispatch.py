@@ -103,9 +103,26 @@ class Answer(ABC):
         """End the stream now with ``reason`` (``client``, ``disconnect``, ...)."""
 
     @abstractmethod
+    def detach(self) -> None:
+        """A resumable stream's connection dropped: nothing more is generated (pause
+        cause ``disconnected``) until :meth:`reattach`; its KV is kept."""
+
+    @abstractmethod
+    def reattach(self, **detail: Any) -> None:
+        """A new connection resumed the stream (``detail``: the resume's gap, for the
+        ``resumed`` event)."""
+
+    @abstractmethod
     def close(self) -> None:
         """The connection is done with the answer; a stream still running ends
         (reason ``disconnect``). Closing again does nothing."""
+
+    handed_over = False  # a resumable stream owns it now: the route must not close it
+
+    def hand_over(self) -> None:
+        """From now on the resumable stream that carries the answer closes it, not the
+        connection that started it (:func:`~edge_llm.server.context.answer_to`)."""
+        self.handed_over = True
 
     def __enter__(self) -> Answer:
         return self
@@ -182,6 +199,12 @@ class LocalAnswer(Answer):
     def cancel(self, reason: str) -> None:
         self.engine.cancel(self.handle, reason)
 
+    def detach(self) -> None:
+        self.engine.pause(self.handle, PauseCause.DISCONNECTED)
+
+    def reattach(self, **detail: Any) -> None:
+        self.engine.resume(self.handle, PauseCause.DISCONNECTED, **detail)
+
     def close(self) -> None:
         if not self.handle.finished:
             self.engine.cancel(self.handle, "disconnect")
@@ -225,6 +248,12 @@ class RelayedAnswer(Answer):
 
     def cancel(self, reason: str) -> None:
         self.stream.cancel(reason)
+
+    def detach(self) -> None:
+        self.stream.pause()  # the upstream is not read while detached
+
+    def reattach(self, **detail: Any) -> None:
+        self.stream.resume()
 
     def close(self) -> None:
         if not self._closed:

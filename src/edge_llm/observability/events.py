@@ -43,6 +43,9 @@ class Event(StrEnum):
     TTFT_TIMEOUT = "ttft_timeout"
     PAUSE_TIMEOUT = "pause_timeout"
     CANCEL = "cancel"  # also the upstream relay's
+    # Server: a resumable stream's connection dropped, and it was not resumed in time.
+    DETACHED = "detached"
+    RESUME_TIMEOUT = "resume_timeout"
     KV_FREED = "kv_freed"
     END = "end"  # also the client's and the upstream relay's
     # Engine: the prefix cache and offload.

@@ -59,6 +59,16 @@ class EngineMetrics:
             PREFIX + "requests_waiting", "Sequences waiting for a slot", registry=r
         )
         self.streams_paused = Gauge(PREFIX + "streams_paused", "Paused streams", registry=r)
+        self.streams_detached = Gauge(
+            PREFIX + "streams_detached",
+            "Resumable streams whose connection dropped, waiting to be resumed",
+            registry=r,
+        )
+        self.stream_resumes = Counter(
+            PREFIX + "stream_resumes",
+            "Detached streams resumed by a new connection",
+            registry=r,
+        )
         self.kv_cache_used_bytes = Gauge(
             PREFIX + "kv_cache_used_bytes", "KV cells in use, in bytes", registry=r
         )
@@ -185,7 +195,7 @@ class EngineMetrics:
 
     def _init_labels(self) -> None:
         """Expose every documented label value at zero from the start."""
-        for cause in ("client", "socket_full", "preempted"):
+        for cause in ("client", "socket_full", "preempted", "disconnected"):
             self.pauses.labels(cause)
             self.paused_seconds.labels(cause)
         reasons = (
@@ -196,6 +206,7 @@ class EngineMetrics:
             "pause_timeout",
             "shutdown",
             "unloaded",
+            "resume_timeout",
         )
         for reason in reasons:
             self.cancellations.labels(reason)

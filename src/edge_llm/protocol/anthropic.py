@@ -254,6 +254,7 @@ class MessagesRequest(_Strict):
     top_k: Annotated[int, Field(ge=0, le=100000)] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
+    resumable: bool = False  # this engine's: a dropped connection may resume the stream
     metadata: Metadata | None = None
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: ToolChoiceParam | None = None

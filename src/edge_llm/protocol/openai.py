@@ -175,6 +175,7 @@ class StreamOptions(Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's: usage (so far) on every chunk
     include_progress: bool = False  # this engine's: progress chunks while no token flows
+    resumable: bool = False  # this engine's: a dropped connection may resume the stream
 
 
 class TextFormat(Strict):
@@ -355,6 +356,11 @@ class _Sampling(Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def resumable(self) -> bool:
+        """A resumable stream asked for (``stream_options.resumable``)."""
+        return self.stream and bool(self.stream_options and self.stream_options.resumable)
 
     @property
     def include_progress(self) -> bool:

@@ -218,7 +218,7 @@ class ResponsesRequest(Strict):
     user: Annotated[str, Field(max_length=256)] | None = None
     truncation: Literal["auto", "disabled"] | None = None
     safety_identifier: str | None = None
-    stream_options: dict[str, Any] | None = None
+    stream_options: dict[str, Any] | None = None  # only "resumable" is read
     top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None
 
@@ -293,6 +293,11 @@ class ResponsesRequest(Strict):
         if isinstance(self.input, str):
             return [{"role": "user", "content": self.input}]
         return conversation(self.input)
+
+    @property
+    def resumable(self) -> bool:
+        """A resumable stream asked for (``stream_options.resumable``)."""
+        return self.stream and bool((self.stream_options or {}).get("resumable"))
 
     @property
     def stores(self) -> bool:

@@ -51,6 +51,34 @@ def encode_event(event: str, payload: dict[str, Any]) -> bytes:
     return f"event: {event}\ndata: {data}\n\n".encode()
 
 
+def split_events(data: bytes) -> list[bytes]:
+    """The events in ``data`` as this server encodes them (each ends with its blank
+    line; JSON holds no raw newline), comments (``: ping``) included."""
+    return [part + b"\n\n" for part in data.split(b"\n\n") if part]
+
+
+def is_comment(event: bytes) -> bool:
+    return event.startswith(b":")
+
+
+def event_id(stream_id: str, n: int) -> str:
+    """The ``id`` of a resumable stream's ``n``-th event: ``<stream_id>.<n>``."""
+    return f"{stream_id}.{n}"
+
+
+def with_id(event: bytes, event_id_: str) -> bytes:
+    """``event`` with an ``id:`` line (what a client sends back as ``Last-Event-ID``)."""
+    return b"id: " + event_id_.encode() + b"\n" + event
+
+
+def parse_event_id(text: str) -> tuple[str, int] | None:
+    """``(stream_id, n)`` of an id :func:`event_id` made; None when it is not one."""
+    stream_id, dot, number = text.strip().rpartition(".")
+    if not dot or not stream_id or not number.isdigit() or len(number) > 18:
+        return None
+    return stream_id, int(number)
+
+
 class EventTooLarge(ValueError):
     """A line or event is larger than the parser's bound; the stream must be abandoned."""
 

@@ -24,7 +24,7 @@ end), and ``message_delta`` the upstream's counts.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -35,9 +35,10 @@ from edge_llm.generation.job import ChatPrompt, GenerationJob, JsonOutput, relay
 from edge_llm.protocol import anthropic
 from edge_llm.protocol.sse import encode_event
 from edge_llm.protocol.stream_events import Heartbeat
-from edge_llm.server.context import ServerContext, answer_to, caller_of, context_of
+from edge_llm.server.context import answer_to, caller_of, context_of
 from edge_llm.server.http import read_json
-from edge_llm.server.sse_writer import SseWriter
+from edge_llm.server.resumable_sse import resume_posted, stream_resumable, wants_resumable
+from edge_llm.server.sse_writer import EventWriter, SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, messages_chat_body
 
 _PING = encode_event("ping", anthropic.ping())
@@ -59,6 +60,8 @@ async def count_tokens(request: web.Request) -> web.Response:
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
+    if (resumed := await resume_posted(request)) is not None:
+        return resumed
     ctx = context_of(request)
     body = await read_json(request, ctx.connection)
     req = anthropic.parse_request(body)
@@ -80,7 +83,12 @@ async def messages(request: web.Request) -> web.StreamResponse:
         headers = _ignored_header(req, dict(answer.headers))
         events = answer.events(anthropic.new_tool_use_id)
         if req.stream:
-            return await _stream(request, ctx, answer, events, headers)
+            blocks, opening = _opening(answer)
+            if wants_resumable(ctx, req.resumable):
+                produce = _streamer(answer, blocks, events)
+                return await stream_resumable(request, answer, headers, produce, opening=opening)
+            writer = SseWriter(request, ctx, answer.id, headers, opening=opening)
+            return await _stream(writer, blocks, events)
         return await _reply(answer, events, headers)
 
 
@@ -110,15 +118,18 @@ async def _reply(
     raise RuntimeError("answer ended without Ended or Failed")  # both generators end so
 
 
+def _streamer(
+    answer: Answer, blocks: anthropic.BlockStream, events: AsyncIterator[AnswerEvent]
+) -> Callable[[EventWriter], Awaitable[web.StreamResponse]]:
+    async def produce(writer: EventWriter) -> web.StreamResponse:
+        return await _stream(writer, blocks, events)
+
+    return produce
+
+
 async def _stream(
-    request: web.Request,
-    ctx: ServerContext,
-    answer: Answer,
-    events: AsyncIterator[AnswerEvent],
-    headers: dict[str, str],
+    writer: EventWriter, blocks: anthropic.BlockStream, events: AsyncIterator[AnswerEvent]
 ) -> web.StreamResponse:
-    blocks, opening = _opening(answer)
-    writer = SseWriter(request, ctx, answer.id, headers, opening=opening)
     async for event in events:
         if isinstance(event, Produced):
             await writer.send(_encode([e for out in event.events for e in blocks.on(out)]))

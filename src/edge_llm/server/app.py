@@ -25,6 +25,7 @@ from edge_llm.server import (
     openai_routes,
     playground_routes,
     responses_routes,
+    resumable_sse,
     ws_route,
 )
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
@@ -59,6 +60,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/api/show", ollama_routes.show)
     app.router.add_get("/api/version", ollama_routes.version)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
+    app.router.add_get("/v1/streams/{stream_id}", resumable_sse.resume_stream)
     app.router.add_get("/health", debug_routes.health)
     app.router.add_get("/metrics", debug_routes.metrics)
     app.router.add_get("/debug/streams", debug_routes.streams)

@@ -15,6 +15,7 @@ from edge_llm.config.tree import EngineConfig
 from edge_llm.generation.dispatch import Answer, Dispatcher
 from edge_llm.generation.job import GenerationJob, Priority
 from edge_llm.generation.pump import PumpSettings
+from edge_llm.generation.resumable import ResumableStreams
 from edge_llm.generation.service import ServedModel
 from edge_llm.models.pool import ModelPool
 from edge_llm.protocol.responses import ResponseStore
@@ -37,6 +38,8 @@ class ServerContext:
     router: UpstreamRouter
     # Who answers each request (the router's decision, fallback), for every route.
     dispatcher: Dispatcher
+    # Streams that opted in to resuming after a dropped connection.
+    resumable: ResumableStreams
     started_at: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     # Open connections; set once the aiohttp server exists.
@@ -77,8 +80,13 @@ def caller_of(
 @asynccontextmanager
 async def answer_to(request: web.Request, job: GenerationJob) -> AsyncIterator[Answer]:
     """The answer to ``job``, started where the dispatcher sends it and closed however
-    the handler ends (a stream still running is cancelled); its facts go into the
+    the handler ends (a stream still running is cancelled; a resumable one's
+    stream closes it when it ends); its facts go into the
     request's access-log line."""
     answer = await context_of(request).dispatcher.start(job)
-    with answer, answering(request, answer):
-        yield answer
+    with answering(request, answer):
+        try:
+            yield answer
+        finally:
+            if not answer.handed_over:  # else its resumable stream closes it
+                answer.close()

@@ -17,12 +17,15 @@ from edge_llm.protocol import openai
 from edge_llm.server.context import answer_to, caller_of, context_of
 from edge_llm.server.http import read_json
 from edge_llm.server.openai_answer import respond
+from edge_llm.server.resumable_sse import resume_posted
 
 _Request = openai.ChatCompletionRequest | openai.CompletionRequest
 _R = TypeVar("_R", openai.ChatCompletionRequest, openai.CompletionRequest)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    if (resumed := await resume_posted(request)) is not None:
+        return resumed
     body, req = await _parsed(request, openai.ChatCompletionRequest)
     job = openai_job(
         request,
@@ -34,6 +37,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    if (resumed := await resume_posted(request)) is not None:
+        return resumed
     body, req = await _parsed(request, openai.CompletionRequest)
     job = openai_job(request, req, Relay(request.path, body), lambda: TextPrompt(req.prompt_text()))
     return await _respond(request, req, job)

@@ -36,11 +36,14 @@ from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.server.context import ServerContext, answer_to, caller_of, context_of
 from edge_llm.server.http import read_json
-from edge_llm.server.sse_writer import SseWriter
+from edge_llm.server.resumable_sse import resume_posted, stream_resumable, wants_resumable
+from edge_llm.server.sse_writer import EventWriter, SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, responses_chat_body
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
+    if (resumed := await resume_posted(request)) is not None:
+        return resumed
     ctx = context_of(request)
     req = responses.parse(await read_json(request, ctx.connection))
     history = _conversation(ctx, req)
@@ -62,6 +65,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         )
         events = answer.events(openai.new_call_id)
         headers = _headers(req, dict(answer.headers))
+        if req.stream and wants_resumable(ctx, req.resumable):
+
+            async def produce(writer: EventWriter) -> web.StreamResponse:
+                response = await _stream(writer, builder, events)
+                _store(ctx, req, history, builder)
+                return response
+
+            opening = _encode(builder.opening())
+            return await stream_resumable(request, answer, headers, produce, opening=opening)
         response = await _respond(request, ctx, req, builder, events, headers=headers)
     _store(ctx, req, history, builder)
     return response
@@ -77,7 +89,9 @@ async def _respond(
     headers: dict[str, str],
 ) -> web.StreamResponse:
     if req.stream:
-        return await _stream(request, ctx, builder, answer, headers=headers)
+        opening = _encode(builder.opening())
+        writer = SseWriter(request, ctx, headers["X-Request-Id"], headers, opening=opening)
+        return await _stream(writer, builder, answer)
     return await _reply(builder, answer, headers=headers)
 
 
@@ -151,15 +165,10 @@ async def _reply(
 
 
 async def _stream(
-    request: web.Request,
-    ctx: ServerContext,
+    writer: EventWriter,
     builder: responses.ResponseBuilder,
     answer: AsyncIterator[AnswerEvent],
-    *,
-    headers: dict[str, str],
 ) -> web.StreamResponse:
-    opening = _encode(builder.opening())
-    writer = SseWriter(request, ctx, headers["X-Request-Id"], headers, opening=opening)
     async for event in answer:
         if isinstance(event, Produced):
             await writer.send(_encode([e for out in event.events for e in builder.on(out)]))

@@ -26,6 +26,7 @@ from edge_llm.engine.ledger import context_cells, device_share_bytes, kv_bytes_p
 from edge_llm.errors import BackendError
 from edge_llm.generation.dispatch import Dispatcher
 from edge_llm.generation.pump import PumpSettings
+from edge_llm.generation.resumable import ResumableStreams
 from edge_llm.generation.service import GenerationService, Limits, ServedModel
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
@@ -210,6 +211,7 @@ class RunningServer:
         """Stop admitting, let running streams finish for ``grace_s``, cancel the
         rest (their clients get a final ``cancelled``/``shutdown`` event), stop."""
         self.ctx.draining = True
+        self.ctx.resumable.close()  # nobody may come back for a detached stream now
         await self.ctx.pool.drain(grace_s)
         self.ctx.router.cancel_all("shutdown")
         await self.runner.cleanup()
@@ -355,6 +357,12 @@ def build_context(
         router=router,
         dispatcher=Dispatcher(
             pool, router, pump_settings, Sessions(supersede=sched.supersede_sessions)
+        ),
+        resumable=ResumableStreams(
+            stream.resume_grace_ms / 1000.0,
+            stream.max_detached_streams,
+            stream.resume_buffer_events,
+            events,
         ),
         pump_settings=pump_settings,
         connection=ConnectionSettings(

@@ -4,12 +4,29 @@ reader stalls only its stream."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 from aiohttp import web
 
 from edge_llm.errors import EdgeLLMError
 from edge_llm.server.context import ServerContext
 from edge_llm.server.http import error_response, tune_connection
+
+
+class EventWriter(Protocol):
+    """What a route's stream encoder writes through: :class:`SseWriter`, or a
+    resumable stream's writer (``resumable_sse.py``), which outlives the connection."""
+
+    @property
+    def started(self) -> bool: ...
+
+    async def send(self, data: bytes) -> None: ...
+
+    async def beat(self, ping: bytes) -> None: ...
+
+    async def finish(self) -> web.StreamResponse: ...
+
+    async def fail(self, error: EdgeLLMError, event: bytes) -> web.StreamResponse: ...
 
 
 class SseWriter:
@@ -50,13 +67,17 @@ class SseWriter:
         data, self._opening = self._opening + data, b""
         if not data:
             return
-        if not self.response.prepared:
-            tune_connection(self.request, self.ctx.connection)
-            await self.response.prepare(self.request)
+        await self.open()
         await self.response.write(data)
         # aiohttp drains only every 64 KiB; wait whenever the transport is above
         # its (small) high-water mark so a stalled reader stops this stream now.
         await self.request.writer.drain()
+
+    async def open(self) -> None:
+        """Send the status and headers now (nothing else), if not sent yet."""
+        if not self.response.prepared:
+            tune_connection(self.request, self.ctx.connection)
+            await self.response.prepare(self.request)
 
     async def beat(self, ping: bytes) -> None:
         """A sign of life while no event flows: the opening if still held, else ``ping``."""

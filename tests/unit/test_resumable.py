@@ -1,0 +1,205 @@
+"""Resumable streams with the fake backend: the replay log, detach on a dropped
+connection, resume by GET and by POST with Last-Event-ID, the errors, the grace
+period and the cap (the real model: tests/e2e/test_resumable_e2e.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import ClientResponse
+from aiohttp.test_utils import TestClient
+
+from edge_llm.engine.sequence import PauseCause
+from edge_llm.errors import ResumeGap
+from edge_llm.generation.resumable import ReplayLog
+from edge_llm.observability.events import Event
+from edge_llm.protocol.sse import SSEParser, parse_event_id
+
+from conftest import app_engine
+from fakes import FakeBackend, text_script
+from helpers import Recorder
+
+ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the warm sun." * 2
+BODY = {
+    "messages": [{"role": "user", "content": "Tell me"}],
+    "max_tokens": 400,
+    "stream": True,
+    "stream_options": {"resumable": True},
+}
+
+Served = Callable[..., Any]
+
+
+def test_replay_log_numbers_frames_and_refuses_what_it_no_longer_holds() -> None:
+    log: ReplayLog[bytes] = ReplayLog(3)
+    assert [log.add(f"e{i}".encode()) for i in range(1, 6)] == [1, 2, 3, 4, 5]
+    assert log.after(2) == [b"e3", b"e4", b"e5"]
+    assert log.after(5) == []
+    with pytest.raises(ResumeGap):
+        log.after(1)  # frame 2 is gone
+    with pytest.raises(ResumeGap):
+        log.after(6)  # never sent
+    small: ReplayLog[bytes] = ReplayLog(100, max_bytes=10)
+    for _ in range(5):
+        small.add(b"123456")
+    assert small.after(4) == [b"123456"]  # the byte bound keeps the newest alone
+
+
+def test_event_ids_parse() -> None:
+    assert parse_event_id("ab12.7") == ("ab12", 7)
+    assert parse_event_id(" ab.cd.0 ") == ("ab.cd", 0)
+    for bad in ("ab12", "ab12.", ".3", "ab.-1", "ab.x"):
+        assert parse_event_id(bad) is None
+
+
+@pytest.fixture
+def served(client_of) -> Served:
+    async def make(**config: Any) -> tuple[TestClient, FakeBackend, Recorder]:
+        backend = FakeBackend(text_script(ANSWER))
+        backend.step_delay_s = 0.005
+        recorder = Recorder()
+        return await client_of(backend, events=recorder, **config), backend, recorder
+
+    return make
+
+
+class Reader:
+    """Reads a streamed response event by event (the SDK's parser)."""
+
+    def __init__(self, response: ClientResponse) -> None:
+        self.response = response
+        self.parser = SSEParser()
+        self.pending: list[Any] = []
+
+    async def next(self) -> Any:
+        while not self.pending:
+            data = await self.response.content.readany()
+            self.pending += self.parser.feed(data) if data else self.parser.close()
+            if not data and not self.pending:
+                return None
+        return self.pending.pop(0)
+
+    async def all(self) -> list[Any]:
+        events = []
+        while (event := await self.next()) is not None:
+            events.append(event)
+        return events
+
+
+def _text(events: list[Any]) -> str:
+    chunks = [json.loads(e.data) for e in events if e.data != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+async def _read_then_drop(client: TestClient, n: int) -> tuple[str, list[Any]]:
+    response = await client.post("/v1/chat/completions", json=BODY)
+    assert response.status == 200
+    stream_id = response.headers["X-Stream-Id"]
+    reader = Reader(response)
+    events = [await reader.next() for _ in range(n)]
+    response.close()  # the connection drops
+    return stream_id, events
+
+
+async def test_dropped_stream_detaches_and_resumes_by_get(served: Served) -> None:
+    client, _, recorder = await served()
+    stream_id, first = await _read_then_drop(client, 10)
+    assert len(stream_id) == 32 and int(stream_id, 16) >= 0  # 128 random bits, hex
+    assert [parse_event_id(e.id) for e in first] == [(stream_id, n) for n in range(1, 11)]
+    await recorder.wait_for(Event.DETACHED)
+    engine = app_engine(client.app)
+    (live,) = engine.live_handles()
+    assert PauseCause.DISCONNECTED in live.seq.pause_causes
+    assert engine.snapshot()["streams"][0]["state"] == "detached"
+    generated = live.seq.n_generated
+
+    resumed = await client.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": first[-1].id})
+    assert resumed.status == 200 and resumed.headers["X-Stream-Id"] == stream_id
+    rest = await Reader(resumed).all()
+    assert parse_event_id(rest[0].id) == (stream_id, 11)
+    assert _text(first) + _text(rest) == ANSWER
+    (paused,) = [p for p in recorder.of(Event.PAUSED) if p["cause"] == "disconnected"]
+    assert paused["n_generated"] <= generated  # nothing generated while detached
+    (back,) = [r for r in recorder.of(Event.RESUMED) if r["cause"] == "disconnected"]
+    assert back["last_event"] == 10 and back["replayed"] >= 0
+
+
+async def test_resume_by_post_and_after_the_end(served: Served) -> None:
+    client, _, recorder = await served()
+    stream_id, first = await _read_then_drop(client, 5)
+    await recorder.wait_for(Event.DETACHED)
+    again = await client.post(
+        "/v1/chat/completions", json=BODY, headers={"Last-Event-ID": first[-1].id}
+    )
+    rest = await Reader(again).all()
+    assert _text(first) + _text(rest) == ANSWER and rest[-1].data == "[DONE]"
+    # The stream ended: a resume within the grace still gets what follows an event.
+    late = await client.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": rest[-3].id})
+    tail = await Reader(late).all()
+    assert [e.data for e in tail] == [e.data for e in rest[-2:]]
+    assert len(app_engine(client.app).live_handles()) == 0
+
+
+async def test_resume_errors(served: Served) -> None:
+    client, _, _ = await served(api_key=["k1", "k2"], resume_buffer_events=4)
+    k1 = {"Authorization": "Bearer k1"}
+    response = await client.post("/v1/chat/completions", json=BODY, headers=k1)
+    stream_id = response.headers["X-Stream-Id"]
+    events = await Reader(response).all()
+    assert len(events) > 8
+
+    async def status(path: str, last: str | None, key: str = "k1") -> tuple[int, str]:
+        headers = {"Authorization": f"Bearer {key}"}
+        if last is not None:
+            headers["Last-Event-ID"] = last
+        got = await client.get(path, headers=headers)
+        return got.status, (await got.json())["error"]["code"]
+
+    assert await status(f"/v1/streams/{'0' * 32}", None) == (404, "stream_not_found")
+    assert await status(f"/v1/streams/{stream_id}", f"{stream_id}.1") == (409, "resume_gap")
+    assert await status(f"/v1/streams/{stream_id}", events[-1].id, key="k2") == (
+        404,
+        "stream_not_found",
+    )
+    assert await status(f"/v1/streams/{stream_id}", events[-1].id, key="nope") == (
+        401,
+        "invalid_api_key",
+    )
+    assert await status(f"/v1/streams/{stream_id}", "garbage") == (400, "invalid_request")
+    ok = await client.get(
+        f"/v1/streams/{stream_id}", headers={**k1, "Last-Event-ID": events[-2].id}
+    )
+    assert [e.data for e in await Reader(ok).all()] == ["[DONE]"]
+
+
+async def test_not_resumed_in_time_is_cancelled_and_freed(served: Served) -> None:
+    client, _, recorder = await served(resume_grace_ms=50)
+    await _read_then_drop(client, 3)
+    await recorder.wait_for(Event.RESUME_TIMEOUT)
+    await recorder.wait_for(Event.KV_FREED)
+    engine = app_engine(client.app)
+    assert engine.live_handles() == []
+    (cancel,) = recorder.of(Event.CANCEL)
+    assert cancel["reason"] == "resume_timeout"
+
+
+async def test_beyond_the_cap_a_drop_cancels(served: Served) -> None:
+    client, _, recorder = await served(max_detached_streams=0)
+    await _read_then_drop(client, 3)
+    await recorder.wait_for(Event.CANCEL)
+    assert recorder.of(Event.CANCEL)[0]["reason"] == "disconnect"
+    assert Event.DETACHED not in recorder.names()
+
+
+async def test_without_the_opt_in_nothing_changes(served: Served) -> None:
+    client, _, _ = await served()
+    body = {**BODY, "stream_options": {"include_usage": True}}
+    response = await client.post("/v1/chat/completions", json=body)
+    assert "X-Stream-Id" not in response.headers
+    assert all(e.id is None for e in await Reader(response).all())
+    off, _, _ = await served(resume_grace_ms=0)
+    response = await off.post("/v1/chat/completions", json=BODY)
+    assert "X-Stream-Id" not in response.headers
