@@ -161,7 +161,7 @@ def row(fig: Figures, args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     binary = find_llama_server(args.llama_server)
-    from edge_llm.engine.llama_backend import default_model_path  # loads llama.cpp
+    from edge_llm.engine.runtime.llama_backend import default_model_path  # loads llama.cpp
 
     model = str(default_model_path())
     starters: dict[str, Callable[[], ServerProcess]] = {

@@ -201,7 +201,7 @@ async def run_users(
 
 
 def run_pass(policy: str, users: list[list[Prompt]], args: argparse.Namespace, tmp: Path) -> Pass:
-    from edge_llm.engine.llama_backend import default_model_path  # loads llama.cpp
+    from edge_llm.engine.runtime.llama_backend import default_model_path  # loads llama.cpp
 
     # No TTFT time-out: on a loaded machine a slow first token is a figure, not an error.
     flags = ["--host-cache-mb", str(args.host_cache_mb), "--ttft-timeout-ms", "0"]

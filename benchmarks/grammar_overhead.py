@@ -27,8 +27,8 @@ from output import add_output_flags, header, write_outputs
 from rich.console import Console
 
 from edge_llm.bench.publish import rich_table, table_data
-from edge_llm.engine.backend import BatchItem
-from edge_llm.engine.llama_backend import LlamaBackend
+from edge_llm.engine.runtime.backend import BatchItem
+from edge_llm.engine.runtime.llama_backend import LlamaBackend
 from edge_llm.protocol.sampling import SamplingParams
 
 PROMPTS = (

@@ -33,8 +33,8 @@ from rich.console import Console
 
 from edge_llm.bench.prompts import long_text
 from edge_llm.bench.publish import rich_table, table_data
-from edge_llm.engine.backend import BatchItem
-from edge_llm.engine.llama_backend import KV_TYPES, LlamaBackend
+from edge_llm.engine.runtime.backend import BatchItem
+from edge_llm.engine.runtime.llama_backend import KV_TYPES, LlamaBackend
 from edge_llm.protocol.sampling import SamplingParams
 
 PROMPTS = (

@@ -5,7 +5,7 @@ Every configuration runs at once for the whole scenario (started once, warmed up
 one request). Each round, in an order that rotates, each server gets one stream, then
 LIGHT_STREAMS streams started together, ``--light-tokens`` tokens each at temperature
 0 with a prompt unique to the round; before each, the server has been idle for
-IDLE_BEFORE_S, longer than the engine's idle spell (``engine/threads.py``, IDLE_S), so
+IDLE_BEFORE_S, longer than the engine's idle spell (``engine/runtime/threads.py``, IDLE_S), so
 each starts as a first request after idle does. The figure is throughput: completion
 tokens (from ``usage``) over the time from the requests' start to the last token,
 prefill included, so a slow start counts. During the 4-stream run of an edge-llm

@@ -48,7 +48,7 @@ from peer_servers import (
 from rich.console import Console
 
 from edge_llm.bench.publish import rich_table, table_data
-from edge_llm.engine.llama_backend import default_model_path
+from edge_llm.engine.runtime.llama_backend import default_model_path
 
 PARALLEL = 4
 LLAMA_CTX = PARALLEL * 2048

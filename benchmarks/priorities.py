@@ -117,7 +117,7 @@ def server_config(extra: list[str]) -> EngineConfig:
 
 
 def default_model() -> str:
-    from edge_llm.engine.llama_backend import default_model_path
+    from edge_llm.engine.runtime.llama_backend import default_model_path
 
     return str(default_model_path())
 

@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     except PeerError as exc:
         print(f"speculative: {exc}", file=sys.stderr)
         return 2
-    from edge_llm.engine.llama_backend import default_model_path
+    from edge_llm.engine.runtime.llama_backend import default_model_path
 
     model = args.model or str(default_model_path())
     servers: dict[str, ServerProcess] = {}

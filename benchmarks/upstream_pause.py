@@ -38,7 +38,7 @@ from peer_servers import (
 from rich.console import Console
 
 from edge_llm.bench.publish import rich_table, table_data
-from edge_llm.engine.llama_backend import default_model_path
+from edge_llm.engine.runtime.llama_backend import default_model_path
 
 PROMPT = "Write a very long story about a dragon and a knight."
 MAX_TOKENS = 1000

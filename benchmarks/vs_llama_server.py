@@ -306,7 +306,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def default_model() -> str:
-    from edge_llm.engine.llama_backend import default_model_path
+    from edge_llm.engine.runtime.llama_backend import default_model_path
 
     return str(default_model_path())
 

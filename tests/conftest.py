@@ -23,8 +23,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config.tree import EngineConfig, load_config
 from edge_llm.engine.engine import Engine, EngineSettings
-from edge_llm.engine.prefill_budget import StepCosts
-from edge_llm.engine.threads import CoreReadings
+from edge_llm.engine.runtime.threads import CoreReadings
+from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT

@@ -10,14 +10,14 @@ from dataclasses import replace
 from typing import Any
 
 from edge_llm.config.tree import EngineConfig
-from edge_llm.engine.backend import (
+from edge_llm.engine.engine import Engine
+from edge_llm.engine.runtime.backend import (
     BatchItem,
     ModelInfo,
     Sampled,
 )
-from edge_llm.engine.engine import Engine
-from edge_llm.engine.speculative import verify
-from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.speculation.prompt_lookup import verify
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
 from edge_llm.models.pool import LoadedModel, Loader
 from edge_llm.models.spec import ModelSpec

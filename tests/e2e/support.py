@@ -25,7 +25,7 @@ POLL_S = 0.02
 # apart, measured): a stream computed any other way (another batch shape, cells placed
 # elsewhere, a wrong restore) takes another turn within a few hundred tokens. Tests that
 # compare a paused, restored, cached or batched stream's text with a lone uninterrupted
-# run use it (engine/kv_slots.py says why the texts are equal).
+# run use it (engine/kv/slots.py says why the texts are equal).
 STORY = "Write a very long story about a dragon and a knight."
 
 # A copy task: prompt-lookup speculation drafts most of the answer (runs of up to

@@ -13,7 +13,7 @@ import httpx
 import llama_cpp
 import pytest
 
-from edge_llm.engine.llama_backend import default_model_path
+from edge_llm.engine.runtime.llama_backend import default_model_path
 
 pytestmark = pytest.mark.e2e
 

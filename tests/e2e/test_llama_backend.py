@@ -10,8 +10,8 @@ import llama_cpp as llama
 import numpy as np
 import pytest
 
-from edge_llm.engine.backend import BatchItem, Sampled
-from edge_llm.engine.llama_backend import LlamaBackend
+from edge_llm.engine.runtime.backend import BatchItem, Sampled
+from edge_llm.engine.runtime.llama_backend import LlamaBackend
 from edge_llm.errors import BackendError, InvalidRequest
 from edge_llm.protocol.sampling import SamplingParams
 
@@ -20,7 +20,7 @@ from support import COPY, STORY
 pytestmark = pytest.mark.e2e
 
 PROMPTS = ("Write a story about a lighthouse.", "List three colors.")
-# These decodes run without the engine's thread governor (engine/threads.py): on one
+# These decodes run without the engine's thread governor (engine/runtime/threads.py): on one
 # thread, busy cores cannot hold them at llama.cpp's barriers for seconds per step.
 THREADS = 1
 
@@ -435,7 +435,7 @@ def test_a_corrupted_restore_changes_the_story(per_slot: LlamaBackend, story: li
 
 def test_the_thread_count_changes_no_logit(backend: LlamaBackend) -> None:
     """The engine decodes on fewer threads while other processes hold the cores
-    (engine/threads.py); llama.cpp computes each output row on one thread, so the
+    (engine/runtime/threads.py); llama.cpp computes each output row on one thread, so the
     logits of a prefill and of each decode step are the same bits on 1 or 2 threads."""
 
     def logits(threads_at: Callable[[int], int]) -> list[np.ndarray]:

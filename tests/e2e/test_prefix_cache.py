@@ -62,7 +62,7 @@ async def test_regenerate_reuses_the_prompt_and_gives_the_same_greedy_text(engin
     n_prompt = again["usage"]["prompt_tokens"]
     assert n_prompt > 100
     # The whole prompt: its last token's logits were kept, so nothing is decoded
-    # before the first token (engine/first_logits.py).
+    # before the first token (engine/kv/first_logits.py).
     assert cached(again) == n_prompt
     assert cached(first) < n_prompt
     assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
@@ -165,7 +165,7 @@ async def test_in_the_pool_cache_is_evicted_so_a_new_request_fits(tmp_path: Path
 
 
 async def test_the_next_turn_continues_the_slot_after_the_earlier_answer(engine) -> None:
-    """Every cell of the earlier turn, its answer's included (``engine/kv_slots.py``):
+    """Every cell of the earlier turn, its answer's included (``engine/kv/slots.py``):
     the next turn prefills only what is new."""
     body = chat_body(unique(ESSAY), max_tokens=24, stream=False)
     first = await complete(engine.url, body)

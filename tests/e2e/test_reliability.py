@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from edge_llm.config.tree import EngineConfig
-from edge_llm.engine.llama_backend import default_model_path
+from edge_llm.engine.runtime.llama_backend import default_model_path
 
 from support import STORY, RawSseClient, RssSampler, chat_body, wait_until
 

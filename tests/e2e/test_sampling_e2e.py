@@ -13,7 +13,7 @@ import llama_cpp
 import openai
 import pytest
 
-from edge_llm.engine.llama_backend import default_model_path
+from edge_llm.engine.runtime.llama_backend import default_model_path
 
 from helpers import next_frame
 from support import chat_body, complete, pause_stream, wait_until

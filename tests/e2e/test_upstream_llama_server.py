@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from edge_llm.engine.llama_backend import default_model_path
+from edge_llm.engine.runtime.llama_backend import default_model_path
 
 from conftest import EngineProcess, start_engine
 from helpers import free_port, next_frame

@@ -7,11 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
-from edge_llm.engine.admission import predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.engine import Engine
-from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.engine.scheduling.admission import predict_ttft_s, queue_view, retry_after_s
+from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
-from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import QueueFull
 from edge_llm.generation.sessions import Sessions
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm.engine.chat_template import ChatTemplate
+from edge_llm.engine.runtime.chat_template import ChatTemplate
 from edge_llm.errors import NoChatTemplate, TemplateRefused
 
 USER = [{"role": "user", "content": "hi"}]

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_llm.engine.disk_cache import DiskCache, DiskEntry
-from edge_llm.engine.host_cache import HostCache
+from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
+from edge_llm.engine.kv.host_cache import HostCache
 
 
 def entry(first: int, n: int = 200, state: bytes = b"s" * 1000) -> DiskEntry:

@@ -6,7 +6,7 @@ import asyncio
 import threading
 
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
-from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import BackendFailure, Cancelled, TtftTimeout
 
 from fakes import EOG, FakeBackend, drain

@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from edge_llm.engine.backend import BatchItem
-from edge_llm.engine.kv_cache import (
+from edge_llm.engine.kv.unified import (
     CopyPrefix,
     KvCache,
     KvOp,
@@ -16,6 +15,7 @@ from edge_llm.engine.kv_cache import (
     SaveState,
     Truncate,
 )
+from edge_llm.engine.runtime.backend import BatchItem
 from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import FakeBackend

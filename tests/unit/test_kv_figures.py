@@ -10,7 +10,7 @@ from rich.console import Console
 from edge_llm.cli.serve import kv_capacity
 from edge_llm.config.tree import load_config
 from edge_llm.doctor.kv import diagnose_kv
-from edge_llm.engine.kv_cache import KvCache
+from edge_llm.engine.kv.unified import KvCache
 from edge_llm.observability.top_view import Rates, engine_line
 from edge_llm.observability.units import MIB, mib
 

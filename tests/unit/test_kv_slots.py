@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from edge_llm.engine.backend import BatchItem
-from edge_llm.engine.host_cache import HostCache
-from edge_llm.engine.kv_cache import (
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.slots import SWITCH_SLOT_TOKENS, KvSlots, usable_prefix
+from edge_llm.engine.kv.unified import (
     CopyPrefix,
     KvOp,
     LoadCache,
@@ -19,7 +19,7 @@ from edge_llm.engine.kv_cache import (
     SaveState,
     Truncate,
 )
-from edge_llm.engine.kv_slots import SWITCH_SLOT_TOKENS, KvSlots, usable_prefix
+from edge_llm.engine.runtime.backend import BatchItem
 from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import FakeBackend

@@ -1,4 +1,4 @@
-"""The memory ledger: every KV tier under one cap (engine/ledger.py), alone and in an
+"""The memory ledger: every KV tier under one cap (engine/kv/ledger.py), alone and in an
 engine over the fake backend whose every tier is filled."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from edge_llm.engine.host_cache import HostCache
-from edge_llm.engine.ledger import (
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.ledger import (
     MemoryLedger,
     context_cells,
     device_share_bytes,
@@ -17,7 +17,7 @@ from edge_llm.engine.ledger import (
     ledger_summary,
     try_giver,
 )
-from edge_llm.engine.offload import HostStore
+from edge_llm.engine.kv.offload_store import HostStore
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import KvBudgetExceeded
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings

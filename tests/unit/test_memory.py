@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.engine.memory import MemoryGuard, MemoryReading, ProcMemory
+from edge_llm.engine.pressure.memory import MemoryGuard, MemoryReading, ProcMemory
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import MemoryPressure
 

@@ -3,9 +3,9 @@ batch; beside decoding streams the budget follows the measured step costs."""
 
 from __future__ import annotations
 
-from edge_llm.engine.kv_cache import KvCache
-from edge_llm.engine.prefill_budget import MIN_PREFILL_TOKENS, PrefillBudget, StepCosts
-from edge_llm.engine.scheduler import Scheduler, SchedulerLimits
+from edge_llm.engine.kv.unified import KvCache
+from edge_llm.engine.scheduling.prefill_budget import MIN_PREFILL_TOKENS, PrefillBudget, StepCosts
+from edge_llm.engine.scheduling.scheduler import Scheduler, SchedulerLimits
 from edge_llm.engine.sequence import GenerationRequest, Sequence
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 
 from edge_llm.engine.engine import Engine, EngineSettings
-from edge_llm.engine.priorities import AGING_S, next_in_line, prefill_order
+from edge_llm.engine.scheduling.priorities import AGING_S, next_in_line, prefill_order
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence
-from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.streams.handle import StreamHandle
 
 from fakes import FakeBackend, drain
 from helpers import Recorder

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.stream import Outcome
+from edge_llm.engine.streams.handle import Outcome
 from edge_llm.errors import Cancelled, UpstreamFailure
 from edge_llm.upstream.relay_state import DONE, RelayState, StreamSettings, UpstreamChunk
 

@@ -7,7 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from edge_llm.engine.sampling import LogitBias, Penalties, check_schema_bounds, token_logprob
+from edge_llm.engine.runtime.sampling import (
+    LogitBias,
+    Penalties,
+    check_schema_bounds,
+    token_logprob,
+)
 
 
 def test_logprobs_are_a_log_softmax_with_the_top_tokens_in_order() -> None:

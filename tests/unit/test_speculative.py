@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
-from edge_llm.engine.speculative import PromptLookup, verify
+from edge_llm.engine.speculation.prompt_lookup import PromptLookup, verify
 from edge_llm.protocol.sampling import SamplingParams
 
 from fakes import EOG, FakeBackend, drain, text_script

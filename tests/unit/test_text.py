@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_llm.engine.outbound import RingOverflow, TokenRing
-from edge_llm.engine.text import IncrementalDetokenizer, StopMatcher
+from edge_llm.engine.streams.text import IncrementalDetokenizer, StopMatcher
+from edge_llm.engine.streams.token_ring import RingOverflow, TokenRing
 
 
 def split(data: bytes, cuts: list[int]) -> list[bytes]:

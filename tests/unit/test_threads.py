@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from edge_llm.engine.engine import Engine, EngineSettings
-from edge_llm.engine.sequence import GenerationRequest
-from edge_llm.engine.threads import (
+from edge_llm.engine.runtime.threads import (
     APART_S,
     DROP_AT,
     FIRST_RETRY_S,
@@ -28,6 +27,7 @@ from edge_llm.engine.threads import (
     ProcRunQueue,
     ThreadGovernor,
 )
+from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.observability.events import Event
 
 from fakes import FakeBackend, drain

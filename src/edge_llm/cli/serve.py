@@ -17,9 +17,9 @@ from edge_llm.config.tree import (
     flag_overrides,
     load_config,
 )
-from edge_llm.engine.kv_cache import KvCache
-from edge_llm.engine.kv_slots import KvSlots
-from edge_llm.engine.ledger import ledger_summary
+from edge_llm.engine.kv.ledger import ledger_summary
+from edge_llm.engine.kv.slots import KvSlots
+from edge_llm.engine.kv.unified import KvCache
 from edge_llm.errors import BackendError
 from edge_llm.observability.units import mib
 from edge_llm.server.runtime import ListenError, start_server

@@ -19,27 +19,25 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edge_llm.engine.admission import refuse_if_late
-from edge_llm.engine.backend import Backend
-from edge_llm.engine.deadlines import Deadlines
-from edge_llm.engine.disk_cache import disk_cache, read_back, save_kept
-from edge_llm.engine.host_cache import HostCache
-from edge_llm.engine.kv_apply import KvApplier
-from edge_llm.engine.kv_cache import KvOp
-from edge_llm.engine.kv_slots import KvSlots, kv_book
-from edge_llm.engine.ledger import MemoryLedger, try_giver
-from edge_llm.engine.memory import (
+from edge_llm.engine.kv.apply import KvApplier
+from edge_llm.engine.kv.disk_cache import disk_cache, read_back, save_kept
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.ledger import MemoryLedger, try_giver
+from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.slots import KvSlots, kv_book
+from edge_llm.engine.kv.unified import KvOp
+from edge_llm.engine.pressure.memory import (
     MemoryGuard,
     MemoryPolicy,
     MemorySource,
     ProcMemory,
     machine_memory_bytes,
 )
-from edge_llm.engine.offload import HostStore, OffloadPolicy, PreemptionPolicy
-from edge_llm.engine.outbound import TokenRing
-from edge_llm.engine.output import Output
-from edge_llm.engine.runner import ChunkResult, ModelRunner
-from edge_llm.engine.scheduler import Scheduler, StepPlan
+from edge_llm.engine.pressure.offload import OffloadPolicy, PreemptionPolicy
+from edge_llm.engine.runtime.backend import Backend
+from edge_llm.engine.runtime.threads import CoreReadings, thread_governor
+from edge_llm.engine.scheduling.admission import refuse_if_late
+from edge_llm.engine.scheduling.scheduler import Scheduler, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.snapshot import (
@@ -50,9 +48,12 @@ from edge_llm.engine.snapshot import (
     snapshot,
     tier_bytes,
 )
-from edge_llm.engine.stream import StreamHandle
-from edge_llm.engine.streams import RunGuard, Streams
-from edge_llm.engine.threads import CoreReadings, thread_governor
+from edge_llm.engine.step.output import Output
+from edge_llm.engine.step.runner import ChunkResult, ModelRunner
+from edge_llm.engine.streams.book import RunGuard, Streams
+from edge_llm.engine.streams.deadlines import Deadlines
+from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine.streams.token_ring import TokenRing
 from edge_llm.errors import (
     BackendError,
     BackendFailure,

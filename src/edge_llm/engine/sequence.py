@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.speculative import PromptLookup
+from edge_llm.engine.speculation.prompt_lookup import PromptLookup
 from edge_llm.protocol.sampling import SamplingParams
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from edge_llm.engine.scheduler import SchedulerLimits
+from edge_llm.engine.scheduling.scheduler import SchedulerLimits
 
 # A prompt still prefilling after this fraction of its TTFT time-out gets whole batches,
 # so several long prompts arriving beside decoding streams are not timed out.

@@ -6,18 +6,18 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol, Self
 
-from edge_llm.engine.admission import predict_ttft_s
-from edge_llm.engine.backend import Backend
-from edge_llm.engine.disk_cache import DiskCache
-from edge_llm.engine.host_cache import HostCache
-from edge_llm.engine.kv_cache import KvCache
-from edge_llm.engine.kv_slots import KvSlots
-from edge_llm.engine.ledger import Account, MemoryLedger
-from edge_llm.engine.memory import MemoryPolicy
-from edge_llm.engine.offload import HostStore
-from edge_llm.engine.scheduler import Scheduler
-from edge_llm.engine.stream import StreamHandle
-from edge_llm.engine.streams import Streams
+from edge_llm.engine.kv.disk_cache import DiskCache
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.ledger import Account, MemoryLedger
+from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.slots import KvSlots
+from edge_llm.engine.kv.unified import KvCache
+from edge_llm.engine.pressure.memory import MemoryPolicy
+from edge_llm.engine.runtime.backend import Backend
+from edge_llm.engine.scheduling.admission import predict_ttft_s
+from edge_llm.engine.scheduling.scheduler import Scheduler
+from edge_llm.engine.streams.book import Streams
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.observability.metrics import EngineMetrics
 
 

@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.generation.events import AnswerEvent, ChunkReader, EngineReader, answer_events
 from edge_llm.generation.job import GenerationJob, Relay

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from edge_llm.engine.engine import Engine
-from edge_llm.engine.stream import StreamHandle
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged, StreamEvent
 

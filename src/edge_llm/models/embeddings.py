@@ -7,7 +7,7 @@ GIL) and share the CPU with at most one embedding chunk at a time, on
 ``embedding_threads`` threads. Requests beyond ``max_queue`` waiting are refused
 (503 ``queue_full``). Vectors are L2-normalized, as OpenAI's and Ollama's are.
 
-The context's KV is a line in the model's memory ledger (``engine/ledger.py``),
+The context's KV is a line in the model's memory ledger (``engine/kv/ledger.py``),
 charged before the context is made: the host prefix tier gives back room for it
 first; if the ledger still has none, the request gets 503 ``kv_budget_exceeded``.
 """
@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from edge_llm.engine.ledger import Account, MemoryLedger, context_cells
+from edge_llm.engine.kv.ledger import Account, MemoryLedger, context_cells
 from edge_llm.errors import InvalidRequest, KvBudgetExceeded, QueueFull
 
 EmbeddingInput = str | list[int]

@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 PREFIX = "edge_llm_"
 # The tiers KV bytes are reported for (kv_cache_tier_bytes{tier}).
 KV_TIERS = ("device_live", "device_cached", "host", "disk")
-# The memory ledger's lines (memory_ledger_bytes{line}; engine/ledger.py).
+# The memory ledger's lines (memory_ledger_bytes{line}; engine/kv/ledger.py).
 LEDGER_LINES = (
     "device_live", "device_cached", "device_free", "host_cache", "offload", "embeddings",
     "reserve", "total", "cap",

@@ -20,9 +20,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config.tree import EngineConfig
-from edge_llm.engine.backend import Backend
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
-from edge_llm.engine.ledger import context_cells, device_share_bytes, kv_bytes_per_token
+from edge_llm.engine.kv.ledger import context_cells, device_share_bytes, kv_bytes_per_token
+from edge_llm.engine.runtime.backend import Backend
 from edge_llm.errors import BackendError
 from edge_llm.generation.dispatch import Dispatcher
 from edge_llm.generation.pump import PumpSettings
@@ -86,7 +86,7 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
 def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend:
     """The model ``spec`` names (None: the default model, ``model_path`` or the
     embedded one) loaded with the engine's settings."""
-    from edge_llm.engine.llama_backend import (  # noqa: PLC0415 (loads llama.cpp)
+    from edge_llm.engine.runtime.llama_backend import (  # noqa: PLC0415 (loads llama.cpp)
         LlamaBackend,
         default_model_path,
     )
@@ -97,7 +97,7 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
     if spec is not None:
         path, model_id, kv_bytes = spec.path, spec.name, spec.kv_budget_bytes
     # On a CPU the KV context is one line of the model's memory ledger: the other
-    # tiers' share is carved from the cap before it (engine/ledger.py).
+    # tiers' share is carved from the cap before it (engine/kv/ledger.py).
     device_bytes = device_share_bytes(
         kv_bytes, cache.host_cache_mb * MIB, cache.host_offload_mb * MIB,
         embeddings_context_bytes(path or default_model_path(), config),

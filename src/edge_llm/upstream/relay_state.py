@@ -7,7 +7,7 @@ filled, the end. It answers what the driver must do next: which chunks to put in
 the buffer, whether a pause began or ended (to log it, to stop or go on reading),
 whether the buffer drained enough to read again. It speaks the engine's
 vocabulary: pause causes are :class:`~edge_llm.engine.sequence.PauseCause`, the
-end an :class:`~edge_llm.engine.stream.Outcome`; tested by feeding it, without a
+end an :class:`~edge_llm.engine.streams.handle.Outcome`; tested by feeding it, without a
 network (tests/unit/test_upstream_relay.py).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.stream import Outcome
+from edge_llm.engine.streams.handle import Outcome
 from edge_llm.errors import Cancelled, EdgeLLMError, UpstreamFailure
 
 

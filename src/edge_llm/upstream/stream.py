@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 import aiohttp
 
 from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.stream import Outcome
+from edge_llm.engine.streams.handle import Outcome
 from edge_llm.errors import (
     Cancelled,
     EdgeLLMError,

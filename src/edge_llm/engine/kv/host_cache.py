@@ -13,7 +13,7 @@ that gives back first: when an offload, an embeddings context or a model load ne
 room, its least recently used entries go (never one a pending load will read).
 
 Pure bookkeeping plus the saved bytes: :class:`KvSlots` decides what is saved and
-loaded, the engine thread copies the bytes (``kv_apply.py``).
+loaded, the engine thread copies the bytes (``kv/apply.py``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.ledger import Giver, LedgerTier, MemoryLedger
+from edge_llm.engine.kv.ledger import Giver, LedgerTier, MemoryLedger
 
 # A saved state holds, beside the K and V rows, each cell's position and sequence ids
 # and a small header: an upper bound used to reserve room before the save runs.

@@ -9,7 +9,7 @@ scans only its own cells; with ``kv_unified`` one pool is shared by all sequence
 one of which may use all of it (see docs/architecture.md). Each live sequence owns a slot
 (llama ``seq_id``); samplers belong to sequences, not slots. In the unified pool
 there are twice as many seq ids as sequences: the spare ones keep cached prompt
-prefixes alive (see ``kv_cache.py``). One ``llama_decode`` serves every slot.
+prefixes alive (see ``kv/unified.py``). One ``llama_decode`` serves every slot.
 """
 
 from __future__ import annotations
@@ -30,20 +30,20 @@ import llama_cpp as llama
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from edge_llm.engine.backend import (
+from edge_llm.engine.runtime.backend import (
     BatchItem,
     ModelInfo,
     Sampled,
+    fingerprint,
 )
-from edge_llm.engine.chat_template import ChatTemplate
-from edge_llm.engine.disk_cache import fingerprint
-from edge_llm.engine.sampling import (
+from edge_llm.engine.runtime.chat_template import ChatTemplate
+from edge_llm.engine.runtime.sampling import (
     LogitRules,
     Logits,
     check_schema_bounds,
     token_logprob,
 )
-from edge_llm.engine.speculative import verify
+from edge_llm.engine.speculation.prompt_lookup import verify
 from edge_llm.errors import BackendError, InvalidRequest, KvSlotUnavailable
 from edge_llm.protocol.sampling import SamplingParams
 

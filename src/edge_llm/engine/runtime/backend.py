@@ -13,8 +13,10 @@ keeps its sampler state.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from edge_llm.protocol.sampling import SamplingParams, TokenLogprob
@@ -155,3 +157,13 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+def fingerprint(model_path: str, kv_cache_type: str, runtime_version: str) -> str:
+    """What a saved state depends on: the model file, the KV type, the runtime."""
+    path = Path(model_path)
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        digest.update(fh.read(1 << 20))
+    digest.update(f"{path.stat().st_size}|{kv_cache_type}|{runtime_version}".encode())
+    return digest.hexdigest()[:32]

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 from edge_llm.engine.sequence import SequenceState
 from edge_llm.engine.settings import EngineSettings
-from edge_llm.engine.stream import StreamHandle
-from edge_llm.engine.streams import Streams
+from edge_llm.engine.streams.book import Streams
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import EdgeLLMError, PauseTimeout, TtftTimeout
 from edge_llm.observability.events import Event
 

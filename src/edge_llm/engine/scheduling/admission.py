@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from edge_llm.engine.prefill_budget import StepCosts
+from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.errors import QueueFull
 
 MIN_RETRY_AFTER_S = 1

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 from edge_llm.observability.events import Event, EventSink, null_sink
 
 if TYPE_CHECKING:
-    from edge_llm.engine.backend import Backend
+    from edge_llm.engine.runtime.backend import Backend
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from edge_llm.engine.backend import Backend, Sampled
-from edge_llm.engine.runner import ChunkResult
-from edge_llm.engine.scheduler import ScheduledChunk, StepPlan
+from edge_llm.engine.runtime.backend import Backend, Sampled
+from edge_llm.engine.scheduling.scheduler import ScheduledChunk, StepPlan
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
-from edge_llm.engine.stream import StreamHandle
-from edge_llm.engine.streams import Streams
+from edge_llm.engine.step.runner import ChunkResult
+from edge_llm.engine.streams.book import Streams
+from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import BackendFailure
 from edge_llm.observability.events import Event
 

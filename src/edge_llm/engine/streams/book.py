@@ -9,10 +9,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from edge_llm.engine.scheduler import Scheduler
+from edge_llm.engine.scheduling.scheduler import Scheduler
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
-from edge_llm.engine.stream import Outcome, StreamHandle
+from edge_llm.engine.streams.handle import Outcome, StreamHandle
 from edge_llm.errors import EdgeLLMError
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics

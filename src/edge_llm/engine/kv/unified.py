@@ -14,7 +14,7 @@ can serve any number of sequences. This module keeps the book of those tags:
   references, evicted least recently used when an admission needs room or an id.
 
 This is the unified pool (``kv_unified = true``); the per-slot layout's book is
-``kv_slots.py``.
+``kv/slots.py``.
 
 Budget: every running sequence reserves the cells it may still compute (prompt +
 max_tokens - cached), and cells owned by no running sequence are counted as cache.
@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.first_logits import FirstTokenLogits
+from edge_llm.engine.kv.first_logits import FirstTokenLogits
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from edge_llm.errors import MemoryPressure
 from edge_llm.observability.events import Event
 
 if TYPE_CHECKING:
-    from edge_llm.engine.host_cache import HostCache
-    from edge_llm.engine.streams import Streams
+    from edge_llm.engine.kv.host_cache import HostCache
+    from edge_llm.engine.streams.book import Streams
 
 RECOVERY_MARGIN = 1.1  # admission resumes above the floor plus a tenth of it
 CHECK_EVERY_S = 0.25  # reading /proc costs tens of microseconds: a few times a second

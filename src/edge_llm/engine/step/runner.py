@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from edge_llm.engine.backend import Backend, BatchItem, Sampled
-from edge_llm.engine.kv_apply import KvApplier
-from edge_llm.engine.kv_cache import KvOp
-from edge_llm.engine.scheduler import ScheduledChunk, StepPlan
+from edge_llm.engine.kv.apply import KvApplier
+from edge_llm.engine.kv.unified import KvOp
+from edge_llm.engine.runtime.backend import Backend, BatchItem, Sampled
+from edge_llm.engine.scheduling.scheduler import ScheduledChunk, StepPlan
 from edge_llm.engine.sequence import Sequence
 from edge_llm.errors import BackendError
 

@@ -6,9 +6,9 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-from edge_llm.engine.outbound import TokenRing
 from edge_llm.engine.sequence import Sequence
-from edge_llm.engine.text import IncrementalDetokenizer, StopMatcher
+from edge_llm.engine.streams.text import IncrementalDetokenizer, StopMatcher
+from edge_llm.engine.streams.token_ring import TokenRing
 from edge_llm.errors import EdgeLLMError
 
 

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from edge_llm.engine.backend import Backend
-    from edge_llm.engine.host_cache import HostCache
+    from edge_llm.engine.kv.host_cache import HostCache
+    from edge_llm.engine.runtime.backend import Backend
 
 FORMAT = "edge-llm-kv/1"
 SUFFIX = ".kvc"
@@ -171,16 +171,6 @@ class DiskCache:
         _log.warning("disk cache: skipped %s: %s", path.name, why)
         if remove:
             path.unlink(missing_ok=True)
-
-
-def fingerprint(model_path: str, kv_cache_type: str, runtime_version: str) -> str:
-    """What a saved state depends on: the model file, the KV type, the runtime."""
-    path = Path(model_path)
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        digest.update(fh.read(1 << 20))
-    digest.update(f"{path.stat().st_size}|{kv_cache_type}|{runtime_version}".encode())
-    return digest.hexdigest()[:32]
 
 
 def disk_cache(directory: str | None, capacity_bytes: int, backend: Backend) -> DiskCache | None:

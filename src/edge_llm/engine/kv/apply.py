@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from edge_llm.engine.backend import Backend
-from edge_llm.engine.disk_cache import DiskCache, DiskEntry
-from edge_llm.engine.host_cache import HostCache
-from edge_llm.engine.kv_cache import (
+from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.unified import (
     CopyPrefix,
     KvOp,
     LoadCache,
@@ -16,7 +16,7 @@ from edge_llm.engine.kv_cache import (
     SaveState,
     Truncate,
 )
-from edge_llm.engine.offload import HostStore
+from edge_llm.engine.runtime.backend import Backend
 from edge_llm.errors import BackendError
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics

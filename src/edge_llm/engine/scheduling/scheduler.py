@@ -1,7 +1,7 @@
 """Which sequences run in the next decode step: pure policy, no model, no I/O.
 
 Each step holds one token of every decoding sequence that is not paused (plus its
-prompt-lookup draft, when speculation is on: ``speculative.py``), and then prompt
+prompt-lookup draft, when speculation is on: ``speculation/prompt_lookup.py``), and then prompt
 chunks of prefilling sequences, shortest remaining prompt first, up to the step's
 prefill budget (``prefill_budget.py``): all of ``prefill_chunk_tokens`` for a lone
 prompt, else what keeps the others' inter-token latency near its target, except
@@ -26,13 +26,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.admission import QueueView, queue_view
-from edge_llm.engine.kv_cache import KvCache, KvOp, Truncate, common_prefix
-from edge_llm.engine.kv_slots import KvSlots
-from edge_llm.engine.prefill_budget import PrefillBudget
-from edge_llm.engine.priorities import next_in_line, prefill_order, queue_key, queue_position
+from edge_llm.engine.kv.slots import KvSlots
+from edge_llm.engine.kv.unified import KvCache, KvOp, Truncate, common_prefix
+from edge_llm.engine.scheduling.admission import QueueView, queue_view
+from edge_llm.engine.scheduling.prefill_budget import PrefillBudget
+from edge_llm.engine.scheduling.priorities import (
+    next_in_line,
+    prefill_order,
+    queue_key,
+    queue_position,
+)
 from edge_llm.engine.sequence import Sequence, SequenceState
-from edge_llm.engine.speculative import PROBE_EVERY, PromptLookup
+from edge_llm.engine.speculation.prompt_lookup import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
 # An admitted sequence waits for a prompt start another sequence is prefilling right

@@ -1,0 +1,1 @@
+"""Relief when memory or KV runs short: offloading, preemption and memory pressure."""

@@ -1,0 +1,1 @@
+"""The model runtime behind one interface: llama.cpp, chat template, sampling, threads."""

@@ -1,0 +1,1 @@
+"""Who runs next: the scheduler, priorities, admission and the prefill budget."""

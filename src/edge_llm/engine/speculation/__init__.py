@@ -1,0 +1,1 @@
+"""Speculative decoding: drafts from a sequence's own tokens and their verification."""

@@ -1,0 +1,1 @@
+"""One decode step after the plan: running it on the backend and publishing its output."""
