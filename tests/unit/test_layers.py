@@ -25,6 +25,21 @@ Beside that stack, programs that talk to a server over the network:
                     engine's machinery and shares the wire formats, e.g. the SSE parser)
     doctor, bench   what the client may, plus the client itself
 
+Inside ``engine`` the same rule holds between its rooms, lowest first::
+
+    speculation     prompt-lookup drafts and their verification
+    runtime         the Backend interface, llama.cpp (the one module importing it),
+                    chat template, sampling, decode threads
+    sequence        one request's generation
+    kv              the KV books, their operations, the tiers and their ledger
+    scheduling      who runs next: scheduler, priorities, admission, prefill budget
+    settings        what the engine enforces
+    streams         stream handles, their book, rings, text, time-outs
+    pressure        offload and preemption policies, memory pressure
+    step            a step's run on the backend and its output
+    snapshot        the /debug/streams document
+    engine          the inference thread (``engine.py``, and the package itself)
+
 ``KNOWN_EXCEPTIONS`` lists the imports that break the rule today, each with its
 reason; an entry that no longer occurs fails too, so the list only shrinks.
 Imports inside functions count as much as those at the top.
@@ -58,6 +73,19 @@ NETWORK_CLIENTS = {
     "doctor": {"errors", "observability", "protocol", "client"},
     "bench": {"errors", "observability", "protocol", "client"},
 }
+ENGINE_ROOMS = (
+    "speculation",
+    "runtime",
+    "sequence",
+    "kv",
+    "scheduling",
+    "settings",
+    "streams",
+    "pressure",
+    "step",
+    "snapshot",
+    "engine",
+)
 # (importer, imported module): why it is allowed for now.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
@@ -65,6 +93,14 @@ KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 def layer_of(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "edge_llm"
+
+
+def engine_room_of(module: str) -> str | None:
+    """The room inside ``engine`` (a subpackage or a top module); None outside it."""
+    parts = module.split(".")
+    if parts[1:2] != ["engine"]:
+        return None
+    return parts[2] if len(parts) > 2 else "engine"
 
 
 def may_import(importer: str, imported: str) -> bool:
@@ -133,3 +169,26 @@ def test_the_rule_catches_an_upward_import() -> None:
     assert not may_import("client", "engine")
     assert may_import("server", "upstream")
     assert may_import("bench", "client")
+
+
+def test_every_engine_room_is_placed() -> None:
+    rooms = {engine_room_of(module_name(path)) for path in (SOURCE / "engine").rglob("*.py")}
+    assert rooms == set(ENGINE_ROOMS), f"placed and found differ: {rooms ^ set(ENGINE_ROOMS)}"
+
+
+def test_no_import_inside_the_engine_points_up() -> None:
+    upward = []
+    for importer, imported in all_imports():
+        low, high = engine_room_of(imported), engine_room_of(importer)
+        if low is None or high is None or low == high:
+            continue
+        if ENGINE_ROOMS.index(low) > ENGINE_ROOMS.index(high):
+            upward.append(f"{importer} ({high}) imports {imported} ({low})")
+    assert not upward, "imports against the engine's rooms:\n" + "\n".join(upward)
+
+
+def test_the_engine_rooms_rule_reads_rooms() -> None:
+    assert engine_room_of("edge_llm.engine.kv.slots") == "kv"
+    assert engine_room_of("edge_llm.engine.engine") == "engine"
+    assert engine_room_of("edge_llm.engine") == "engine"
+    assert engine_room_of("edge_llm.models.pool") is None
