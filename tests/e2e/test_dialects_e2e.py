@@ -199,9 +199,26 @@ def test_continue_final_message_continues_the_assistants_text(http: httpx.Client
     assert not (start + fresh).startswith(answer[: len(start) + 8])  # a new turn, not this
 
 
+def test_cache_prompt_false_computes_the_whole_prompt_and_keeps_it(http: httpx.Client) -> None:
+    """llama-server's ``cache_prompt: false``: no cached cell is reused although the
+    same prompt was just answered (``cached_tokens`` 0, twice); the prompt it
+    computed is kept, so the same request with true, or without the field, reuses it."""
+    content = f"{QUESTION} Answer in one short sentence, please."
+
+    def usage(**fields: Any) -> dict[str, Any]:
+        result: dict[str, Any] = chat(http, content, max_tokens=4, **fields)["usage"]
+        return result
+
+    n_prompt = usage()["prompt_tokens"]
+    for _ in range(2):
+        assert usage(cache_prompt=False)["prompt_tokens_details"]["cached_tokens"] == 0
+    for fields in ({"cache_prompt": True}, {}):
+        assert usage(**fields)["prompt_tokens_details"]["cached_tokens"] >= n_prompt - 1
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("return_hidden_states", True), ("cache_prompt", False), ("min_tokens", 500)],
+    [("return_hidden_states", True), ("cache_prompt", "false"), ("min_tokens", 500)],
 )
 def test_a_value_that_cannot_be_honoured_is_a_400_naming_it(
     http: httpx.Client, field: str, value: object

@@ -112,7 +112,7 @@ def test_the_gateway_and_guidellm_defaults_are_accepted() -> None:
 
 REFUSED: list[tuple[dict[str, Any], str, str]] = [
     ({"return_hidden_states": True}, "return_hidden_states", "hidden states"),
-    ({"cache_prompt": False}, "cache_prompt", "always reused"),
+    ({"cache_prompt": "false"}, "cache_prompt", "valid boolean"),
     ({"min_tokens": 9}, "min_tokens", "above max_tokens"),
     ({"repetition_penalty": 1.2, "repeat_penalty": 1.3}, "repeat_penalty", "give one"),
     ({"repetition_penalty": 0}, "repetition_penalty", "greater than or equal"),
@@ -188,6 +188,21 @@ async def test_a_stop_token_id_ends_the_answer_without_its_text(served) -> None:
         assert choice.get("text", choice.get("message", {}).get("content")) == "t10 t11 "
         assert choice["finish_reason"] == "stop"
         assert reply["usage"]["completion_tokens"] == 3
+
+
+async def test_cache_prompt_false_reuses_no_cached_cell_and_keeps_its_own(served) -> None:
+    """llama-server's meaning: the prompt is computed whole (0 cached tokens) and
+    kept, so that the same prompt with cache_prompt true (or absent) reuses it."""
+    client, _ = served
+    prompt = {"prompt": "a prompt of several words, computed once or twice", "max_tokens": 2}
+    cached = []
+    for flag in (None, False, False, True, None):
+        body = prompt if flag is None else {**prompt, "cache_prompt": flag}
+        response = await client.post("/v1/completions", json=body)
+        assert response.status == 200
+        cached.append((await response.json())["usage"]["prompt_tokens_details"]["cached_tokens"])
+    assert cached[:3] == [0, 0, 0]
+    assert cached[3] > 0 and cached[4] > 0
 
 
 async def test_a_stop_token_id_outside_the_vocabulary_is_a_400(served) -> None:

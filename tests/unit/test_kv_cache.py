@@ -49,9 +49,9 @@ class Driver:
         assert self.backend.num_used_cells == stats.used_tokens + stats.cached_tokens
         assert self.kv.num_reserved + self.kv.num_cache <= self.kv.capacity_tokens
 
-    def admit(self, prompt: list[int], max_tokens: int = 10) -> tuple[int, int]:
-        assert self.kv.can_admit(prompt, len(prompt) + max_tokens)
-        admission = self.kv.admit(prompt, len(prompt) + max_tokens)
+    def admit(self, prompt: list[int], max_tokens: int = 10, reuse: bool = True) -> tuple[int, int]:
+        assert self.kv.can_admit(prompt, len(prompt) + max_tokens, reuse)
+        admission = self.kv.admit(prompt, len(prompt) + max_tokens, reuse)
         self.apply(admission.ops)
         self.tokens[admission.seq_id] = list(prompt)
         self.backend.start_sequence(str(admission.seq_id), SamplingParams())
@@ -118,6 +118,28 @@ def test_the_next_turn_reuses_the_previous_prompt_and_answer() -> None:
     turn2 = [*turn1, *range(900, 906), 3, 4]
     _, cached = d.admit(turn2)
     assert cached == len(turn1) + 6
+
+
+def test_without_reuse_nothing_is_attached_and_the_cells_it_computes_are_kept() -> None:
+    """llama-server's ``cache_prompt: false``: a prompt the cache holds is computed
+    again under a new id; a prompt it does not hold is published as it is computed,
+    so the next request reuses it."""
+    d = Driver()
+    prompt = [*SYSTEM, *range(10, 30)]
+    first, cached = d.admit(prompt, reuse=False)
+    assert cached == 0
+    d.prefill(first, len(prompt))
+    d.generate(first, 5)
+    d.kv.keep_logits(prompt, "logits")
+    d.release(first)
+    assert d.kv.cached_length(prompt) == len(prompt) - 1
+    assert d.kv.cached_length(prompt, reuse=False) == 0
+    again, cached = d.admit(prompt, reuse=False)
+    assert cached == 0 and again != first and not d.backend.kv.get(again)
+    d.prefill(again, len(prompt))
+    d.release(again)
+    _, cached = d.admit(prompt)
+    assert cached == len(prompt)  # the first's cells and its kept logits
 
 
 def test_live_streams_hold_a_common_prefix_once() -> None:

@@ -60,9 +60,9 @@ class Driver:
         stats = self.kv.stats()
         assert self.backend.num_used_cells == stats.used_tokens + stats.cached_tokens
 
-    def admit(self, prompt: list[int], max_tokens: int = 10) -> tuple[int, int]:
-        assert self.kv.can_admit(prompt, len(prompt) + max_tokens)
-        admission = self.kv.admit(prompt, len(prompt) + max_tokens)
+    def admit(self, prompt: list[int], max_tokens: int = 10, reuse: bool = True) -> tuple[int, int]:
+        assert self.kv.can_admit(prompt, len(prompt) + max_tokens, reuse)
+        admission = self.kv.admit(prompt, len(prompt) + max_tokens, reuse)
         self.apply(admission.ops)
         self.tokens[admission.seq_id] = list(prompt)
         self.n_prompt[admission.seq_id] = len(prompt)
@@ -149,6 +149,36 @@ def test_a_regenerate_saves_nothing_and_keeps_the_prompts_logits_for_the_next() 
         d.backend.decode([BatchItem(seq, [900], len(prompt), False, str(seq))])
         d.kv.computed(seq, d.tokens[seq], len(prompt) + 1, publish=False)
         d.release(seq)
+
+
+def test_without_reuse_the_slot_computes_its_prompt_again_and_keeps_it() -> None:
+    """llama-server's ``cache_prompt: false``: no cached cell and no kept logits are
+    used; the slot that held the prompt computes it again (nothing is saved to the
+    host tier for that: it will hold the same prompt), and keeps it for the next."""
+    d = Driver(host_bytes=64 << 20)
+    prompt = [*SYSTEM, *LONG]  # over MIN_SAVED_CELLS
+    seq, _ = d.admit(prompt)
+    d.prefill(seq, len(prompt) - 1)
+    d.generate(seq, 5)
+    d.kv.keep_logits(prompt, "logits")
+    d.release(seq)
+    assert d.kv.cached_length(prompt, reuse=False) == 0
+    assert d.admit(prompt, reuse=False) == (seq, 0)
+    assert not d.backend.kv[seq] and len(d.host) == 0
+    d.prefill(seq, len(prompt) - 1)
+    d.generate(seq, 5)
+    d.release(seq)
+    assert d.admit(prompt) == (seq, len(prompt) - 1)
+
+
+def test_without_reuse_no_other_slot_or_host_entry_is_copied() -> None:
+    d = Driver(slots=2, host_bytes=10_000)
+    first = [*SYSTEM, *LONG]
+    seq = d.run(first)
+    busy, _ = d.admit(list(range(5000, 5020)))  # first's cells go to the host tier
+    assert busy == seq and len(d.host) == 1
+    assert d.admit(first, reuse=False) == (1 - seq, 0)
+    assert not d.backend.kv.get(1 - seq) and d.host.hits == 0
 
 
 def test_a_cancelled_stream_keeps_its_prompt_for_the_regenerate() -> None:

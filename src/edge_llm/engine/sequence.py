@@ -41,6 +41,9 @@ class GenerationRequest:
     priority: int = 0  # its class: lower runs first (``priorities.py``)
     # Set when max_tokens was lowered to fit ("max_tokens_cap", "context" or "kv").
     max_tokens_limited_by: str | None = None
+    # False (llama-server's cache_prompt: false): the prompt attaches no cached cells
+    # and is computed whole; the cells it computes are kept for later requests.
+    reuse_cache: bool = True
 
 
 @dataclass

@@ -117,6 +117,8 @@ class GenerationJob:
     any_model_runs_locally: bool = False
     # A heartbeat at each change of the local stream's state too (the client opted in).
     progress: bool = False
+    # llama-server's cache_prompt: False computes the whole prompt (no cached cells).
+    cache_prompt: bool = True
 
     def relayed(self) -> Relay:
         """What an upstream is sent, or InvalidRequest if the request cannot be relayed."""

@@ -190,6 +190,7 @@ class GenerationService:
             request_id=self.engine.new_request_id(),
             priority=job.priority.value,
             max_tokens_limited_by=budget.limit,
+            reuse_cache=job.cache_prompt,
         )
         return Prepared(request, prompt, budget, tools)
 

@@ -236,21 +236,11 @@ class _Sampling(Strict):
     include_stop_str_in_output: bool = False
     no_stop_trim: bool = False  # SGLang's name for include_stop_str_in_output
     skip_special_tokens: bool = True
-    cache_prompt: bool = True  # llama-server's; the prefix cache is always used
+    cache_prompt: bool = True  # llama-server's; false: the prompt reuses no cached cells
     # SGLang's, sent by its gateway at these defaults: no reasoning, no hidden states here.
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     return_hidden_states: bool = False
-
-    @field_validator("cache_prompt")
-    @classmethod
-    def _cache_kept(cls, value: bool) -> bool:
-        if not value:
-            raise ValueError(
-                "false is not supported: cached prefixes are always reused here "
-                "(the output does not depend on it; --deterministic makes that bitwise)"
-            )
-        return value
 
     @field_validator("return_hidden_states")
     @classmethod

@@ -74,6 +74,7 @@ def openai_job(
         max_tokens=req.requested_max_tokens,
         relay=relay,
         progress=req.stream and req.include_progress if progress is None else progress,
+        cache_prompt=req.cache_prompt,
     )
 
 

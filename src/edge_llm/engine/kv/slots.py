@@ -137,15 +137,15 @@ class KvSlots:
 
     # -- admission ---------------------------------------------------------------
 
-    def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
+    def can_admit(self, tokens: Sequence[int], total_tokens: int, reuse: bool = True) -> bool:
         return self.can_restore(total_tokens)
 
     def can_restore(self, total_tokens: int) -> bool:
         return total_tokens <= self.sequence_tokens and any(not s.running for s in self._slots)
 
-    def cached_length(self, tokens: Sequence[int]) -> int:
+    def cached_length(self, tokens: Sequence[int], reuse: bool = True) -> int:
         """Cells an admission now would start with (without kept logits)."""
-        if not self.prefix_cache:
+        if not (self.prefix_cache and reuse):
             return 0
         if all(s.running for s in self._slots):  # it would wait: whatever is cached now
             return self._best_source(tokens, None).usable
@@ -161,21 +161,25 @@ class KvSlots:
             if slot.running and slot.n_prompt == n and list(slot.tokens[:n]) == list(prompt):
                 slot.first_logits = logits
 
-    def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
+    def admit(self, tokens: Sequence[int], total_tokens: int, reuse: bool = True) -> Admission:
         """Run a new sequence in a slot, starting from the cells it may reuse (see
-        :func:`usable_prefix`). Call :meth:`can_admit` first."""
+        :func:`usable_prefix`); from none without ``reuse``: it takes the slot it
+        would have continued and computes the prompt again there, so that the slot
+        keeps that prompt for later requests. Call :meth:`can_admit` first."""
         target = self._target(tokens)
         ops: list[KvOp] = []
-        source = self._own(target, tokens)
-        if self.prefix_cache:
+        own = self._own(target, tokens)
+        source = own if reuse else _Source(0, target)
+        if self.prefix_cache and reuse:
             other = self._best_source(tokens, target)
             if other.usable > source.usable:
                 source = other
         if source.slot is target:
             if target.n_cells > source.usable:
-                # A regenerate keeps the whole prompt here: the cells it drops (the
-                # answer, no other request may reuse them) are not worth a save.
-                if source.usable < target.n_prompt - 1:
+                # A regenerate keeps the whole prompt here (computed again without
+                # reuse): the cells it drops (the answer, no other request may reuse
+                # them) are not worth a save.
+                if own.usable < target.n_prompt - 1:
                     ops.extend(self._save(target))
                 n_dropped = target.n_cells - source.usable
                 ops.append(Truncate(target.seq_id, source.usable, n_dropped, "evict"))

@@ -225,21 +225,21 @@ class KvCache:
 
     # -- admission ---------------------------------------------------------------
 
-    def cached_length(self, tokens: Sequence[int], whole: bool = False) -> int:
+    def cached_length(self, tokens: Sequence[int], whole: bool = False, reuse: bool = True) -> int:
         """Tokens of ``tokens`` an admission now would find in KV. The last one is
         computed again (its logits give the first token) unless ``whole``: the
-        caller kept those logits (:meth:`keep_logits`)."""
+        caller kept those logits (:meth:`keep_logits`). None without ``reuse``."""
         prefix = tokens if whole else tokens[:-1]
         if len(prefix) < 1:
             return 0
-        if not self.share:
+        if not (self.share and reuse):
             return 0
         node, offset = self._lookup(prefix)
         return node.start + offset if node is not self._root else 0
 
-    def can_admit(self, tokens: Sequence[int], total_tokens: int) -> bool:
+    def can_admit(self, tokens: Sequence[int], total_tokens: int, reuse: bool = True) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
-        matched = self.cached_length(tokens)
+        matched = self.cached_length(tokens, reuse=reuse)
         pinned = self._evictable_in_prefix(tokens[:matched]) if matched else 0
         return self._can_make_room(total_tokens - matched, pinned)
 
@@ -264,19 +264,22 @@ class KvCache:
         same prompt while they are cached samples its first token without a decode."""
         self._first_logits.put(prompt, logits)
 
-    def admit(self, tokens: Sequence[int], total_tokens: int) -> Admission:
+    def admit(self, tokens: Sequence[int], total_tokens: int, reuse: bool = True) -> Admission:
         """Attach the longest cached prefix of ``tokens`` to a new sequence id that
         reserves the rest of ``total_tokens``; all of ``tokens`` when the logits of
-        its last one were kept (the admission carries them). Call :meth:`can_admit`
-        first."""
-        logits = self._first_logits.get(tokens) if self.reuses_prefixes else None
-        admission = self._admit(tokens, total_tokens, whole=logits is not None)
+        its last one were kept (the admission carries them); nothing without
+        ``reuse`` (its cells are published as they are computed, as any sequence's).
+        Call :meth:`can_admit` first."""
+        logits = self._first_logits.get(tokens) if self.reuses_prefixes and reuse else None
+        admission = self._admit(tokens, total_tokens, logits is not None, reuse)
         if admission.n_cached == len(tokens):
             admission.first_logits = logits
         return admission
 
-    def _admit(self, tokens: Sequence[int], total_tokens: int, whole: bool) -> Admission:
-        matched = self.cached_length(tokens, whole)
+    def _admit(
+        self, tokens: Sequence[int], total_tokens: int, whole: bool, reuse: bool
+    ) -> Admission:
+        matched = self.cached_length(tokens, whole, reuse)
         end = self._attach_point(tokens, matched)
         for node in end.path():
             node.running_refs += 1  # pinned: the evictions below must not take it

@@ -152,7 +152,8 @@ class Scheduler:
 
     def fits(self, seq: Sequence) -> bool:
         """A slot aside, whether KV for ``seq`` can be had now (evicting cache)."""
-        return self.kv.can_admit(seq.request.prompt_tokens, self.reservation(seq))
+        request = seq.request
+        return self.kv.can_admit(request.prompt_tokens, self.reservation(seq), request.reuse_cache)
 
     def can_restore(self, seq: Sequence) -> bool:
         """Whether the offloaded ``seq`` could come back now: a slot and its KV are free."""
@@ -209,7 +210,10 @@ class Scheduler:
         admitted_now = not waiting and self._has_slot and self.fits(seq)
         key = queue_key(self.running, self._now)
         ahead_prompts = [w.n_prompt for w in waiting if key(w) < key(seq)]
-        to_prefill = seq.n_prompt - self.kv.cached_length(seq.request.prompt_tokens)
+        request = seq.request
+        to_prefill = seq.n_prompt - self.kv.cached_length(
+            request.prompt_tokens, reuse=request.reuse_cache
+        )
         return queue_view(to_prefill, admitted_now, running, ahead_prompts)
 
     def queue_position(self, seq: Sequence) -> int | None:
@@ -224,8 +228,8 @@ class Scheduler:
         return f"the whole budget holds {self.kv.capacity_tokens}"
 
     def _admit(self, seq: Sequence, now: float) -> None:
-        prompt = seq.request.prompt_tokens
-        admission = self.kv.admit(prompt, self.reservation(seq))
+        request = seq.request
+        admission = self.kv.admit(request.prompt_tokens, self.reservation(seq), request.reuse_cache)
         seq.first_logits = admission.first_logits  # the whole prompt is in KV: no decode
         seq.cache_tier = admission.tier
         self._kv_ops.extend(admission.ops)
@@ -258,7 +262,8 @@ class Scheduler:
         system prompt), ``seq`` prefills nothing until those cells are published and
         then attaches them, instead of computing its own copy beside them. It holds
         its slot meanwhile, as it would have anyway; the wait ends with that prefill."""
-        if not self.kv.reuses_prefixes or seq.state is not SequenceState.PREFILL:
+        reuses = self.kv.reuses_prefixes and seq.request.reuse_cache
+        if not reuses or seq.state is not SequenceState.PREFILL:
             return
         prompt = seq.request.prompt_tokens[:-1]
         for other in self.running:
