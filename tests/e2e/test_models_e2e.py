@@ -35,11 +35,11 @@ def gemma_path() -> str:
 
 
 def two_model_flags(*extra: str) -> list[str]:
-    """The embedded SmolLM2 as ``smol`` (the default model) and Gemma, 40 MiB of KV
-    each (each model's ledger: its KV context, host tiers and embeddings context);
-    first tokens may take a minute on a loaded machine."""
+    """The embedded SmolLM2 as ``smol`` (the default model) and Gemma in one memory
+    ledger of 80 MiB, 40 of it each (a model's share: its KV context, host tiers and
+    embeddings context); first tokens may take a minute on a loaded machine."""
     return ["--model-id", "smol", "--model", f"gemma={gemma_path()}",
-            "--max-kv-cache-mb", "40", "--ttft-timeout-ms", "60000", *extra]  # fmt: skip
+            "--max-kv-cache-mb", "80", "--ttft-timeout-ms", "60000", *extra]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +204,79 @@ def test_a_slow_ndjson_reader_is_paused_like_an_sse_one(two_models) -> None:
     final = engine.stream(stream_id)
     assert final["state"] == "done"
     assert final["pauses"] >= 1
+
+
+def refusal(engine: EngineProcess, path: str, body: dict[str, object]) -> tuple[int, str, str]:
+    """(status, error code, Retry-After) of a request expected to be refused."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        engine.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            raise AssertionError(f"answered {response.status}, not refused")
+    except urllib.error.HTTPError as refused:
+        code = json.loads(refused.read())["error"]["code"]
+        return refused.code, code, refused.headers.get("Retry-After", "")
+
+
+LEDGER_CAP_MB = 80
+
+
+async def test_both_models_kv_stays_in_one_ledger_and_a_load_past_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    """One cap (80 MiB) for both models' KV: first shared by default (40 each; both
+    loaded, with their KV and embeddings contexts), then with Gemma's own budget at the
+    whole cap:
+    while SmolLM2 is busy Gemma's KV context cannot fit and its request gets 503
+    kv_budget_exceeded with Retry-After, nothing loaded; once SmolLM2 is idle it is
+    unloaded for Gemma."""
+    cap = LEDGER_CAP_MB * MIB
+    engine = start_engine(tmp_path, *two_model_flags())
+    try:
+        for model in ("smol", "gemma"):
+            answer = post(engine, "/v1/completions",
+                          {"model": model, "prompt": STORY, "max_tokens": 8})  # fmt: skip
+            assert answer["model"] == model
+            post(engine, "/v1/embeddings", {"model": model, "input": ["a cat", "a dog"]})
+        assert states(engine) == {"smol": "loaded", "gemma": "loaded"}
+        ledger = engine.debug_streams()["memory_ledger"]  # the default model's view
+        assert ledger["cap_bytes"] == cap and ledger["embeddings_bytes"] > 0
+        assert ledger["other_models_bytes"] > 20 * MIB  # Gemma's KV context and more
+        assert ledger["total_bytes"] <= cap
+        assert engine.metric("edge_llm_memory_ledger_bytes", line="total", model="smol") <= cap
+        assert engine.metric("edge_llm_memory_ledger_bytes", line="other_models", model="smol") > 0
+    finally:
+        engine.stop()
+
+    toml = tmp_path / "gemma.toml"
+    toml.write_text(f'[models.gemma]\npath = "{gemma_path()}"\n'
+                    f"max_kv_cache_mb = {LEDGER_CAP_MB}\n")  # fmt: skip
+    engine = start_engine(tmp_path, "--model-id", "smol", "--config", str(toml),
+                          "--max-kv-cache-mb", str(LEDGER_CAP_MB),
+                          "--ttft-timeout-ms", "60000")  # fmt: skip
+    try:  # SmolLM2 holds 22.5 MiB of KV context and 11.25 of embeddings context
+        post(engine, "/v1/embeddings", {"model": "smol", "input": ["a cat", "a dog"]})
+        body = {"model": "smol", "messages": [{"role": "user", "content": STORY}],
+                "max_tokens": 300, "temperature": 0, "stream": True}  # fmt: skip
+        slow = RawSseClient(engine.url, body)  # holds SmolLM2: it cannot be unloaded
+        try:
+            slow.request_id()  # the answer began: SmolLM2 is leased
+            gemma = {"model": "gemma", "prompt": "Hello", "max_tokens": 4}  # 54 MiB of KV
+            status, code, retry_after = refusal(engine, "/v1/completions", gemma)
+            assert (status, code) == (503, "kv_budget_exceeded") and int(retry_after) >= 1
+            assert states(engine) == {"smol": "loaded", "gemma": "unloaded"}
+            assert engine.debug_streams()["memory_ledger"]["total_bytes"] <= cap
+        finally:
+            slow.close()
+        await wait_until(lambda: engine.debug_streams()["models"]["smol"]["requests"] == 0,
+                         what="SmolLM2 to be idle")  # fmt: skip
+        assert post(engine, "/v1/completions", gemma)["model"] == "gemma"
+        assert states(engine) == {"smol": "unloaded", "gemma": "loaded"}
+        unloads = engine.events_of("model_unloaded")
+        assert [(e["model"], e["reason"]) for e in unloads] == [("smol", "memory")]
+    finally:
+        engine.stop()

@@ -4,6 +4,7 @@ engine over the fake backend whose every tier is filled."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -18,6 +19,7 @@ from edge_llm.engine.kv.ledger import (
     try_giver,
 )
 from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.runtime.backend import context_tokens
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import KvBudgetExceeded
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
@@ -35,6 +37,16 @@ def test_the_device_keeps_the_cap_less_the_host_tiers_share() -> None:
     assert device_share_bytes(256 * MIB, 256 * MIB, 512 * MIB, embeddings) == 192 * MIB
     assert device_share_bytes(256 * MIB, 0, 0, embeddings) == 256 * MIB - embeddings
     assert device_share_bytes(8 * MIB, 0, 0, embeddings) == 6 * MIB  # a quarter at most
+
+
+def test_the_cells_of_a_kv_context_as_llama_cpp_allocates_them() -> None:
+    smol = 23040  # bytes a token, f16
+    assert context_tokens(30 * MIB, smol, 8192, 4, False) == 1024  # 341 a slot: 256
+    assert context_tokens(30 * MIB, smol, 8192, 4, True) == 1280  # one stream: 1,365
+    assert context_tokens(60 * MIB, 18432, 32768, 4, False) == 3072  # Gemma: 768 a slot
+    assert context_tokens(MIB, smol, 8192, 4, True) == 256  # one block at least
+    assert context_tokens(MIB, smol, 8192, 4, False) == 0  # a slot's part under a block
+    assert context_tokens(1 << 40, smol, 2048, 4, False) == 4 * 2048  # the trained context
 
 
 def test_a_tokens_kv_from_gguf_metadata_as_llama_cpp_sizes_it() -> None:
@@ -255,3 +267,75 @@ def test_a_giver_whose_engine_lock_stays_held_gives_nothing() -> None:
     release.set()
     holder.join(10)
     assert give() == 100
+
+
+# -- several models, one ledger ------------------------------------------------------------
+
+
+def test_every_models_lines_count_against_one_cap() -> None:
+    ledger = MemoryLedger(30_000)
+    smol, gemma = ledger.for_model("smol"), ledger.for_model("gemma")
+    smol.account("device", "device").charge(10_000)
+    cache = HostCache(1 * MIB, 10, smol)  # smol's host tier: whatever is free
+    for i in range(4):
+        assert cache.reserve([i] * 10, 10, None) is not None  # 4,356 bytes each
+    assert ledger.used_bytes == smol.used_bytes == gemma.used_bytes == 10_000 + 4 * 4356
+    assert smol.own_bytes == 10_000 + 4 * 4356 and gemma.own_bytes == 0
+    device = gemma.account("device", "device")
+    assert device.reserve(12_000)  # smol's host tier gives back for gemma's KV context
+    assert len(cache) == 1 and ledger.used_bytes <= 30_000
+    assert gemma.line("device") is device and smol.by_kind() == {
+        "device": 10_000, "host_cache": 4356,
+    }  # fmt: skip
+    assert not gemma.account("embeddings", "embeddings").reserve(30_000 - 22_000 + 1)
+    assert ledger.by_model() == {"smol": 14_356, "gemma": 12_000}
+    gemma.close_model()  # unloaded: its lines leave, the room is back
+    assert gemma.line("device") is None and ledger.used_bytes == 14_356
+
+
+def test_a_reserved_line_resizes_to_what_was_allocated() -> None:
+    ledger = MemoryLedger(10_000)
+    line = ledger.account("device", "device")
+    assert line.reserve(8_000)  # an upper bound, before the load
+    assert line.resize(7_680) and ledger.used_bytes == 7_680  # whole blocks: less
+    assert not line.resize(10_001) and line.num_bytes == 7_680  # past the cap: unchanged
+    assert line.resize(10_000) and ledger.free_bytes == 0
+
+
+def named_backend(name: str) -> FakeBackend:
+    backend = FakeBackend(
+        kv_capacity_tokens=CAPACITY, per_slot=True, kv_bytes_per_token=BYTES_PER_TOKEN
+    )
+    backend.info = dataclasses.replace(backend.info, model_id=name)
+    return backend
+
+
+async def test_a_second_models_kv_context_is_carved_from_the_same_cap() -> None:
+    """One cap for two engines: the first one's host tier fills the room beside its KV
+    context; the second's KV context takes it back; a third does not fit at all."""
+    from edge_llm.engine.engine import Engine, EngineSettings
+    from edge_llm.errors import BackendError
+
+    cap = 2 * DEVICE + 4_000  # room for a host entry or two beside one KV context
+    ledger = MemoryLedger(cap)
+    settings = EngineSettings(memory_cap_bytes=cap, host_cache_bytes=MIB)  # type: ignore[arg-type]
+    first = Engine(named_backend("first"), settings, ledger=ledger)
+    first.start(asyncio.get_running_loop())
+    try:
+        for i in range(8):  # slot 0 vacated each time: its prompt goes to the host tier
+            await drain(first, first.submit(prompt_request(i)))
+        assert first.host_cache.num_bytes > cap - 2 * DEVICE  # more than the second leaves
+        second = Engine(named_backend("second"), settings, ledger=ledger)
+        assert ledger.used_bytes <= cap and first.host_cache.evictions > 0
+        assert second.device.num_bytes == DEVICE and second.device.model == "second"
+        fields = second.snapshot()["memory_ledger"]
+        assert fields["other_models_bytes"] == first.ledger.own_bytes > DEVICE
+        assert fields["total_bytes"] == ledger.used_bytes <= fields["cap_bytes"] == cap
+        assert "+ other models" in ledger_summary(fields)
+        with pytest.raises(BackendError, match="does not fit max_kv_cache_mb"):
+            Engine(named_backend("third"), settings, ledger=ledger)
+        assert ledger.used_bytes <= cap and set(ledger.by_model()) == {"first", "second"}
+        second.stop()  # its lines leave: the first model's host tier may use the room
+        assert set(ledger.by_model()) == {"first"}
+    finally:
+        first.stop()

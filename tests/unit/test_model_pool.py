@@ -1,23 +1,34 @@
 """The model pool over fake backends: single-flight loads, the memory budget (least
-recently used idle model first, else model_memory), keep-alive, unload."""
+recently used idle model first, else model_memory), keep-alive, unload, and every
+model's KV in one memory ledger (else kv_budget_exceeded)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from edge_llm.config.tree import load_config
+from edge_llm.config.tree import EngineConfig, load_config
 from edge_llm.engine.engine import Engine
-from edge_llm.errors import Cancelled, InvalidRequest, ModelMemory, ModelNotFound
+from edge_llm.engine.kv.ledger import MemoryLedger
+from edge_llm.errors import (
+    BackendError,
+    Cancelled,
+    InvalidRequest,
+    KvBudgetExceeded,
+    ModelMemory,
+    ModelNotFound,
+)
 from edge_llm.generation.job import GenerationJob, Priority, TextPrompt
 from edge_llm.models.metrics import PoolMetrics
-from edge_llm.models.pool import LoadedModel, ModelPool, ModelState
-from edge_llm.models.spec import MIB, ModelSpec
+from edge_llm.models.pool import KvGate, LoadedModel, ModelPool, ModelState
+from edge_llm.models.spec import MIB, ModelSpec, check_kv_shares, kv_share_bytes, named_specs
 from edge_llm.observability.events import Event
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.protocol.sampling import SamplingParams
@@ -206,3 +217,109 @@ async def test_unknown_names_are_404_naming_the_served_ones(pool_of) -> None:
     assert pool.resolve(None) == "a"
     with pytest.raises(ModelNotFound, match="available: a, b"):
         pool.resolve("z")
+
+
+# -- every model's KV in one memory ledger -------------------------------------------------
+
+KV_CONTEXT = 1024 * 10  # the fake's KV context: 1,024 cells of 10 bytes
+
+
+class LedgerLoads(Loads):
+    """Loads engines whose lines are in one memory ledger, as the daemon's are."""
+
+    def __init__(self, ledger: MemoryLedger) -> None:
+        super().__init__()
+        self.ledger = ledger
+
+    def __call__(self, spec: ModelSpec, metrics: EngineMetrics, events: Any) -> LoadedModel:
+        self.names.append(spec.name)
+        config = load_config(None, env={})
+        backend = FakeBackend(kv_capacity_tokens=1024, kv_bytes_per_token=10)
+        backend.info = dataclasses.replace(backend.info, model_id=spec.name)
+        engine = Engine(backend, engine_settings(config), metrics=metrics, ledger=self.ledger)
+        return loaded_model(config, spec, engine, backend, events)
+
+
+async def kv_pool(cap: int, events: Recorder) -> tuple[ModelPool, LedgerLoads]:
+    ledger = MemoryLedger(cap)
+    loads = LedgerLoads(ledger)
+    specs = [ModelSpec(n, f"{n}.gguf", SIZE, 0) for n in "ab"]
+    pool = ModelPool(
+        specs, loads, budget_bytes=0, metrics=PoolMetrics(CollectorRegistry()),
+        events=events, kv=KvGate(ledger, lambda spec: KV_CONTEXT + 2_000),
+    )  # fmt: skip
+    return pool, loads
+
+
+async def test_a_models_kv_context_is_reserved_in_the_ledger_before_it_loads() -> None:
+    events = Recorder()
+    pool, loads = await kv_pool(2 * KV_CONTEXT + 4_000, events)  # both fit together
+    try:
+        (await pool.acquire("a")).release()
+        (await pool.acquire("b")).release()
+        ledger = loads.ledger
+        assert ledger.by_model() == {"a": KV_CONTEXT, "b": KV_CONTEXT}  # as allocated
+        assert pool.state("a") is ModelState.LOADED
+    finally:
+        await pool.unload_all()
+    assert loads.ledger.used_bytes == 0
+
+
+async def test_kv_that_does_not_fit_unloads_an_idle_model_or_gets_503() -> None:
+    events = Recorder()
+    pool, loads = await kv_pool(KV_CONTEXT + 4_000, events)  # one model's KV at a time
+    ledger = loads.ledger
+    try:
+        (await pool.acquire("a")).release()
+        held = await pool.acquire("b")  # a is idle: unloaded for b's KV context
+        assert (await events.unloaded("a"))["reason"] == "memory"
+        assert ledger.by_model() == {"b": KV_CONTEXT}
+        with pytest.raises(KvBudgetExceeded, match="are busy") as refused:
+            await pool.acquire("a")  # b is busy: nothing can be unloaded for a
+        assert refused.value.status == 503 and refused.value.retry_after_s >= 1
+        assert loads.names == ["a", "b"]  # a was not loaded again
+        assert pool.state("a") is ModelState.UNLOADED
+        assert ledger.by_model() == {"b": KV_CONTEXT}  # a's reservation left
+        held.release()
+        (await pool.acquire("a")).release()  # b is idle now: it makes room
+        assert pool.state("b") is ModelState.UNLOADED
+        assert ledger.used_bytes <= ledger.cap_bytes
+    finally:
+        await pool.unload_all()
+
+
+async def test_a_load_that_fails_leaves_no_line_in_the_ledger() -> None:
+    events = Recorder()
+    pool, loads = await kv_pool(2 * KV_CONTEXT, events)
+
+    def fail(spec: ModelSpec, metrics: EngineMetrics, events: Any) -> LoadedModel:
+        raise BackendError("model file not found")
+
+    pool._loader = fail  # type: ignore[assignment]
+    with pytest.raises(BackendError):
+        await pool.acquire("b")
+    assert loads.ledger.used_bytes == 0 and loads.ledger.lines() == []
+
+
+def test_models_without_their_own_kv_budget_share_the_cap(tmp_path: Path) -> None:
+    def config_of(b_mb: int | None) -> EngineConfig:
+        toml = tmp_path / "engine.toml"
+        b_own = f"max_kv_cache_mb = {b_mb}\n" if b_mb else ""
+        toml.write_text("[engine.backpressure]\nmax_kv_cache_mb = 256\n"
+                        '[models.a]\npath = "/m/a.gguf"\n'
+                        f'[models.b]\npath = "/m/b.gguf"\n{b_own}')  # fmt: skip
+        return load_config(toml, env={})
+
+    assert kv_share_bytes(load_config(None, env={}), None) == 256 * MIB  # one model: all
+    config = config_of(None)
+    assert kv_share_bytes(config, None) == 256 * MIB // 3  # three models, one cap
+    assert [s.kv_budget_bytes for s in named_specs(config)] == [256 * MIB // 3] * 2
+    config = config_of(128)  # b's own budget: the others share the rest
+    assert kv_share_bytes(config, None) == 64 * MIB
+    assert [s.kv_budget_bytes for s in named_specs(config)] == [64 * MIB, 128 * MIB]
+    check_kv_shares(config)
+    config = config_of(256)  # b's takes the whole cap: they cannot all be loaded at once
+    assert kv_share_bytes(config, None) == 256 * MIB // 3
+    check_kv_shares(config)
+    with pytest.raises(BackendError, match=r"\[models\.b\] max_kv_cache_mb = 300 is more"):
+        check_kv_shares(config_of(300))  # could never load

@@ -26,7 +26,11 @@ class ModelEntryConfig(BaseModel):
         "trained context, bounded by its KV share)",
     )
     max_kv_cache_mb: int | None = Field(
-        None, ge=1, description="This model's KV budget (MiB; default: max_kv_cache_mb)"
+        None,
+        ge=1,
+        description="This model's share of max_kv_cache_mb, the cap on every "
+        "loaded model's KV together (MiB; at most that cap; default: an equal part of what "
+        "the models' own shares leave)",
     )
     temperature: float | None = Field(
         None, ge=0.0, le=2.0, description="Default temperature (default: default_temperature)"

@@ -55,7 +55,8 @@ class BackpressureConfig(_Section):
         ge=1,
         description="Memory for every KV tier together (MiB): the KV context of all sequences "
         "(allocated once at start: the cap less the other tiers' share, at most a quarter), "
-        "the host cache, offloaded streams and the embeddings context",
+        "the host cache, offloaded streams and the embeddings context, of every loaded model "
+        "(several models share it: each gets an equal part unless [models.NAME] sets its own)",
     )
     max_prompt_tokens: int = Field(
         512,

@@ -86,26 +86,33 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         memory: MemorySource | None = None,
         cores: CoreReadings | None = None,
+        ledger: MemoryLedger | None = None,
     ) -> None:
         """``memory``: where available device memory is read (default: /proc);
-        ``cores``: what the thread governor reads of the cores (default: /proc)."""
+        ``cores``: what the thread governor reads of the cores (default: /proc);
+        ``ledger``: the process's memory ledger, which every loaded model's KV shares
+        (default: one of its own, capped at ``memory_cap_bytes``)."""
         self.backend = backend
         self.settings = settings
         self.metrics = metrics or EngineMetrics()
         self.events = events
         self.clock = clock
         self._lock = threading.RLock()
-        self.ledger = MemoryLedger(settings.memory_cap_bytes)  # every KV tier's bytes
+        # Every KV tier's bytes; this model's lines are tagged with its name.
+        shared = ledger or MemoryLedger(settings.memory_cap_bytes)
+        self.ledger = shared.for_model(backend.info.model_id)
         self.host_cache = HostCache(
             settings.host_cache_bytes, backend.info.kv_bytes_per_token, self.ledger,
             lambda give: try_giver(self._lock, give),
         )  # fmt: skip
         self.kv = kv_book(backend, settings.prefix_cache, self.host_cache)
-        self.device = self.ledger.account("device", "device")
-        if not self.device.reserve(self.kv.capacity_bytes):  # allocated whole at start
+        # Allocated whole at start; a model the pool loads reserved it before loading.
+        self.device = self.ledger.line("device") or self.ledger.account("device", "device")
+        if not self.device.resize(self.kv.capacity_bytes):
+            self.ledger.close_model()  # no line of a model that does not start stays
             raise BackendError(
                 f"the KV context ({self.kv.capacity_bytes >> 20} MiB: whole blocks of 256 "
-                f"cells) does not fit max_kv_cache_mb ({(settings.memory_cap_bytes or 0) >> 20})"
+                f"cells) does not fit max_kv_cache_mb ({(self.ledger.cap_bytes or 0) >> 20})"
             )
         self.host = HostStore(settings.host_offload_bytes, self.ledger)
         self.scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), self.kv)

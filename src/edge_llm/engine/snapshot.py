@@ -140,8 +140,8 @@ def memory_fields(engine: Engine) -> dict[str, Any]:
 def ledger_fields(engine: Engine) -> dict[str, Any]:
     """Engine lock held: the memory ledger's lines (``ledger.py``), in bytes: the KV
     context (allocated whole: live, cached and free cells), each host tier with its
-    cap, the embeddings context, saves in flight, the total against the cap, and the
-    weights beside it (outside the cap)."""
+    cap, the embeddings context, saves in flight, every other loaded model's lines, the
+    total against the cap, and the weights beside it (outside the cap)."""
     ledger, stats, per_token = engine.ledger, engine.kv.stats(), engine.kv.bytes_per_token
     live, cached = stats.used_tokens * per_token, stats.cached_tokens * per_token
     kinds = ledger.by_kind()
@@ -160,6 +160,7 @@ def ledger_fields(engine: Engine) -> dict[str, Any]:
         "offload_cap_bytes": engine.host.capacity_bytes,
         "embeddings_bytes": kinds.get("embeddings", 0),
         "reserve_bytes": engine.host_cache.reserved_bytes + engine.host.reserved_bytes,
+        "other_models_bytes": ledger.used_bytes - ledger.own_bytes,  # their every line
         "machine_bytes": engine.machine_bytes,
     }
 
@@ -170,7 +171,7 @@ def ledger_lines(engine: Engine) -> dict[str, int | None]:
     lines = {
         line: fields[f"{line}_bytes"]
         for line in ("device_live", "device_cached", "device_free", "host_cache", "offload",
-                     "embeddings", "reserve")
+                     "embeddings", "reserve", "other_models")
     }  # fmt: skip
     return {**lines, "total": fields["total_bytes"], "cap": fields["cap_bytes"]}
 

@@ -8,6 +8,12 @@ recently used idle models are unloaded until the new one fits ``max_model_memory
 if no idle model is left to unload, the request gets 503 ``model_memory`` with
 ``Retry-After``. A model no lease holds is idle; after its keep-alive it is unloaded.
 
+Every model's KV is in one memory ledger (``engine/kv/ledger.py``: ``max_kv_cache_mb``
+bounds them together). Before a load the model's KV context is reserved in it: host
+tiers give back room first, then idle models are unloaded, least recently used
+first; if it still does not fit, the request gets 503 ``kv_budget_exceeded`` with
+``Retry-After`` and nothing is loaded.
+
 Each loaded model has its own :class:`~edge_llm.engine.engine.Engine` (thread, KV
 budget, contract) and service; its metrics survive unloads (one registry per slot).
 """
@@ -23,7 +29,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from edge_llm.errors import EngineUnavailable, ModelBusy, ModelMemory, ModelNotFound
+from edge_llm.engine.kv.ledger import MemoryLedger
+from edge_llm.errors import (
+    EngineUnavailable,
+    KvBudgetExceeded,
+    ModelBusy,
+    ModelMemory,
+    ModelNotFound,
+)
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.spec import MIB, ModelSpec
@@ -56,9 +69,20 @@ class LoadedModel:
     footprint_bytes: int
 
     def close(self) -> None:
-        """Blocking: stop the engine and free the model (embeddings context first)."""
+        """Blocking: stop the engine and free the model (embeddings context first);
+        its lines leave the memory ledger."""
         self.embeddings.close()
         self.engine.stop()
+        self.engine.ledger.close_model()
+
+
+@dataclass(frozen=True)
+class KvGate:
+    """The memory ledger every model's KV shares, and the bytes of the KV context a
+    model's load makes (known before it loads; at least what llama.cpp allocates)."""
+
+    ledger: MemoryLedger
+    context_bytes: Callable[[ModelSpec], int]
 
 
 # Blocking (run in a thread): load ``spec`` with these metrics and events; the pool
@@ -140,9 +164,11 @@ class ModelPool(Generic[M]):
         events: EventSink,
         slot_metrics: dict[str, EngineMetrics] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kv: KvGate | None = None,
     ) -> None:
         """``specs[0]`` is the default model (a request that names none gets it);
-        ``slot_metrics``: registries already made for some models (the default's)."""
+        ``slot_metrics``: registries already made for some models (the default's);
+        ``kv``: the memory ledger a load reserves its KV context in (None: none)."""
         given = slot_metrics or {}
         self._slots: dict[str, _Slot[M]] = {
             s.name: _Slot(s, given.get(s.name) or EngineMetrics(), keep_alive_s=s.keep_alive_s)
@@ -154,6 +180,7 @@ class ModelPool(Generic[M]):
         self._metrics = metrics
         self._events = events
         self._clock = clock
+        self._kv = kv
         self._load_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._draining = False
@@ -288,13 +315,15 @@ class ModelPool(Generic[M]):
         try:
             async with self._load_lock:
                 await self._make_room(slot)
+                await self._make_kv_room(slot)
                 self._metrics.loads.labels(spec.name).inc()
                 self._events(Event.MODEL_LOADING, None, model=spec.name,
                              estimate_bytes=spec.estimate_bytes)  # fmt: skip
                 began = time.monotonic()
                 try:
                     model = await asyncio.to_thread(self._loader, spec, slot.metrics, self._events)
-                except Exception as exc:
+                except BaseException as exc:
+                    self._close_kv_lines(slot)
                     self._events(Event.MODEL_LOAD_FAILED, None, model=spec.name, error=str(exc))
                     raise
                 model.engine.start(asyncio.get_running_loop())
@@ -334,6 +363,35 @@ class ModelPool(Generic[M]):
             victim = min(idle, key=lambda s: s.last_used)
             await self._unload(victim, "memory")
 
+    async def _make_kv_room(self, slot: _Slot[M]) -> None:
+        """Lock held: reserve the KV context ``slot``'s model will make in the memory
+        ledger (host tiers give back room for it first), unloading idle models, least
+        recently used first, while it does not fit; raise KvBudgetExceeded when no
+        idle model is left, with nothing reserved."""
+        if self._kv is None:
+            return
+        ledger = self._kv.ledger.for_model(slot.spec.name)
+        need = self._kv.context_bytes(slot.spec)
+        line = ledger.line("device") or ledger.account("device", "device")
+        while not await asyncio.to_thread(line.resize, need):
+            idle = [s for s in self._slots.values() if s.is_idle and s is not slot]
+            if not idle:
+                ledger.close_model()
+                self._metrics.refusals.labels(slot.spec.name).inc()
+                raise KvBudgetExceeded(
+                    f"model {slot.spec.name!r} needs {need >> 20} MiB of KV; the memory "
+                    f"ledger has {ledger.free_bytes >> 20} MiB free of max_kv_cache_mb "
+                    f"({(ledger.cap_bytes or 0) >> 20}) and the models holding the rest "
+                    "are busy",
+                    retry_after_s=_RETRY_AFTER_S,
+                )
+            await self._unload(min(idle, key=lambda s: s.last_used), "memory")
+
+    def _close_kv_lines(self, slot: _Slot[M]) -> None:
+        """A load that failed leaves no line in the memory ledger."""
+        if self._kv is not None:
+            self._kv.ledger.for_model(slot.spec.name).close_model()
+
     # -- unloading ----------------------------------------------------------------------
 
     async def unload(self, name: str, reason: str = "request") -> bool:
@@ -370,6 +428,7 @@ class ModelPool(Generic[M]):
             await asyncio.shield(slot.closing)
         finally:
             slot.closing = None
+        self._close_kv_lines(slot)  # all gone already, unless its engine had a ledger apart
         _zero_gauges(slot.metrics)
         self._metrics.unloads.labels(slot.spec.name, reason).inc()
         self._events(Event.MODEL_UNLOADED, None, model=slot.spec.name, reason=reason)

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from edge_llm.config.tree import EngineConfig
+from edge_llm.errors import BackendError
 
 MIB = 1024 * 1024
 # Beyond weights and KV a model holds its vocabulary, llama.cpp's compute and output
@@ -45,7 +46,7 @@ def default_spec(config: EngineConfig, name: str, path: str, size_bytes: int) ->
         path=path,
         size_bytes=size_bytes,
         modified_at=_file_stat(path)[1],
-        kv_budget_bytes=config.backpressure.max_kv_cache_mb * MIB,
+        kv_budget_bytes=kv_share_bytes(config, None),
         keep_alive_s=keep_alive_s(config.model.keep_alive_ms),
     )
 
@@ -59,7 +60,6 @@ def named_specs(config: EngineConfig) -> list[ModelSpec]:
             for key in ("temperature", "top_p", "top_k")
             if (value := getattr(entry, key)) is not None
         }
-        kv_mb = entry.max_kv_cache_mb or config.backpressure.max_kv_cache_mb
         keep_ms = entry.keep_alive_ms
         size, mtime = _file_stat(entry.path)
         specs.append(
@@ -68,7 +68,7 @@ def named_specs(config: EngineConfig) -> list[ModelSpec]:
                 path=entry.path,
                 size_bytes=size,
                 modified_at=mtime,
-                kv_budget_bytes=kv_mb * MIB,
+                kv_budget_bytes=kv_share_bytes(config, entry.max_kv_cache_mb),
                 context_tokens=entry.context_tokens,
                 sampling=sampling,
                 keep_alive_s=keep_alive_s(
@@ -77,6 +77,33 @@ def named_specs(config: EngineConfig) -> list[ModelSpec]:
             )
         )
     return specs
+
+
+def kv_share_bytes(config: EngineConfig, own_mb: int | None) -> int:
+    """A model's share of the memory ledger, whose cap (``max_kv_cache_mb``) bounds
+    every loaded model's KV together: its own ``[models.NAME] max_kv_cache_mb``, else
+    an equal part of what those leave (with one model, the whole cap). The model's KV
+    context and tiers are sized to it, so that models within the cap can all be loaded
+    at once; when their own budgets leave nothing, the cap over the models served (they
+    cannot all be loaded at once then: the pool unloads idle ones for a load)."""
+    if own_mb is not None:
+        return own_mb * MIB
+    cap = config.backpressure.max_kv_cache_mb * MIB
+    own = [e.max_kv_cache_mb for e in config.models.values() if e.max_kv_cache_mb is not None]
+    served = 1 + len(config.models)
+    rest = cap - sum(own) * MIB
+    return rest // (served - len(own)) if rest > 0 else cap // served
+
+
+def check_kv_shares(config: EngineConfig) -> None:
+    """A model whose share is above the cap could never load: a start error."""
+    cap_mb = config.backpressure.max_kv_cache_mb
+    for name, entry in config.models.items():
+        if entry.max_kv_cache_mb is not None and entry.max_kv_cache_mb > cap_mb:
+            raise BackendError(
+                f"[models.{name}] max_kv_cache_mb = {entry.max_kv_cache_mb} is more than "
+                f"max_kv_cache_mb = {cap_mb}, the cap on every loaded model's KV together"
+            )
 
 
 def serves_several(config: EngineConfig) -> bool:

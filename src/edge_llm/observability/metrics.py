@@ -15,7 +15,7 @@ KV_TIERS = ("device_live", "device_cached", "host", "disk")
 # The memory ledger's lines (memory_ledger_bytes{line}; engine/kv/ledger.py).
 LEDGER_LINES = (
     "device_live", "device_cached", "device_free", "host_cache", "offload", "embeddings",
-    "reserve", "total", "cap",
+    "reserve", "other_models", "total", "cap",
 )  # fmt: skip
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -113,7 +113,8 @@ class EngineMetrics:
             "The memory ledger of every KV tier (a CPU device: max_kv_cache_mb bounds them "
             "together): device_live, device_cached and device_free (the KV context, "
             "allocated whole), host_cache, offload, embeddings, reserve (saves in flight), "
-            "total, and cap (NaN: no common cap)",
+            "other_models (every other loaded model's lines), total, and cap (NaN: no "
+            "common cap)",
             ["line"],
             registry=r,
         )

@@ -21,8 +21,13 @@ from prometheus_client import CollectorRegistry
 
 from edge_llm.config.tree import EngineConfig
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
-from edge_llm.engine.kv.ledger import context_cells, device_share_bytes, kv_bytes_per_token
-from edge_llm.engine.runtime.backend import Backend
+from edge_llm.engine.kv.ledger import (
+    MemoryLedger,
+    context_cells,
+    device_share_bytes,
+    kv_bytes_per_token,
+)
+from edge_llm.engine.runtime.backend import Backend, context_tokens
 from edge_llm.errors import BackendError
 from edge_llm.generation.dispatch import Dispatcher
 from edge_llm.generation.pump import PumpSettings
@@ -32,11 +37,13 @@ from edge_llm.generation.sessions import Sessions
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
-from edge_llm.models.pool import Loader, ModelPool
+from edge_llm.models.pool import KvGate, Loader, ModelPool
 from edge_llm.models.spec import (
     MIB,
     ModelSpec,
+    check_kv_shares,
     default_spec,
+    kv_share_bytes,
     named_specs,
     serves_several,
 )
@@ -91,20 +98,14 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
         default_model_path,
     )
 
-    sched, cache = config.scheduler, config.cache
-    kv_bytes = config.backpressure.max_kv_cache_mb * MIB
+    sched = config.scheduler
+    kv_bytes = kv_share_bytes(config, None)  # the default model's share of the ledger
     path, model_id = config.model.model_path, config.model.model_id
     if spec is not None:
         path, model_id, kv_bytes = spec.path, spec.name, spec.kv_budget_bytes
-    # On a CPU the KV context is one line of the model's memory ledger: the other
-    # tiers' share is carved from the cap before it (engine/kv/ledger.py).
-    device_bytes = device_share_bytes(
-        kv_bytes, cache.host_cache_mb * MIB, cache.host_offload_mb * MIB,
-        embeddings_context_bytes(path or default_model_path(), config),
-    )  # fmt: skip
     return LlamaBackend(
         path,
-        kv_budget_bytes=device_bytes,
+        kv_budget_bytes=kv_context_bytes(config, path or default_model_path(), kv_bytes),
         max_sequences=sched.max_sequences,
         max_batch_tokens=scheduler_limits(
             sched.max_sequences, engine_settings(config)
@@ -118,27 +119,56 @@ def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend
     )
 
 
-def embeddings_context_bytes(path: str | Path, config: EngineConfig) -> int:
-    """The KV of the model's embeddings context, from its GGUF's metadata (0 when the
-    file cannot tell: its load says why)."""
+def kv_context_bytes(config: EngineConfig, path: str | Path, share_bytes: int) -> int:
+    """On a CPU a model's KV context is one line of the memory ledger: its share of the
+    cap less the other tiers' room (engine/kv/ledger.py): the budget its load is given."""
+    cache = config.cache
+    per_token = kv_bytes_per_token(_metadata(path), cache.kv_cache_type) or 0
+    return device_share_bytes(
+        share_bytes, cache.host_cache_mb * MIB, cache.host_offload_mb * MIB,
+        context_cells(config.model.max_embedding_tokens) * per_token,  # embeddings
+    )  # fmt: skip
+
+
+def kv_allocated_bytes(config: EngineConfig, spec: ModelSpec) -> int:
+    """The KV context a model's load allocates (llama.cpp's whole blocks of cells in
+    its budget), from its GGUF's metadata before it loads: what the pool reserves in
+    the memory ledger. The budget when the file cannot tell (its load says why)."""
+    path = spec.path or ""
+    budget = kv_context_bytes(config, path, spec.kv_budget_bytes)
+    metadata = _metadata(path)
+    per_token = kv_bytes_per_token(metadata, config.cache.kv_cache_type)
+    if not per_token:
+        return budget
+    trained = metadata.get(f"{metadata.get('general.architecture')}.context_length")
+    sched = config.scheduler
+    cells = context_tokens(
+        budget, per_token, trained if isinstance(trained, int) else 0,
+        sched.max_sequences, sched.kv_unified,
+    )  # fmt: skip
+    return cells * per_token
+
+
+def _metadata(path: str | Path) -> dict[str, Any]:
+    """A GGUF's metadata; empty when the file cannot be read (its load says why)."""
     try:
-        metadata = read_metadata(str(path))
+        return read_metadata(str(path))
     except (OSError, GgufError):
-        return 0
-    per_token = kv_bytes_per_token(metadata, config.cache.kv_cache_type) or 0
-    return context_cells(config.model.max_embedding_tokens) * per_token
+        return {}
 
 
-def model_loader(config: EngineConfig) -> Loader[ServedModel]:
+def model_loader(config: EngineConfig, ledger: MemoryLedger | None = None) -> Loader[ServedModel]:
     """Loads a served model on demand (in a thread): backend, engine (the pool starts
     it), service. Its footprint is the estimate, or the resident memory the load
-    added if more."""
+    added if more. ``ledger``: the memory ledger every model's KV shares (where the
+    pool reserved the model's KV context before the load)."""
 
     def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> ServedModel:
         before = _rss()
         backend = load_backend(config, spec)
         try:
-            engine = Engine(backend, model_settings(config, spec), metrics=metrics, events=events)
+            settings = model_settings(config, spec)
+            engine = Engine(backend, settings, metrics=metrics, events=events, ledger=ledger)
             model = loaded_model(config, spec, engine, backend, events)
         except BaseException:
             backend.close()  # the model's memory goes back at once
@@ -319,8 +349,9 @@ def build_pool(
             f"model name {first.name!r} is the default model's id: name it otherwise "
             "or set model_id"
         )
+    check_kv_shares(config)
     specs = [first, *named]
-    loader = loader or model_loader(config)
+    loader = loader or model_loader(config, engine.ledger)
     pool = ModelPool(
         specs,
         lambda spec, metrics, _: loader(spec, metrics, model_events(config, spec.name, events)),
@@ -328,6 +359,10 @@ def build_pool(
         metrics=PoolMetrics(registry),
         events=events,
         slot_metrics={specs[0].name: engine.metrics},
+        kv=KvGate(  # one ledger: the default model's engine made it
+            engine.ledger,
+            lambda spec: kv_allocated_bytes(config, spec),
+        ),
     )
     pool.adopt(loaded_model(config, specs[0], engine, backend, events))
     return pool

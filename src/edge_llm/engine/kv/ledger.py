@@ -20,11 +20,13 @@ used first (:meth:`MemoryLedger.make_room`); if that is not enough nothing is
 allocated (no offload; 503 ``kv_budget_exceeded`` with ``Retry-After`` for an
 embeddings request). Nothing is charged past the cap.
 
-Each loaded model has a ledger of its own, under its own ``max_kv_cache_mb``;
-another model's KV is not in it (``max_model_memory_mb`` bounds models together).
-A backend whose KV lives in its own memory (an accelerator) would keep the tiers
-apart: its ledger has no cap (``cap_bytes=None``) and each tier is bound only by its
-own setting. Every backend this project builds today is a CPU one.
+Every loaded model's lines are in the same ledger (one cap for all their KV): each
+model sees it through :meth:`MemoryLedger.for_model`, whose lines are tagged with its
+name, and a model's KV context is reserved before the model loads (the pool asks the
+ledger first, ``models/pool.py``). A backend whose KV lives in its own memory (an
+accelerator) would keep the tiers apart: its ledger has no cap (``cap_bytes=None``)
+and each tier is bound only by its own setting. Every backend this project builds
+today is a CPU one.
 
 Pure bookkeeping: no llama.cpp, no clock. Several threads use one ledger (its
 engine's thread, the embeddings thread, the event loop): its own lock makes each
@@ -39,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_llm.engine.runtime.backend import KV_CELL_BLOCK
 from edge_llm.observability.units import mib
 
 # The host tiers' share of the cap at most: the rest is the device's KV context, so
@@ -53,7 +56,6 @@ GIVE_WAIT_S = 0.1
 Giver = Callable[[], int]
 
 
-KV_CELL_ROUND = 256  # llama.cpp allocates a context's cells in blocks of 256
 # (elements per block, bytes per block) of each KV cell type, as llama.cpp stores them.
 _KV_TYPE_BLOCKS = {"f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18)}
 
@@ -72,7 +74,7 @@ def device_share_bytes(
 
 def context_cells(max_tokens: int) -> int:
     """Cells llama.cpp allocates for a context of ``max_tokens``."""
-    return -(-max_tokens // KV_CELL_ROUND) * KV_CELL_ROUND
+    return -(-max_tokens // KV_CELL_BLOCK) * KV_CELL_BLOCK
 
 
 def kv_bytes_per_token(metadata: dict[str, Any], kv_cache_type: str) -> int | None:
@@ -107,6 +109,7 @@ class Account:
     kind: str  # "device", "host_cache", "offload", "embeddings"
     cap_bytes: int | None = None  # None: only the ledger's cap
     num_bytes: int = 0
+    model: str = ""  # the model whose line it is
 
     @property
     def own_room(self) -> int:
@@ -145,6 +148,15 @@ class Account:
                 )
             self.num_bytes += num_bytes
 
+    def resize(self, num_bytes: int) -> bool:
+        """Hold exactly ``num_bytes``: less gives the rest back, more is reserved as
+        :meth:`reserve` does (False, nothing changed, when it cannot fit)."""
+        with self.ledger.lock:
+            if num_bytes <= self.num_bytes:
+                self.num_bytes = num_bytes
+                return True
+            return self.reserve(num_bytes - self.num_bytes)
+
     def release(self, num_bytes: int) -> None:
         with self.ledger.lock:
             self.num_bytes = max(0, self.num_bytes - num_bytes)
@@ -176,13 +188,25 @@ class LedgerTier:
 
 
 @dataclass
+class _Lines:
+    """What every view of one ledger shares: its lines and the host tiers' givers."""
+
+    accounts: list[Account] = field(default_factory=list)
+    givers: list[tuple[Account, Giver]] = field(default_factory=list)
+
+
+@dataclass
 class MemoryLedger:
-    """Every KV tier's bytes against one cap (None: no common cap, tiers apart)."""
+    """Every KV tier's bytes against one cap (None: no common cap, tiers apart).
+
+    ``model``: whose view this is (:meth:`for_model`): the lines it makes are that
+    model's and :meth:`by_kind` counts only them; the cap, the total and the room
+    are the whole ledger's."""
 
     cap_bytes: int | None
+    model: str = ""
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
-    _accounts: list[Account] = field(default_factory=list)
-    _givers: list[tuple[Account, Giver]] = field(default_factory=list)
+    _lines: _Lines = field(default_factory=_Lines, repr=False)
 
     unbounded = 1 << 62
 
@@ -191,6 +215,10 @@ class MemoryLedger:
         """Whether the tiers share one cap (a CPU device)."""
         return self.cap_bytes is not None
 
+    def for_model(self, model: str) -> MemoryLedger:
+        """The same ledger (lines, lock, cap) as model ``model`` uses it."""
+        return MemoryLedger(self.cap_bytes, model, self.lock, self._lines)
+
     def account(
         self,
         name: str,
@@ -198,22 +226,45 @@ class MemoryLedger:
         cap_bytes: int | None = None,
         giver: Giver | None = None,
     ) -> Account:
-        """A new line; ``giver`` evicts its least recently used entry when another
-        tier needs the room (the host prefix tier)."""
-        account = Account(self, name, kind, cap_bytes)
-        self._accounts.append(account)
-        if giver is not None:
-            self._givers.append((account, giver))
+        """A new line of this view's model; ``giver`` evicts its least recently used
+        entry when another tier needs the room (the host prefix tier)."""
+        account = Account(self, name, kind, cap_bytes, model=self.model)
+        with self.lock:
+            self._lines.accounts.append(account)
+            if giver is not None:
+                self._lines.givers.append((account, giver))
         return account
+
+    def line(self, kind: str) -> Account | None:
+        """This model's line of ``kind``, if it has one (its KV context, reserved
+        before the model loaded)."""
+        with self.lock:
+            return next((a for a in self._own() if a.kind == kind), None)
 
     def remove(self, account: Account) -> None:
         with self.lock:
-            self._accounts = [a for a in self._accounts if a is not account]
-            self._givers = [(a, g) for a, g in self._givers if a is not account]
+            lines = self._lines
+            lines.accounts[:] = [a for a in lines.accounts if a is not account]
+            lines.givers[:] = [(a, g) for a, g in lines.givers if a is not account]
+
+    def close_model(self) -> None:
+        """This view's model is gone (unloaded, or its load failed): its lines leave."""
+        with self.lock:
+            for account in self._own():
+                account.close()
+
+    def _own(self) -> list[Account]:
+        return [a for a in self._lines.accounts if a.model == self.model]
 
     @property
     def used_bytes(self) -> int:
-        return sum(a.num_bytes for a in self._accounts)
+        """Every model's lines together."""
+        return sum(a.num_bytes for a in self._lines.accounts)
+
+    @property
+    def own_bytes(self) -> int:
+        """This view's model's lines."""
+        return sum(a.num_bytes for a in self._own())
 
     @property
     def free_bytes(self) -> int:
@@ -222,8 +273,8 @@ class MemoryLedger:
         return max(0, self.cap_bytes - self.used_bytes)
 
     def givable(self, besides: Account | None = None) -> int:
-        """Bytes the host tiers would give back (all their entries)."""
-        return sum(a.num_bytes for a, _ in self._givers if a is not besides)
+        """Bytes the host tiers (every model's) would give back (all their entries)."""
+        return sum(a.num_bytes for a, _ in self._lines.givers if a is not besides)
 
     def make_room(self, num_bytes: int, besides: Account | None = None) -> bool:
         """Evict host-tier entries (not ``besides``'s) until ``num_bytes`` are free;
@@ -233,21 +284,29 @@ class MemoryLedger:
                 return True
             if num_bytes > self.free_bytes + self.givable(besides):
                 return False
-            for account, give in list(self._givers):
+            for account, give in list(self._lines.givers):
                 while account is not besides and num_bytes > self.free_bytes:
                     if give() <= 0:
                         break
             return num_bytes <= self.free_bytes
 
     def by_kind(self) -> dict[str, int]:
-        """Bytes per kind of account (device, host_cache, offload, embeddings)."""
+        """Bytes per kind of this model's lines (device, host_cache, offload,
+        embeddings)."""
         totals: dict[str, int] = {}
-        for account in self._accounts:
+        for account in self._own():
             totals[account.kind] = totals.get(account.kind, 0) + account.num_bytes
         return totals
 
+    def by_model(self) -> dict[str, int]:
+        """Bytes per model."""
+        totals: dict[str, int] = {}
+        for account in self._lines.accounts:
+            totals[account.model] = totals.get(account.model, 0) + account.num_bytes
+        return totals
+
     def lines(self) -> list[Account]:
-        return list(self._accounts)
+        return list(self._lines.accounts)
 
 
 def try_giver(lock: threading.RLock, give: Giver) -> Giver:
@@ -271,11 +330,13 @@ def ledger_summary(fields: dict[str, Any]) -> str:
     serve banner prints."""
     f = fields
     cap = f"{mib(f['cap_bytes'])} MiB cap" if f["cap_bytes"] is not None else "no common cap"
+    other = f.get("other_models_bytes") or 0
+    others = f" + other models {mib(other)}" if other else ""
     return (
         f"memory ledger: KV context {mib(f['device_bytes'])} (live "
         f"{mib(f['device_live_bytes'])}, cached {mib(f['device_cached_bytes'])}) + host cache "
         f"{mib(f['host_cache_bytes'])} (cap {mib(f['host_cache_cap_bytes'])}) + offload "
         f"{mib(f['offload_bytes'])} (cap {mib(f['offload_cap_bytes'])}) + embeddings "
-        f"{mib(f['embeddings_bytes'])} + reserve {mib(f['reserve_bytes'])} = "
+        f"{mib(f['embeddings_bytes'])} + reserve {mib(f['reserve_bytes'])}{others} = "
         f"{mib(f['total_bytes'])} MiB of {cap}; weights {mib(f['weights_bytes'])} MiB beside it"
     )

@@ -167,3 +167,23 @@ def fingerprint(model_path: str, kv_cache_type: str, runtime_version: str) -> st
         digest.update(fh.read(1 << 20))
     digest.update(f"{path.stat().st_size}|{kv_cache_type}|{runtime_version}".encode())
     return digest.hexdigest()[:32]
+
+
+KV_CELL_BLOCK = 256  # llama.cpp allocates a context's cells in blocks of 256
+
+
+def context_tokens(
+    budget_bytes: int, bytes_per_token: int, n_ctx_train: int, max_sequences: int, unified: bool
+) -> int:
+    """The cells llama.cpp allocates for a KV context of ``budget_bytes`` (as
+    ``LlamaBackend`` sizes it, so that the pool can reserve them before a load): the
+    budget rounded down to whole blocks of 256 cells per KV stream (one, or one per
+    slot), at most the trained context per sequence; with one stream at least one
+    block; 0 when a slot's part is under one block."""
+    tokens = budget_bytes // bytes_per_token
+    if n_ctx_train > 0:
+        tokens = min(tokens, n_ctx_train * max_sequences)
+    if unified:
+        return max(KV_CELL_BLOCK, tokens - tokens % KV_CELL_BLOCK)
+    per_slot = tokens // max_sequences
+    return (per_slot - per_slot % KV_CELL_BLOCK) * max_sequences

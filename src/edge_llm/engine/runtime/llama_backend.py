@@ -31,9 +31,11 @@ import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from edge_llm.engine.runtime.backend import (
+    KV_CELL_BLOCK,
     BatchItem,
     ModelInfo,
     Sampled,
+    context_tokens,
     fingerprint,
 )
 from edge_llm.engine.runtime.chat_template import ChatTemplate
@@ -60,7 +62,6 @@ _NO_SEED = 0xFFFFFFFF
 # Read by ggml's CPU backend when a context is created (scripts/patches/): the kernels
 # whose rounding depends neither on the thread count nor on the rows of a batch.
 _INVARIANT_ENV = "GGML_CPU_USE_REF"
-_KV_CELL_ROUND = 256  # llama.cpp pads KV sizes to this many cells
 # GGUF keys of a model's recommended sampling (llama.cpp names them), and our names.
 _RECOMMENDED_SAMPLING = (
     (llama.LLAMA_MODEL_META_KEY_SAMPLING_TEMP, "temperature"),
@@ -269,19 +270,18 @@ class LlamaBackend:
     def _kv_capacity(self, kv_budget_bytes: int, kv_unified: bool) -> int:
         """Cells in the context: the budget, rounded down to what llama.cpp allocates
         (a multiple of 256 cells per KV stream: one, or one per slot)."""
-        tokens = kv_budget_bytes // self.info.kv_bytes_per_token
-        tokens = min(tokens, self.info.n_ctx_train * self.max_sequences)
-        if kv_unified:
-            return max(_KV_CELL_ROUND, tokens - tokens % _KV_CELL_ROUND)
-        per_slot = tokens // self.max_sequences
-        per_slot -= per_slot % _KV_CELL_ROUND
-        if per_slot < _KV_CELL_ROUND:
+        per_token, n_ctx_train = self.info.kv_bytes_per_token, self.info.n_ctx_train
+        cells = context_tokens(
+            kv_budget_bytes, per_token, n_ctx_train, self.max_sequences, kv_unified
+        )
+        if cells == 0:
+            tokens = min(kv_budget_bytes // per_token, n_ctx_train * self.max_sequences)
             raise BackendError(
                 f"kv_unified = false splits the KV budget into {self.max_sequences} shares of "
-                f"{tokens // self.max_sequences} tokens, under the minimum of {_KV_CELL_ROUND}: "
+                f"{tokens // self.max_sequences} tokens, under the minimum of {KV_CELL_BLOCK}: "
                 "lower max_sequences or raise max_kv_cache_mb"
             )
-        return per_slot * self.max_sequences
+        return cells
 
     def _new_context(
         self, max_batch_tokens: int, n_threads: int, kv_unified: bool
@@ -540,7 +540,7 @@ class LlamaEmbedder:
         chunk = max_tokens if self._own_pooling else max(_EMBED_MIN_CHUNK, budget)
         self.chunk_tokens = min(max_tokens, chunk)
         params = llama.llama_context_default_params()
-        params.n_ctx = -(-max_tokens // _KV_CELL_ROUND) * _KV_CELL_ROUND
+        params.n_ctx = -(-max_tokens // KV_CELL_BLOCK) * KV_CELL_BLOCK
         params.n_batch = params.n_ubatch = self.chunk_tokens
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = n_threads
