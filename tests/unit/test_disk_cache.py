@@ -3,6 +3,7 @@ is skipped with a log line and never loaded, the directory stays bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -10,8 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_llm.engine.engine import Engine
 from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
 from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.engine.settings import EngineSettings
+
+import fakes
+from fakes import FakeBackend, drain
 
 
 def entry(first: int, n: int = 200, state: bytes = b"s" * 1000) -> DiskEntry:
@@ -81,3 +88,21 @@ def test_the_directory_keeps_under_its_bound_oldest_out(tmp_path: Path) -> None:
     files = list(tmp_path.glob("*.kvc"))
     assert len(files) == 2 and disk.num_bytes <= 2 * one
     assert sorted(second_tokens(f) for f in files) == [1000, 2000]
+
+
+@pytest.mark.parametrize("per_slot", [True, False])
+async def test_at_stop_the_disk_tier_gets_what_the_kv_book_kept(
+    tmp_path: Path, per_slot: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine writes ``KvBook.kept()`` at stop, whichever book it holds: the
+    per-slot layout's kept slots; the unified pool keeps nothing for the disk."""
+    monkeypatch.setattr(fakes, "FAKE_LOGITS", (0.5, 0.25))  # the file holds float32
+    engine = Engine(FakeBackend(per_slot=per_slot), EngineSettings(cache_dir=str(tmp_path)))  # type: ignore[arg-type]
+    engine.start(asyncio.get_running_loop())
+    try:
+        prompt = GenerationRequest(prompt_tokens=list(range(200)), max_tokens=4)
+        await drain(engine, engine.submit(prompt))
+    finally:
+        await asyncio.to_thread(engine.stop)
+    files = await asyncio.to_thread(lambda: list(tmp_path.glob("*.kvc")))
+    assert bool(files) is per_slot

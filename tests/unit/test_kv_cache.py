@@ -7,14 +7,8 @@ import random
 
 import pytest
 
-from edge_llm.engine.kv.unified import (
-    CopyPrefix,
-    KvCache,
-    KvOp,
-    LoadState,
-    SaveState,
-    Truncate,
-)
+from edge_llm.engine.kv.book import CopyPrefix, KvOp, LoadState, SaveState, Truncate
+from edge_llm.engine.kv.unified import KvCache
 from edge_llm.engine.runtime.backend import BatchItem
 from edge_llm.protocol.sampling import SamplingParams
 

@@ -8,9 +8,7 @@ import random
 
 import pytest
 
-from edge_llm.engine.kv.host_cache import HostCache
-from edge_llm.engine.kv.slots import SWITCH_SLOT_TOKENS, KvSlots, usable_prefix
-from edge_llm.engine.kv.unified import (
+from edge_llm.engine.kv.book import (
     CopyPrefix,
     KvOp,
     LoadCache,
@@ -19,6 +17,8 @@ from edge_llm.engine.kv.unified import (
     SaveState,
     Truncate,
 )
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.slots import SWITCH_SLOT_TOKENS, KvSlots, usable_prefix
 from edge_llm.engine.runtime.backend import BatchItem
 from edge_llm.protocol.sampling import SamplingParams
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from edge_llm.engine.kv.book import Truncate
 from edge_llm.engine.kv.slots import KvSlots
-from edge_llm.engine.kv.unified import KvCache, Truncate
+from edge_llm.engine.kv.unified import KvCache
 from edge_llm.engine.scheduling.scheduler import Scheduler, SchedulerLimits, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull

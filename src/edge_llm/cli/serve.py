@@ -17,9 +17,8 @@ from edge_llm.config.tree import (
     flag_overrides,
     load_config,
 )
+from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.ledger import ledger_summary
-from edge_llm.engine.kv.slots import KvSlots
-from edge_llm.engine.kv.unified import KvCache
 from edge_llm.errors import BackendError
 from edge_llm.observability.units import mib
 from edge_llm.server.runtime import ListenError, start_server
@@ -71,7 +70,7 @@ def listen_problem(exc: ListenError) -> str:
     )
 
 
-def prompt_limit_warning(config: EngineConfig, kv: KvCache | KvSlots) -> str | None:
+def prompt_limit_warning(config: EngineConfig, kv: KvBook) -> str | None:
     """A warning when ``max_prompt_tokens`` promises prompts that one sequence's share
     of the KV cache cannot hold (they would be refused below the configured limit)."""
     limit = config.backpressure.max_prompt_tokens

@@ -20,12 +20,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from edge_llm.engine.kv.apply import KvApplier
+from edge_llm.engine.kv.book import KvOp
 from edge_llm.engine.kv.disk_cache import disk_cache, read_back, save_kept
 from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.layout import kv_book
 from edge_llm.engine.kv.ledger import MemoryLedger, try_giver
 from edge_llm.engine.kv.offload_store import HostStore
-from edge_llm.engine.kv.slots import KvSlots, kv_book
-from edge_llm.engine.kv.unified import KvOp
 from edge_llm.engine.pressure.memory import (
     MemoryGuard,
     MemoryPolicy,
@@ -161,8 +161,8 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self.disk is not None:
-            if isinstance(self.kv, KvSlots):  # what the slots kept: the next start has it
-                save_kept(self.disk, self.kv.kept(), self.backend.save_state)
+            # what the book kept (the per-slot layout: its slots): the next start has it
+            save_kept(self.disk, self.kv.kept(), self.backend.save_state)
             self.disk.close()
         self.backend.close()
         for account in (self.device, self.host_cache.account, self.host.account):

@@ -6,12 +6,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Protocol, Self
 
+from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.disk_cache import DiskCache
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.ledger import Account, MemoryLedger
 from edge_llm.engine.kv.offload_store import HostStore
-from edge_llm.engine.kv.slots import KvSlots
-from edge_llm.engine.kv.unified import KvCache
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.scheduling.admission import predict_ttft_s
@@ -35,7 +34,7 @@ class Engine(Protocol):
     @property
     def device(self) -> Account: ...
     @property
-    def kv(self) -> KvCache | KvSlots: ...
+    def kv(self) -> KvBook: ...
     @property
     def host(self) -> HostStore: ...
     @property

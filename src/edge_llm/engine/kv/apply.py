@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
-from edge_llm.engine.kv.host_cache import HostCache
-from edge_llm.engine.kv.offload_store import HostStore
-from edge_llm.engine.kv.unified import (
+from edge_llm.engine.kv.book import (
     CopyPrefix,
     KvOp,
     LoadCache,
@@ -16,6 +13,9 @@ from edge_llm.engine.kv.unified import (
     SaveState,
     Truncate,
 )
+from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
+from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.offload_store import HostStore
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.errors import BackendError
 from edge_llm.observability.events import Event, EventSink

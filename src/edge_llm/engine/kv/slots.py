@@ -26,11 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.kv.host_cache import HostCache, HostEntry
-from edge_llm.engine.kv.unified import (
+from edge_llm.engine.kv.book import (
     Admission,
     CopyPrefix,
-    KvCache,
     KvCacheStats,
     KvOp,
     LoadCache,
@@ -40,7 +38,7 @@ from edge_llm.engine.kv.unified import (
     Truncate,
     common_prefix,
 )
-from edge_llm.engine.runtime.backend import Backend
+from edge_llm.engine.kv.host_cache import HostCache, HostEntry
 
 SWITCH_SLOT_TOKENS = 64  # the match worth leaving the lowest free slot for
 MIN_SAVED_CELLS = 128  # fewer are not worth a host-tier entry (prefilled in ~0.4 s)
@@ -362,15 +360,3 @@ class KvSlots:
     def _touch(self, slot: _Slot) -> None:
         self._tick += 1
         slot.last_used = self._tick
-
-
-def kv_book(backend: Backend, prefix_cache: bool, host_cache: HostCache) -> KvCache | KvSlots:
-    """The unified pool shares prefix cells between sequences (``kv/unified.py``); the
-    per-slot layout keeps them in slots and the host tier (``kv/slots.py``)."""
-    capacity, per_token = backend.kv_capacity_tokens, backend.info.kv_bytes_per_token
-    if backend.kv_sequence_tokens >= capacity:
-        return KvCache(capacity, per_token, backend.num_seq_ids, share=prefix_cache)
-    return KvSlots(
-        capacity, per_token, backend.num_seq_ids, backend.kv_sequence_tokens,
-        prefix_cache=prefix_cache, host=host_cache,
-    )  # fmt: skip

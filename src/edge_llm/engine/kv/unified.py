@@ -31,73 +31,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from edge_llm.engine.kv.book import (
+    Admission,
+    CopyPrefix,
+    KvCacheStats,
+    KvOp,
+    LoadState,
+    SaveState,
+    Truncate,
+    common_prefix,
+)
 from edge_llm.engine.kv.first_logits import FirstTokenLogits
-
-
-@dataclass(frozen=True)
-class CopyPrefix:
-    """Tag the first ``n_tokens`` cells of ``src`` with ``dst`` too (no copy in the pool)."""
-
-    src: int
-    dst: int
-    n_tokens: int
-
-
-@dataclass(frozen=True)
-class Truncate:
-    """Untag ``seq_id`` from position ``start`` on (0: everything).
-
-    ``reason``: ``release`` (a sequence ended), ``evict`` (cache made room),
-    ``drop`` (a cache id whose cells another id also holds), ``offload``."""
-
-    seq_id: int
-    start: int
-    n_tokens: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class SaveState:
-    """Copy the cells of ``seq_id`` to host memory under ``key`` (before they are freed)."""
-
-    seq_id: int
-    key: str
-
-
-@dataclass(frozen=True)
-class LoadState:
-    """Write the host copy saved under ``key`` into ``seq_id``."""
-
-    seq_id: int
-    key: str
-
-
-@dataclass(frozen=True)
-class SaveCache:
-    """Copy the cells of ``seq_id`` into the prefix cache's host tier entry ``key``."""
-
-    seq_id: int
-    key: str
-
-
-@dataclass(frozen=True)
-class LoadCache:
-    """Write the host tier entry ``key`` into the empty ``seq_id``."""
-
-    seq_id: int
-    key: str
-
-
-KvOp = CopyPrefix | Truncate | SaveState | LoadState | SaveCache | LoadCache
-
-
-@dataclass
-class Admission:
-    seq_id: int
-    n_cached: int
-    ops: list[KvOp]
-    first_logits: Any = None  # the whole prompt was cached: its first token's logits
-    tier: str = "device"  # where the cached cells came from: device or host
 
 
 class _Node:
@@ -146,13 +90,6 @@ class _Holder:
     @property
     def private(self) -> int:
         return self.n_cells - self.attached
-
-
-@dataclass
-class KvCacheStats:
-    used_tokens: int  # cells live streams hold (shared ones once)
-    cached_tokens: int  # cells only the cache holds (evictable)
-    reserved_tokens: int
 
 
 @dataclass
@@ -396,6 +333,11 @@ class KvCache:
             ops.extend(self._drop_redundant(holder.node, keep=None))
         return ops
 
+    def kept(self) -> list[tuple[int, tuple[int, ...], int, Any]]:
+        """Nothing: the pool's cached prefixes are not written to the disk tier (only the
+        per-slot layout's kept slots are, each one sequence's whole state)."""
+        return []
+
     def offload(self, seq_id: int, key: str) -> list[KvOp]:
         """Save a running sequence to host memory and free its cells; its attached
         path stays as cache."""
@@ -541,12 +483,3 @@ class KvCache:
 
 def _evictable(node: _Node) -> bool:
     return not node.running_refs and node.owner is None
-
-
-def common_prefix(run: Sequence[int], tokens: Sequence[int], pos: int = 0) -> int:
-    """How many tokens of ``run`` equal ``tokens`` from ``pos`` on."""
-    n = min(len(run), len(tokens) - pos)
-    for i in range(n):
-        if run[i] != tokens[pos + i]:
-            return i
-    return n

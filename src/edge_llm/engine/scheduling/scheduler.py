@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_llm.engine.kv.slots import KvSlots
-from edge_llm.engine.kv.unified import KvCache, KvOp, Truncate, common_prefix
+from edge_llm.engine.kv.book import KvBook, KvOp, Truncate, common_prefix
 from edge_llm.engine.scheduling.admission import QueueView, queue_view
 from edge_llm.engine.scheduling.prefill_budget import PrefillBudget
 from edge_llm.engine.scheduling.priorities import (
@@ -119,7 +118,7 @@ class Scheduler:
     policies it applies are pure modules of their own (priorities, prefill_budget,
     speculative, admission)."""
 
-    def __init__(self, limits: SchedulerLimits, kv: KvCache | KvSlots) -> None:
+    def __init__(self, limits: SchedulerLimits, kv: KvBook) -> None:
         self.limits = limits
         self.kv = kv
         self.prefill_budget = PrefillBudget(limits.prefill_chunk_tokens, limits.itl_target_s)

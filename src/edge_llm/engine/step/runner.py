@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from edge_llm.engine.kv.apply import KvApplier
-from edge_llm.engine.kv.unified import KvOp
+from edge_llm.engine.kv.book import KvOp
 from edge_llm.engine.runtime.backend import Backend, BatchItem, Sampled
 from edge_llm.engine.scheduling.scheduler import ScheduledChunk, StepPlan
 from edge_llm.engine.sequence import Sequence
