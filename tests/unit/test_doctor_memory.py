@@ -50,3 +50,14 @@ def test_other_servers_and_unknown_machines() -> None:
     assert unknown is not None and unknown.status.value == "pass"
     apart = diagnose_memory(document(None, 2048))
     assert apart is not None and "no common cap" in apart.summary
+
+
+def test_every_served_models_weights_count_beside_the_one_cap() -> None:
+    several = document(256, 1024)
+    several["models"] = {"smol": {"weights_bytes": 94 * MIB}, "gemma": {"weights_bytes": 241 * MIB}}
+    result = diagnose_memory(several)
+    assert result is not None and "weights of 2 models 335.0" in result.summary
+    assert result.details["need_bytes"] == 335 * MIB + 256 * MIB + RUNTIME_BYTES
+    assert result.status.value == "pass"
+    several["memory_ledger"]["machine_bytes"] = 700 * MIB  # one model would fit, two not
+    assert diagnose_memory(several).status.value == "warn"  # type: ignore[union-attr]

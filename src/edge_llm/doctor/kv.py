@@ -1,8 +1,9 @@
 """An edge-llm engine's KV cache, from ``/debug/streams``: its capacity and how much
 live streams hold (requests that cannot reserve KV get 503 ``kv_budget_exceeded``),
-and whether its memory ledger (weights beside ``max_kv_cache_mb``, which bounds every
-KV tier on a CPU) fits the machine's memory. Figures use
-:func:`edge_llm.observability.units.mib`, as ``top`` and the banner do."""
+and whether its memory ledger (the weights of every served model beside
+``max_kv_cache_mb``, which bounds every model's KV tiers on a CPU) fits the machine's
+memory. Figures use :func:`edge_llm.observability.units.mib`, as ``top`` and the
+banner do."""
 
 from __future__ import annotations
 
@@ -59,10 +60,14 @@ def diagnose_memory(document: Mapping[str, Any]) -> CheckResult | None:
     machine, total = _count(ledger, "machine_bytes"), _count(ledger, "total_bytes") or 0
     if cap is None:
         return passed("memory", f"KV tiers {mib(total)} MiB, no common cap (kept apart)")
+    served = _served_weights(document)
+    weights = max(weights, sum(served))
     need = weights + cap + RUNTIME_BYTES
+    of_models = f" of {len(served)} models" if len(served) > 1 else ""
     summary = (
-        f"memory ledger {mib(total)}/{mib(cap)} MiB (max_kv_cache_mb, every KV tier); "
-        f"weights {mib(weights)} + cap + about {mib(RUNTIME_BYTES)} of runtime = {mib(need)} MiB"
+        f"memory ledger {mib(total)}/{mib(cap)} MiB (max_kv_cache_mb, every KV tier of every "
+        f"model); weights{of_models} {mib(weights)} + cap + about {mib(RUNTIME_BYTES)} of "
+        f"runtime = {mib(need)} MiB"
     )
     details = {"ledger_cap_bytes": cap, "need_bytes": need, "machine_bytes": machine}
     if machine is not None and need > machine:
@@ -74,6 +79,16 @@ def diagnose_memory(document: Mapping[str, Any]) -> CheckResult | None:
                       **details)  # fmt: skip
     of_machine = f" of the machine's {mib(machine)}" if machine is not None else ""
     return passed("memory", summary + of_machine, **details)
+
+
+def _served_weights(document: Mapping[str, Any]) -> list[int]:
+    """The weights of every model the server may load (``models``): they may all be
+    loaded at once beside the one KV cap."""
+    models = document.get("models")
+    if not isinstance(models, dict):
+        return []
+    counts = (_count(m, "weights_bytes") for m in models.values() if isinstance(m, dict))
+    return [count for count in counts if count is not None]
 
 
 def diagnose_kv(document: Mapping[str, Any]) -> CheckResult | None:

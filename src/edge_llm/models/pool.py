@@ -238,6 +238,7 @@ class ModelPool(Generic[M]):
             "path": slot.spec.path,
             "memory_bytes": slot.held_bytes,
             "estimate_bytes": slot.spec.estimate_bytes,
+            "weights_bytes": slot.spec.size_bytes,
             "keep_alive_s": slot.keep_alive_s,
             "expires_in_s": self.expires_in(name),
             "requests": slot.leases,
