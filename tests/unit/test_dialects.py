@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient
 
-from edge_llm.engine.runtime.sampling import EndHold, LogitRules, RepetitionPenalty
+from edge_llm.engine.runtime.logits import EndHold, LogitRules, RepetitionPenalty
 from edge_llm.errors import InvalidRequest
 from edge_llm.protocol import openai
 from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams

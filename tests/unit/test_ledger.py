@@ -18,7 +18,7 @@ from edge_llm.engine.kv.ledger import (
     ledger_summary,
     try_giver,
 )
-from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.runtime.backend import context_tokens
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import KvBudgetExceeded
@@ -84,7 +84,7 @@ def test_a_host_tier_takes_only_what_the_ledger_has_free() -> None:
 def test_the_host_cache_gives_back_first_and_nothing_passes_the_cap() -> None:
     ledger = MemoryLedger(20_000)
     cache = HostCache(1 * MIB, 10, ledger)
-    store = HostStore(1 * MIB, ledger)
+    store = OffloadStore(1 * MIB, ledger)
     for i in range(4):
         assert cache.reserve([i] * 10, 10, None) is not None  # 4,356 bytes each
     assert ledger.free_bytes == 20_000 - 4 * 4356
@@ -110,7 +110,7 @@ def test_an_entry_a_pending_load_will_read_is_never_given_back() -> None:
 
 
 def test_an_offload_store_alone_keeps_its_own_cap() -> None:
-    store = HostStore(1_000)  # a ledger of its own, no common cap: as before
+    store = OffloadStore(1_000)  # a ledger of its own, no common cap: as before
     assert store.fits(1_000) and not store.fits(1_001)
     store.put("a", b"x" * 600)
     assert not store.fits(401) and store.could_ever_hold(1_000)

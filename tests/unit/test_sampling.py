@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from edge_llm.engine.runtime.sampling import (
+from edge_llm.engine.runtime.logits import (
     LogitBias,
     Penalties,
     check_schema_bounds,

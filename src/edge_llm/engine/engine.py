@@ -25,7 +25,7 @@ from edge_llm.engine.kv.disk_cache import disk_cache, read_back, save_kept
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.layout import kv_book
 from edge_llm.engine.kv.ledger import MemoryLedger, try_giver
-from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.pressure.memory import (
     MemoryGuard,
     MemoryPolicy,
@@ -114,7 +114,7 @@ class Engine:
                 f"the KV context ({self.kv.capacity_bytes >> 20} MiB: whole blocks of 256 "
                 f"cells) does not fit max_kv_cache_mb ({(self.ledger.cap_bytes or 0) >> 20})"
             )
-        self.host = HostStore(settings.host_offload_bytes, self.ledger)
+        self.host = OffloadStore(settings.host_offload_bytes, self.ledger)
         self.scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), self.kv)
         self.streams = Streams(
             self.scheduler, self.host, settings, metrics=self.metrics, events=events, clock=clock

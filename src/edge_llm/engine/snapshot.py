@@ -10,7 +10,7 @@ from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.disk_cache import DiskCache
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.ledger import Account, MemoryLedger
-from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.scheduling.admission import predict_ttft_s
@@ -36,7 +36,7 @@ class Engine(Protocol):
     @property
     def kv(self) -> KvBook: ...
     @property
-    def host(self) -> HostStore: ...
+    def host(self) -> OffloadStore: ...
     @property
     def host_cache(self) -> HostCache: ...
     @property

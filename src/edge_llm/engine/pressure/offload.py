@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.kv.offload_store import HostStore
+from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.scheduling.priorities import preemption_victim
 from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
 from edge_llm.errors import PauseTimeout
@@ -24,7 +24,7 @@ class OffloadPolicy:
 
     def __init__(
         self,
-        host: HostStore,
+        host: OffloadStore,
         after_s: float,
         streams: Streams,
         state_size: Callable[[int], int],
@@ -79,7 +79,7 @@ class OffloadPolicy:
         return True
 
     def save_reserved(self, seq: Sequence, size: int) -> None:
-        """:meth:`save` once the host store holds room for ``seq``'s state."""
+        """:meth:`save` once the offload store holds room for ``seq``'s state."""
         n_tokens, slot = seq.num_computed, seq.slot
         self.scheduler.offload(seq)
         self.streams.metrics.kv_offloads.inc()

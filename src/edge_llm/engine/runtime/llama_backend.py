@@ -39,7 +39,7 @@ from edge_llm.engine.runtime.backend import (
     fingerprint,
 )
 from edge_llm.engine.runtime.chat_template import ChatTemplate
-from edge_llm.engine.runtime.sampling import (
+from edge_llm.engine.runtime.logits import (
     LogitRules,
     Logits,
     check_schema_bounds,

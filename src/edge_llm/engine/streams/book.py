@@ -22,8 +22,8 @@ _MAX_RECENT = 256
 
 
 class OffloadedStates(Protocol):
-    """Where an offloaded stream's KV waits (``offload.HostStore``): its state is
-    dropped when the stream ends."""
+    """Where an offloaded stream's KV waits (``kv/offload_store.py``): its state
+    is dropped when the stream ends."""
 
     def pop(self, key: str) -> bytes | None: ...
 

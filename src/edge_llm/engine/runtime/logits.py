@@ -1,4 +1,4 @@
-"""Sampling logic that needs no llama.cpp: logprobs, penalties and logit bias on a
+"""What sampling does to logits without llama.cpp: logprobs, penalties and logit bias on a
 logits vector (numpy, float32, one entry per vocabulary token).
 
 The llama backend owns the sampler chain and the grammar; these helpers change
