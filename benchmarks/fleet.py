@@ -85,6 +85,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--n-threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--host-cache-mb", type=int, default=0, help="each worker's host tier")
     parser.add_argument("--seed", type=int, default=43)
+    parser.add_argument(
+        "--backend", choices=("sglang", "openai"), default="sglang",
+        help="the gateway's worker protocol (openai: 0.3.2 sends every request to one worker)",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     add_output_flags(parser)
     return parser.parse_args(argv)
@@ -131,7 +135,9 @@ class Gateway:
                 self.proc.wait()
 
 
-def start_gateway(workers: list[ServerProcess], policy: str, log: Path) -> Gateway:
+def start_gateway(
+    workers: list[ServerProcess], policy: str, log: Path, backend: str = "sglang"
+) -> Gateway:
     """``python -m sglang_router.launch_router`` on 127.0.0.1; ready once it lists
     every worker healthy."""
     port = free_port()
@@ -139,7 +145,7 @@ def start_gateway(workers: list[ServerProcess], policy: str, log: Path) -> Gatew
         sys.executable, "-m", "sglang_router.launch_router",
         "--host", "127.0.0.1", "--port", str(port),
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-        "--backend", "openai", "--policy", policy,
+        "--backend", backend, "--policy", policy,
         "--worker-urls", *[w.root for w in workers], "--log-level", "warn",
     ]  # fmt: skip
     with log.open("wb") as out:
@@ -208,7 +214,7 @@ def run_pass(policy: str, users: list[list[Prompt]], args: argparse.Namespace, t
     workers = [start_engine(str(default_model_path()), args.n_threads, flags) for _ in range(2)]
     gateway = None
     try:
-        gateway = start_gateway(workers, policy, tmp / f"gateway-{policy}.log")
+        gateway = start_gateway(workers, policy, tmp / f"gateway-{policy}.log", args.backend)
         served = _get_json(workers[0].root + "/v1/models")["data"][0]["id"]
         before = [counters(w) for w in workers]
         began = time.perf_counter()
@@ -263,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"SmolLM2-135M; two `edge-llm serve` workers (--n-threads {args.n_threads}, "
         f"--host-cache-mb {args.host_cache_mb}, no TTFT time-out, otherwise as `make run`: "
         "4 slots of their own KV share each) behind sglang-router 0.3.2 "
-        "(`--backend openai`), fresh workers and gateway per policy, all on this "
+        f"(`--backend {args.backend}`), fresh workers and gateway per policy, all on this "
         f"machine's 2 cores; {args.groups} shared documents of {args.doc_words} words "
         f"as system prompts; {args.users} concurrent users x {args.requests} requests, "
         f"each about a document drawn at random (seed {args.seed}, the same sequence for "

@@ -1,6 +1,8 @@
 """A fleet on an existing router (SPEC section 21, docs/fleet.md): two edge-llm workers
 behind SGLang Model Gateway (PyPI ``sglang-router``, a dev dependency), policy
-``cache_aware``, backend ``openai``, everything on 127.0.0.1.
+``cache_aware``, backend ``sglang`` (its default: the workers' ``/model_info`` and
+``/server_info`` are 404 and it carries on; ``--backend openai`` in 0.3.2 sends every
+request to one worker), everything on 127.0.0.1.
 
 The router adds SGLang's fields to every request (``no_stop_trim``,
 ``separate_reasoning``, ...): that the workers answer at all is the dialect work of
@@ -92,7 +94,7 @@ def start_router(tmp_path: Path, workers: list[EngineProcess], policy: str) -> R
         sys.executable, "-m", "sglang_router.launch_router",
         "--host", "127.0.0.1", "--port", str(port),
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
-        "--backend", "openai", "--policy", policy,
+        "--backend", "sglang", "--policy", policy,
         "--worker-urls", *[w.url for w in workers],
         "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
         "--worker-startup-check-interval", "1", "--log-level", "warn",
@@ -176,6 +178,39 @@ def test_chat_through_the_router_plain_and_streamed(fleet) -> None:
     assert chunks[-1].usage.completion_tokens == reply.usage.completion_tokens  # type: ignore[union-attr]
 
 
+def _document(name: str) -> list[dict[str, str]]:
+    """A long system prompt of its own (the gateway matches request texts by prefix)."""
+    words = " ".join(f"{name}-{n}" for n in range(40))
+    return [{"role": "system", "content": f"Document {name}: {words}"}]
+
+
+def test_cache_aware_spreads_new_prompts_and_keeps_a_prompt_on_its_worker(fleet) -> None:
+    """The gateway's cache_aware: a prompt it has not seen goes to the worker with
+    the fewest requests in flight, one that starts like an earlier one to that
+    one's worker (its prefix is cached there)."""
+    router, workers = fleet
+    client = router.client()
+    ask = [{"role": "user", "content": "Which word comes first?"}]
+    busy = client.chat.completions.create(
+        model=MODEL, messages=_document("alpha") + ask, temperature=0, max_tokens=1000,
+        stream=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    first = next(iter(busy))  # in flight on one worker until the stream is closed
+    try:
+        held = _serving(workers, first.id)
+        other = client.chat.completions.create(
+            model=MODEL, messages=_document("beta") + ask, temperature=0, max_tokens=2
+        )
+        assert _serving(workers, other.id) is not held
+        again = client.chat.completions.create(
+            model=MODEL, messages=_document("alpha") + ask, temperature=0, max_tokens=2
+        )
+        assert _serving(workers, again.id) is held
+        assert again.usage.prompt_tokens_details.cached_tokens > 100  # type: ignore[union-attr]
+    finally:
+        busy.close()
+
+
 def test_a_client_that_leaves_through_the_router_frees_the_workers_kv(fleet) -> None:
     router, workers = fleet
     body = json.dumps({
@@ -222,8 +257,8 @@ def test_a_killed_worker_is_routed_around_and_health_checks_see_it(doomed_fleet)
     first = client.chat.completions.create(
         model=MODEL, messages=QUESTION, temperature=0, max_tokens=4
     )
-    # The worker the gateway sends to is killed (0.3.2 with --backend openai sends
-    # every request to one worker: killing the other would show nothing).
+    # The worker the gateway sent to is killed (one request at a time: cache_aware
+    # sends each new prompt to the first of the equally idle workers).
     killed = _serving(workers, first.id)
     (alive,) = [w for w in workers if w is not killed]
     killed.proc.send_signal(signal.SIGKILL)
