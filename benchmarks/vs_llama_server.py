@@ -290,6 +290,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "to the first (--variant-flags=--deterministic)",
     )
     parser.add_argument(
+        "--llama",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run llama-server (--no-llama: edge-llm and its variant only, e.g. to price "
+        "a mode on a busy machine, where llama-server's spinning threads crawl)",
+    )
+    parser.add_argument(
         "--ngram-peer",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -488,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)
     try:
-        binary = find_llama_server(args.llama_server)
+        binary = find_llama_server(args.llama_server) if args.llama else ""
     except PeerError as exc:
         print(f"vs_llama_server: {exc}", file=sys.stderr)
         return 2
@@ -535,7 +542,7 @@ class Comparison:
         self.binary = binary
         self.model = args.model or default_model()
         self.specs = [s for s in SCENARIOS if s.key in args.scenarios.split(",")]
-        self.with_ngram = args.ngram_peer and any(s.ngram for s in self.specs)
+        self.with_ngram = args.llama and args.ngram_peer and any(s.ngram for s in self.specs)
         self.settings = Settings(args.decode_tokens, args.flood, args.flood_seconds)
         self.servers: list[ServerProcess] = []
 
@@ -555,27 +562,25 @@ class Comparison:
         kv_budget, kv_per_token = kv_of_engine(engine)
         # llama-server gets the same KV budget: the engine's capacity in tokens, in slots.
         self.ctx_tokens = max(kv_budget // kv_per_token // PARALLEL, SLOT_CTX) * PARALLEL
-        llama = start_llama_server(
-            self.binary, self.model, self.args.threads, self.ctx_tokens, PARALLEL
-        )
-        self.servers.append(llama)
         self.kv_budget = kv_budget
         self.model_bytes = Path(self.model).stat().st_size
-        llama_kv = self.ctx_tokens * kv_per_token
-        contexts = {EDGE: self._context(engine, kv_budget), LLAMA: self._context(llama, llama_kv)}
+        contexts = {EDGE: self._context(engine, kv_budget)}
         variant = variant_name(self.args)
         if variant is not None:
             variant_flags = [*flags, *self.args.variant_flags.split()]
             other = start_engine(self.model, self.args.threads, variant_flags, name=variant)
             self.servers.append(other)
             contexts[variant] = self._context(other, kv_of_engine(other)[0])
+        peers = [(LLAMA, [])] if self.args.llama else []
         if self.with_ngram:
-            ngram = start_llama_server(
+            peers.append((NGRAM, NGRAM_FLAGS))
+        for name, extra in peers:
+            peer = start_llama_server(
                 self.binary, self.model, self.args.threads, self.ctx_tokens, PARALLEL,
-                extra=NGRAM_FLAGS, name=NGRAM,
+                extra=extra, name=name,
             )  # fmt: skip
-            self.servers.append(ngram)
-            contexts[NGRAM] = self._context(ngram, llama_kv)
+            self.servers.append(peer)
+            contexts[name] = self._context(peer, self.ctx_tokens * kv_per_token)
         return contexts
 
     def _context(self, server: ServerProcess, kv_budget: int) -> Context:
