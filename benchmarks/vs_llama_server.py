@@ -60,8 +60,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -405,24 +407,29 @@ def table(
     scenario a server did not run shows "-"."""
     peers = [LLAMA, *([NGRAM] if NGRAM in servers else [])]
     rows = []
+    for label, unit, goal, values in _each_row(phases, specs):
+        edge, by_peer = values(EDGE), [values(peer) for peer in peers]
+        rows.append([
+            label, unit,
+            *(_spread_cell(figures) for figures in (edge, *by_peer)),
+            *(ratio_cell(edge, figures) for figures in by_peer),
+            goal,
+        ])  # fmt: skip
+    return table_data(
+        f"{edge_name} vs llama-server, {repeats} repeat(s)", columns(servers, edge_name), rows
+    )
+
+
+def _each_row(
+    phases: dict[str, Results], specs: dict[str, list[ScenarioSpec]]
+) -> Iterator[tuple[str, str, str, Callable[[str], list[float | None]]]]:
+    """Each table row of each state: (label, unit, goal, a server's figures for it)."""
     for state, results in phases.items():
         for spec in specs[state]:
             for row in spec.rows():
                 title, unit, goal = _row_text(spec, row)
-                edge = results.values(spec.key, EDGE, row)
-                by_peer = [results.values(spec.key, peer, row) for peer in peers]
-                rows.append(
-                    [
-                        f"{title}{'' if state == 'fresh' else f' ({state})'}",
-                        unit,
-                        *(_spread_cell(values) for values in (edge, *by_peer)),
-                        *(ratio_cell(edge, values) for values in by_peer),
-                        goal,
-                    ]
-                )
-    return table_data(
-        f"{edge_name} vs llama-server, {repeats} repeat(s)", columns(servers, edge_name), rows
-    )
+                label = f"{title}{'' if state == 'fresh' else f' ({state})'}"
+                yield label, unit, goal, functools.partial(results.values, spec.key, row=row)
 
 
 VARIANT_GOALS = {"tok/s": ">= 0.95", "s": "<= 1.05"}
@@ -433,17 +440,12 @@ def variant_table(
 ) -> dict[str, Any]:
     """The variant edge-llm's figures beside the first's, per scenario row and state."""
     rows = []
-    for state, results in phases.items():
-        for spec in specs[state]:
-            for row in spec.rows():
-                title, unit, _ = _row_text(spec, row)
-                edge = results.values(spec.key, EDGE, row)
-                other = results.values(spec.key, variant, row)
-                rows.append([
-                    f"{title}{'' if state == 'fresh' else f' ({state})'}", unit,
-                    _spread_cell(edge), _spread_cell(other), ratio_cell(other, edge),
-                    VARIANT_GOALS.get(unit, "-"),
-                ])  # fmt: skip
+    for label, unit, _, values in _each_row(phases, specs):
+        edge, other = values(EDGE), values(variant)
+        rows.append([
+            label, unit, _spread_cell(edge), _spread_cell(other), ratio_cell(other, edge),
+            VARIANT_GOALS.get(unit, "-"),
+        ])  # fmt: skip
     columns = (
         "scenario", "unit", f"{EDGE} median (min-max)", f"{variant} median (min-max)",
         f"ratio {variant} / {EDGE} min / median / max", "goal",
