@@ -400,6 +400,28 @@ def test_disconnect_nobody_asked_for_is_transport() -> None:
     assert [e["event"] for e in report.findings[0].evidence] == ["error", "cancel", "end"]
 
 
+def test_a_resumable_stream_dropped_and_resumed_is_the_network() -> None:
+    client = [*client_start(), cli(1.0, "error", code="read_error", message="closed")]
+    engine = [
+        *engine_start(),
+        eng(1.0, "paused", cause="disconnected", n_generated=10),
+        eng(1.0, "detached", stream_id="s", last_event=11),
+        eng(1.2, "resumed", cause="disconnected", last_event=9, replayed=2, detached_ms=200.0),
+        *engine_end(3.0),
+    ]
+    report = judge_one(engine, client)
+    assert (report.verdict, rules_of(report)) == ("network", ["network_drop"])
+    assert "1 times (resumed 1 times, 2 events replayed)" in report.findings[0].message
+    timed_out = [
+        *engine_start(),
+        eng(1.0, "detached", stream_id="s", last_event=11),
+        eng(31.0, "resume_timeout", stream_id="s", last_event=11, detached_ms=30000.0),
+        *disconnect(31.0)[1:],
+    ]
+    report = judge_one(timed_out, client)
+    assert report.verdict == "network" and "resume_timeout" in report.findings[0].message
+
+
 def test_disconnect_while_the_client_log_goes_on_without_an_error_is_transport() -> None:
     client = [*client_start(), cli(1.2, "end", finish_reason=None, n_chunks=9, n_tokens=9)]
     report = judge_one([*engine_start(), *disconnect(1.0)], client)
@@ -465,7 +487,8 @@ def test_text_rendering_has_a_summary_line_evidence_and_a_total() -> None:
     lines = text.splitlines()
     assert lines[1].split()[:3] == ["chatcmpl-0c0000000000000000000003", "client", "length"]
     assert any("watermark_high" in line and "pause_enabled=false" in line for line in lines)
-    assert lines[-1].startswith("total: 1 requests: engine 0, upstream 0, transport 0, client 1")
+    totals = "total: 1 requests: engine 0, upstream 0, transport 0, network 0, client 1"
+    assert lines[-1].startswith(totals)
 
 
 def test_evidence_line_shows_offset_source_event_and_fields() -> None:
@@ -484,6 +507,7 @@ def test_json_report_keeps_the_evidence_lines_as_logged() -> None:
         "engine": 1,
         "upstream": 0,
         "transport": 0,
+        "network": 0,
         "client": 0,
         "unknown": 0,
         "ok": 0,

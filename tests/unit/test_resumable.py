@@ -203,3 +203,40 @@ async def test_without_the_opt_in_nothing_changes(served: Served) -> None:
     off, _, _ = await served(resume_grace_ms=0)
     response = await off.post("/v1/chat/completions", json=BODY)
     assert "X-Stream-Id" not in response.headers
+
+
+async def _frames_until(ws: Any, wanted: str, limit: int = 10_000) -> list[dict[str, Any]]:
+    frames = []
+    for _ in range(limit):
+        frame = await ws.receive_json()
+        frames.append(frame)
+        if frame["type"] in (wanted, "error"):
+            return frames
+    raise AssertionError(f"no {wanted} frame")
+
+
+async def test_websocket_stream_resumes_on_a_new_socket(served: Served) -> None:
+    client, _, recorder = await served()
+    body = {k: v for k, v in BODY.items() if k not in ("stream", "stream_options")}
+    async with client.ws_connect("/v1/stream") as ws:
+        await ws.send_json({"type": "start", "request": body, "resumable": True})
+        started = await ws.receive_json()
+        assert started["type"] == "started" and started["n"] == 1
+        stream_id = started["stream_id"]
+        first = [await ws.receive_json() for _ in range(8)]
+    assert [f["n"] for f in first] == list(range(2, 10))
+    await recorder.wait_for(Event.DETACHED)
+    async with client.ws_connect("/v1/stream") as ws:
+        await ws.send_json({"type": "resume", "stream_id": "0" * 32, "last_event_id": 3})
+        assert (await ws.receive_json())["code"] == "stream_not_found"
+        resume = {"type": "resume", "stream_id": stream_id, "last_event_id": first[-1]["n"]}
+        await ws.send_json(resume)
+        rest = await _frames_until(ws, "done")
+        assert [f["n"] for f in rest] == list(range(10, 10 + len(rest)))
+        frames = first + rest
+        text = "".join(f["text"] for f in frames if f["type"] == "delta")
+        assert text == ANSWER and rest[-1]["type"] == "done"
+        # The socket is free again: a plain stream runs on it.
+        await ws.send_json({"type": "start", "request": {**body, "max_tokens": 3}})
+        plain = await _frames_until(ws, "done")
+        assert all("n" not in f for f in plain)

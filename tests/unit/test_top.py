@@ -200,7 +200,9 @@ def test_a_narrow_terminal_wraps_the_header_between_fields(width: int) -> None:
 
 def test_frame_shows_engine_line_and_totals() -> None:
     text = text_of(render_frame(DOC, parse_metrics(metrics_text()), Rates(26.5), title="T"))
-    assert "engine alive  steps 1234  running 1  waiting 0  paused 1  26.5 tok/s" in text
+    assert (
+        "engine alive  steps 1234  running 1  waiting 0  paused 1  detached 0  26.5 tok/s" in text
+    )
     assert "backpressure 1 (peak 2)  KV ░░░░░░░░░░ 1.6/256.0 MiB used/capacity" in text
     assert "MiB used/capacity  (reserved 2.8, cached 0.0, offloaded 0.0)" in text
     assert "pauses client 3 socket_full 1  |  cancels disconnect 1  |  rejected none" in text

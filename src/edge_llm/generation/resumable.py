@@ -163,17 +163,14 @@ class Detachable(Generic[F]):
         by the replay of the next attach. Raises StreamGone if none comes in time."""
         for frame in frames:
             self.log.add(frame)
-        while not self.gone:
-            sink = self.sink
-            if sink is None:
-                await self._reattached()
-                return
+        if (sink := self.sink) is not None:
             try:
                 await sink.write(frames)
                 return
             except ConnectionError:
                 self.lost(sink)
-        raise StreamGone(self.id)
+        # Whichever connection attaches (or did while the write failed) replays them.
+        await self._reattached()
 
     async def send_unlogged(self, frame: F) -> None:
         """A sign of life (a ping): written if a connection is attached, never replayed."""

@@ -33,6 +33,7 @@ STATE_STYLES = {
     "decoding": "green",
     "paused": "yellow",
     "preempted": "bold yellow",
+    "detached": "bold blue",  # its connection dropped: it waits to be resumed
     "offloaded": "blue",
     "done": "dim",
     "cancelled": "magenta",
@@ -171,6 +172,7 @@ class Fields:
 def engine_line(streams: StreamsDoc, metrics: Metrics, rates: Rates) -> Fields:
     used, capacity = streams.get("kv_used_bytes") or 0, streams.get("kv_budget_bytes") or 0
     paused = metric_total(metrics, "streams_paused")
+    detached = metric_total(metrics, "streams_detached")
     alive = streams.get("engine_alive")
     kv = Text("KV ").append_text(bar(used / capacity if capacity else 0.0))
     kv.append(f" {_mib(used)}/{_mib(capacity)} MiB used/capacity")
@@ -180,6 +182,7 @@ def engine_line(streams: StreamsDoc, metrics: Metrics, rates: Rates) -> Fields:
         Text(f"running {streams.get('requests_running', '?')}"),
         Text(f"waiting {streams.get('requests_waiting', '?')}"),
         Text(f"paused {'?' if paused is None else f'{paused:.0f}'}"),
+        Text(f"detached {'?' if detached is None else f'{detached:.0f}'}"),
         Text(f"{_rate(rates.total)} tok/s"),
         Text(
             f"backpressure {streams.get('backpressure', '?')} "

@@ -8,7 +8,14 @@ engine did through the ``on_*`` methods, and sends whatever
 produces an ``error`` frame and leaves the protocol usable.
 
     IDLE --start--> STREAMING --done/error--> IDLE   (one stream at a time)
+    IDLE --resume with stream_id--> STREAMING        (a detached stream taken up)
     STREAMING: pause/resume toggle ``client_paused``; cancel ends the stream.
+
+A ``start`` frame with ``"resumable": true`` asks for a stream that survives a
+dropped socket: its ``started`` frame names it (``stream_id``) and every frame of
+the stream carries ``n`` (1, 2, ...); a new socket sends ``{"type": "resume",
+"stream_id": ..., "last_event_id": n}`` to get the frames after ``n``, then the
+stream live.
 """
 
 from __future__ import annotations
@@ -57,6 +64,15 @@ def control_frame(kind: Frame) -> dict[str, str]:
 @dataclass(frozen=True)
 class StartStream:
     request: dict[str, Any]
+    resumable: bool = False
+
+
+@dataclass(frozen=True)
+class ResumeDetached:
+    """Take up the resumable stream ``stream_id`` after its frame ``after``."""
+
+    stream_id: str
+    after: int
 
 
 @dataclass(frozen=True)
@@ -74,7 +90,19 @@ class CancelStream:
     pass
 
 
-Command = StartStream | PauseStream | ResumeStream | CancelStream
+Command = StartStream | PauseStream | ResumeStream | CancelStream | ResumeDetached
+
+
+def _event_number(value: object) -> int | None:
+    """``n`` of a ``last_event_id``: the number, or ``"<stream_id>.<n>"`` as in SSE."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, str):
+        number = value.rpartition(".")[2]
+        return int(number) if number.isdigit() and len(number) <= 18 else None
+    return None
 
 
 class StreamProtocol:
@@ -101,6 +129,8 @@ class StreamProtocol:
             return self._start(frame)
         if kind == Frame.PAUSE:
             return self._pause()
+        if kind == Frame.RESUME and "stream_id" in frame:
+            return self._resume_detached(frame)
         if kind == Frame.RESUME:
             return self._resume()
         if kind == Frame.CANCEL:
@@ -128,9 +158,26 @@ class StreamProtocol:
         if not isinstance(request, dict):
             self._error("invalid_frame", 'start needs "request": a chat completion body')
             return []
+        resumable = frame.get("resumable", False)
+        if not isinstance(resumable, bool):
+            self._error("invalid_frame", '"resumable" must be true or false', param="resumable")
+            return []
         self.state = State.STREAMING
         self.client_paused = False
-        return [StartStream(request)]
+        return [StartStream(request, resumable)]
+
+    def _resume_detached(self, frame: dict[str, Any]) -> list[Command]:
+        if self.state is State.STREAMING:
+            self._error("stream_active", "a stream is already running on this socket")
+            return []
+        stream_id, after = frame.get("stream_id"), _event_number(frame.get("last_event_id", 0))
+        if not isinstance(stream_id, str) or not stream_id or after is None:
+            self._error(
+                "invalid_frame",
+                'resume needs "stream_id" and "last_event_id" (the n of the last frame taken)',
+            )
+            return []
+        return [ResumeDetached(stream_id, after)]
 
     def _pause(self) -> list[Command]:
         if self.state is not State.STREAMING:
@@ -160,9 +207,23 @@ class StreamProtocol:
 
     # -- what the engine did ------------------------------------------------------------------
 
-    def on_started(self, stream_id: str) -> None:
+    def on_started(self, stream_id: str, resumable_id: str | None = None) -> None:
+        """``resumable_id``: the id a new socket resumes the stream by."""
         self.stream_id = stream_id
-        self._out.append({"type": Frame.STARTED.value, "id": stream_id})
+        frame = {"type": Frame.STARTED.value, "id": stream_id}
+        if resumable_id is not None:
+            frame["stream_id"] = resumable_id
+        self._out.append(frame)
+
+    def on_taken_up(self, stream_id: str) -> None:
+        """A detached stream now streams on this socket (pause, resume, cancel apply)."""
+        self.state = State.STREAMING
+        self.client_paused = False
+        self.stream_id = stream_id
+
+    def on_ended_elsewhere(self) -> None:
+        """The stream this socket took up ended (its last frames came through it)."""
+        self._end()
 
     def on_rejected(self, code: str, message: str, **extra: Any) -> None:
         """The start request was refused before a stream existed."""

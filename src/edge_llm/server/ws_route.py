@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -14,25 +15,28 @@ from edge_llm.errors import EdgeLLMError, ForbiddenOrigin, InvalidRequest
 from edge_llm.generation.dispatch import Answer
 from edge_llm.generation.events import AnswerEvent, Ended, Produced
 from edge_llm.generation.job import ChatPrompt, GenerationJob, Relay
+from edge_llm.generation.resumable import Detachable
 from edge_llm.protocol import openai
 from edge_llm.protocol.stream_events import Heartbeat, PauseChanged
 from edge_llm.protocol.ws import (
     CancelStream,
     Command,
     PauseStream,
+    ResumeDetached,
     ResumeStream,
     StartStream,
     StreamProtocol,
 )
 from edge_llm.server import access_log
 from edge_llm.server.context import ServerContext, context_of
-from edge_llm.server.http import tune_connection
+from edge_llm.server.http import presented_key, tune_connection
 from edge_llm.server.openai_routes import openai_job
 from edge_llm.upstream.translate import CHAT_PATH
 
 _log = logging.getLogger("edge_llm.server")
 
 SUBPROTOCOL = "edge-llm"
+WS = "ws"
 
 
 class _Connection:
@@ -53,6 +57,9 @@ class _Connection:
         self.protocol = StreamProtocol()
         self.answer: Answer | None = None
         self.pump_task: asyncio.Task[None] | None = None
+        # A resumable stream writing to this socket, and this socket as its sink.
+        self.detachable: Detachable[str] | None = None
+        self.sink: WsSink | None = None
         self.heard = asyncio.Event()  # set by every complete frame the client sends
         self.serving = True
 
@@ -127,7 +134,9 @@ class _Connection:
 
     async def _execute(self, command: Command) -> None:
         if isinstance(command, StartStream):
-            await self._start(command.request)
+            await self._start(command.request, command.resumable)
+        elif isinstance(command, ResumeDetached):
+            await self._take_up(command.stream_id, command.after)
         elif self.answer is None:
             return
         elif isinstance(command, PauseStream):
@@ -137,7 +146,7 @@ class _Connection:
         elif isinstance(command, CancelStream):
             self.answer.cancel("client")
 
-    async def _start(self, body: dict[str, Any]) -> None:
+    async def _start(self, body: dict[str, Any], resumable: bool) -> None:
         try:
             answer = await self.ctx.dispatcher.start(self._job(body))
         except EdgeLLMError as exc:
@@ -145,8 +154,52 @@ class _Connection:
             access_log.refused(self.request, exc)
             return
         self.answer = answer
+        if resumable and self.ctx.resumable.enabled:
+            return await self._start_resumable(answer)
         self.protocol.on_started(answer.id)
         self.pump_task = asyncio.create_task(self._pump(answer))
+
+    async def _start_resumable(self, answer: Answer) -> None:
+        """The stream's frames come from an encoder of its own, numbered, through the
+        stream (``generation/resumable.py``): it outlives this socket."""
+        book = self.ctx.resumable
+        stream = book.open(answer, presented_key(self.request), book.new_text_log(), WS)
+        encoder = StreamProtocol()
+        encoder.on_started(answer.id, stream.id)
+        self.detachable = stream
+        self.sink = WsSink(self)
+        await stream.attach(self.sink, 0, resume=False)
+        stream.start(self._produce(answer, stream, encoder))
+
+    async def _produce(
+        self, answer: Answer, stream: Detachable[str], encoder: StreamProtocol
+    ) -> None:
+        await _send_numbered(stream, encoder)
+        with access_log.answering(self.request, answer):
+            async for event in answer.events(openai.new_call_id):
+                _report(encoder, answer, event)
+                await _send_numbered(stream, encoder)
+
+    async def _take_up(self, stream_id: str, after: int) -> None:
+        """``resume`` with a stream id: the frames after ``after``, then the stream live."""
+        try:
+            stream = self.ctx.resumable.find(stream_id, presented_key(self.request), WS)
+            self.protocol.on_taken_up(stream.answer.id)
+            self.answer, self.detachable, self.sink = stream.answer, stream, WsSink(self)
+            await stream.attach(self.sink, after)
+        except EdgeLLMError as exc:
+            self.clear_stream()
+            self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
+        except ConnectionError:
+            self.clear_stream()  # this socket closed while the frames were replayed
+
+    def stream_ended(self) -> None:
+        """The resumable stream writing here sent its last frame."""
+        self.clear_stream()
+        self.protocol.on_ended_elsewhere()
+
+    def clear_stream(self) -> None:
+        self.answer, self.detachable, self.sink = None, None, None
 
     def _job(self, body: dict[str, Any]) -> GenerationJob:
         req = openai.parse_request(openai.ChatCompletionRequest, body)
@@ -166,28 +219,9 @@ class _Connection:
     async def _pump(self, answer: Answer) -> None:
         with answer, access_log.answering(self.request, answer):
             async for event in answer.events(openai.new_call_id):
-                self._report(answer, event)
+                if _report(self.protocol, answer, event):
+                    self.answer = None
                 await self._flush()
-
-    def _report(self, answer: Answer, event: AnswerEvent) -> None:
-        protocol = self.protocol
-        if isinstance(event, Produced):
-            if event.text:  # text only: the request offered no tools
-                protocol.on_delta(event.text, event.n_tokens, event.seq)
-        elif isinstance(event, Heartbeat):
-            protocol.on_heartbeat(event)
-        elif isinstance(event, PauseChanged):
-            if event.cause is None:
-                protocol.on_resumed()
-            else:
-                protocol.on_paused(event.cause)
-        elif isinstance(event, Ended):
-            self.answer = None
-            protocol.on_done(event.finish_reason, answer.usage(), answer.stats())
-        else:
-            self.answer = None
-            error = event.error
-            protocol.on_failed(error.code, error.message, **_details(error))
 
     async def _flush(self) -> None:
         for frame in self.protocol.frames_to_send():
@@ -196,11 +230,73 @@ class _Connection:
             await self.ws.send_json(frame)
 
     def _abandon(self) -> None:
-        """The socket closed: cancel the stream (reason: disconnect)."""
+        """The socket closed: cancel the stream (reason: disconnect), or detach a
+        resumable one."""
+        if self.detachable is not None and self.sink is not None:
+            self.detachable.lost(self.sink)
+            return
         if self.answer is not None:
             self.answer.close()
         if self.pump_task is not None:
             self.pump_task.cancel()
+
+
+class WsSink:
+    """A WebSocket a resumable stream writes its numbered frames to."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self.connection = connection
+
+    async def write(self, frames: list[str]) -> None:
+        ws = self.connection.ws
+        for frame in frames:
+            if ws.closed:
+                raise ConnectionResetError("the WebSocket is closed")
+            await ws.send_str(frame)
+
+    async def open(self) -> None:
+        """Nothing to start: the socket is open."""
+
+    async def end(self) -> None:
+        if self.connection.sink is self:
+            self.connection.stream_ended()
+
+    def gone(self) -> None:
+        if self.connection.sink is self:
+            self.connection.clear_stream()
+
+    def refuse(self, error: EdgeLLMError) -> bool:
+        return False  # the error goes as the stream's own frame
+
+
+async def _send_numbered(stream: Detachable[str], encoder: StreamProtocol) -> None:
+    """The encoder's frames, each with its number ``n``, through the stream."""
+    first = stream.log.last_n + 1
+    frames = [{**frame, "n": first + i} for i, frame in enumerate(encoder.frames_to_send())]
+    if frames:
+        await stream.send([json.dumps(frame, ensure_ascii=False) for frame in frames])
+
+
+def _report(protocol: StreamProtocol, answer: Answer, event: AnswerEvent) -> bool:
+    """``event`` as ``protocol``'s frames; True when it ends the stream."""
+    if isinstance(event, Produced):
+        if event.text:  # text only: the request offered no tools
+            protocol.on_delta(event.text, event.n_tokens, event.seq)
+    elif isinstance(event, Heartbeat):
+        protocol.on_heartbeat(event)
+    elif isinstance(event, PauseChanged):
+        if event.cause is None:
+            protocol.on_resumed()
+        else:
+            protocol.on_paused(event.cause)
+    elif isinstance(event, Ended):
+        protocol.on_done(event.finish_reason, answer.usage(), answer.stats())
+        return True
+    else:
+        error = event.error
+        protocol.on_failed(error.code, error.message, **_details(error))
+        return True
+    return False
 
 
 def _details(error: EdgeLLMError) -> dict[str, Any]:

@@ -11,9 +11,10 @@ ENGINE = "engine"
 UPSTREAM = "upstream"
 CLIENT = "client"
 TRANSPORT = "transport"
+NETWORK = "network"  # a resumable stream's connection dropped (the server detached it)
 UNKNOWN = "unknown"
 OK = "ok"
-VERDICT_PRIORITY = (ENGINE, UPSTREAM, TRANSPORT, CLIENT, UNKNOWN)
+VERDICT_PRIORITY = (ENGINE, UPSTREAM, TRANSPORT, NETWORK, CLIENT, UNKNOWN)
 VERDICTS = (*VERDICT_PRIORITY, OK)
 
 

@@ -24,6 +24,7 @@ from edge_llm.observability.blame.lines import (
 from edge_llm.observability.blame.model import (
     CLIENT,
     ENGINE,
+    NETWORK,
     TRANSPORT,
     UNKNOWN,
     UPSTREAM,
@@ -378,6 +379,8 @@ def dropped_connection(t: Timeline, th: Thresholds) -> list[Finding]:
     )
     if disconnect is not None and _cancel_requested_before(t, ts_of(disconnect), th):
         return []
+    if named(t.engine, Event.DETACHED):
+        return []  # a resumable stream's drop: network_drop tells it
     error = next(
         (e for e in named(t.client, Event.ERROR) if e.get("code") in TRANSPORT_ERROR_CODES), None
     )
@@ -408,6 +411,29 @@ def _drop_finding(t: Timeline, disconnect: LogLine | None, error: LogLine | None
         f"the connection dropped with nobody asking for it ({what}; engine {seen})",
         evidence,
     )
+
+
+def network_drop(t: Timeline, th: Thresholds) -> list[Finding]:
+    """Network: a resumable stream's connection dropped and the server detached it
+    (nobody asked for it); resumed, nothing was lost, else it timed out."""
+    drops = named(t.engine, Event.DETACHED)
+    if not drops:
+        return []
+    resumes = [e for e in named(t.engine, Event.RESUMED) if e.get("cause") == "disconnected"]
+    timeout = first_of(t.engine, Event.RESUME_TIMEOUT)
+    replayed = sum(int_of(e, "replayed") or 0 for e in resumes)
+    outcome = f"resumed {len(resumes)} times, {replayed} events replayed"
+    if timeout is not None:
+        outcome += "; not resumed within the grace at last: cancelled (resume_timeout)"
+    evidence = tuple(e for e in (drops[0], first_of(resumes, Event.RESUMED), timeout) if e)
+    return [
+        Finding(
+            NETWORK,
+            "network_drop",
+            f"the network dropped the connection {len(drops)} times ({outcome})",
+            evidence,
+        )
+    ]
 
 
 def _unattributed_drop(why: str, evidence: tuple[LogLine, ...]) -> Finding:
@@ -477,6 +503,7 @@ RULES: tuple[Rule, ...] = (
     socket_full_cause,
     late_first_token,
     dropped_connection,
+    network_drop,
     upstream_failed,
     slow_upstream,
 )
