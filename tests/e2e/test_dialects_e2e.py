@@ -1,7 +1,8 @@
 """The request dialects of vLLM, SGLang and llama-server against the real model
 (issue 43): each implemented field does what it says, and the bodies guidellm and
-SGLang Model Gateway send are answered. guidellm itself is not installed (it pulls
-torch, some 6 GB): its request bodies are sent as it sends them (NOTES.md)."""
+SGLang Model Gateway send are answered. guidellm itself needs torch and runs from a
+virtualenv of its own in benchmarks/guidellm_scenarios.py; here its request bodies
+are sent as it sends them (NOTES.md)."""
 
 from __future__ import annotations
 
