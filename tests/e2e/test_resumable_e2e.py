@@ -4,12 +4,8 @@ the connection at random points many times in one answer."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import random
-import socket
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from drop_proxy import DropProxy
 from e2e.support import STORY, chat_body, logged_since, logged_through, wait_until
 from edge_llm.protocol.sse import SSEEvent, SSEParser, parse_event_id
 
@@ -229,75 +226,6 @@ async def test_not_resumed_within_the_grace_frees_its_kv(tmp_path: Any) -> None:
 
 
 # -- the drop proxy -------------------------------------------------------------------------
-
-
-class DropProxy:
-    """A TCP proxy on 127.0.0.1 that resets each connection (RST both ways) once the
-    server has sent a random number of bytes through it (past the response head)."""
-
-    def __init__(self, target_port: int, seed: int, cut: tuple[int, int]) -> None:
-        self.target_port = target_port
-        self.random = random.Random(seed)
-        self.cut = cut
-        self.resets = 0
-        self.server: asyncio.Server | None = None
-        self.tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> str:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        port = self.server.sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
-
-    async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-        for task in list(self.tasks):
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*self.tasks, return_exceptions=True)
-
-    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
-        up = asyncio.create_task(_pipe(client_r, server_w))
-        self.tasks.add(up)
-        try:
-            await self._down(server_r, client_w, self.random.randrange(*self.cut))
-        except ConnectionError:
-            pass
-        finally:
-            up.cancel()
-            self.tasks.discard(up)
-            _reset(client_w, server_w)
-
-    async def _down(
-        self, server_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, budget: int
-    ) -> None:
-        """Pass the server's bytes on until ``budget`` of them went through."""
-        while data := await server_r.read(4096):
-            client_w.write(data[:budget])
-            await client_w.drain()
-            if len(data) >= budget:
-                self.resets += 1
-                return
-            budget -= len(data)
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(ConnectionError):
-        while data := await reader.read(4096):
-            writer.write(data)
-            await writer.drain()
-
-
-def _reset(*writers: asyncio.StreamWriter) -> None:
-    for writer in writers:
-        if writer.transport.is_closing():
-            continue
-        sock = writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        writer.transport.abort()
 
 
 async def test_many_forced_drops_lose_and_repeat_nothing(engine: EngineProcess) -> None:

@@ -158,7 +158,7 @@ async def test_request_body_is_openai_streaming_shape(serve: Serve) -> None:
             "model": "m",
             "messages": MESSAGES,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": {"include_usage": True, "resumable": True},
             "max_tokens": 9,
             "temperature": 0.5,
         }

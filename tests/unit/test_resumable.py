@@ -12,6 +12,8 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
+from drop_proxy import DropProxy
+from edge_llm.client import ClientConfig, StreamClient
 from edge_llm.engine.sequence import PauseCause
 from edge_llm.errors import ResumeGap
 from edge_llm.generation.resumable import ReplayLog
@@ -240,3 +242,51 @@ async def test_websocket_stream_resumes_on_a_new_socket(served: Served) -> None:
         await ws.send_json({"type": "start", "request": {**body, "max_tokens": 3}})
         plain = await _frames_until(ws, "done")
         assert all("n" not in f for f in plain)
+
+
+async def test_the_sdk_resumes_by_itself_through_drops(served: Served) -> None:
+    """Through a proxy that resets every connection after 700 to 1,500 bytes (an event
+    is some 300), the SDK's stream renders the whole answer once: no chunk twice, none
+    lost, one attempt."""
+    client, _, recorder = await served()
+    proxy = DropProxy(client.server.port or 0, seed=7, cut=(700, 1500))
+    url = await proxy.start()
+    config = ClientConfig(base_url=url + "/v1", api_key="", resume_attempts=20)
+    events = Recorder()
+    try:
+        async with StreamClient(config, event_log=events) as sdk:
+            async with sdk.stream(BODY["messages"], max_tokens=400, temperature=0) as stream:
+                rendered = [text async for text in stream]
+    finally:
+        await proxy.close()
+    assert proxy.resets >= 10
+    assert "".join(rendered) == ANSWER
+    assert stream.result.attempts == 1 and stream.result.finish_reason == "stop"
+    resumes = [line for line in events.of(Event.RETRY) if line["cause"] == "resume"]
+    assert len(resumes) >= proxy.resets - 1
+    assert len(recorder.of(Event.ADMITTED)) == 1  # never asked again from the start
+
+
+async def test_the_sdk_gives_up_after_its_resume_attempts(served: Served) -> None:
+    client, _, _ = await served()
+    proxy = DropProxy(client.server.port or 0, seed=7, cut=(300, 301))
+    url = await proxy.start()
+    config = ClientConfig(base_url=url + "/v1", api_key="", resume_attempts=0)
+    try:
+        async with StreamClient(config) as sdk:
+            async with sdk.stream(BODY["messages"], max_tokens=400) as stream:
+                with pytest.raises(Exception) as failed:
+                    _ = [text async for text in stream]
+    finally:
+        await proxy.close()
+    assert getattr(failed.value, "code", None) == "read_error"
+
+
+def test_an_upstream_is_not_sent_the_resumable_option() -> None:
+    from edge_llm.server.openai_routes import _relayable
+
+    body = {"messages": [], "stream_options": {"include_usage": True, "resumable": True}}
+    assert _relayable(body)["stream_options"] == {"include_usage": True}
+    assert body["stream_options"]["resumable"] is True  # the request itself untouched
+    plain = {"messages": []}
+    assert _relayable(plain) is plain

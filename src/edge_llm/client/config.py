@@ -127,6 +127,14 @@ class ClientConfig(_Strict):
     max_tokens: int | None = Field(None, ge=1, description="max_tokens sent (None: server's)")
     temperature: float | None = Field(None, ge=0.0, description="temperature sent")
     trust_env: bool = Field(False, description="Honour HTTP(S)_PROXY environment variables")
+    resumable: bool = Field(
+        True,
+        description="SSE: ask for a resumable stream and resume it after a dropped connection "
+        "(a server that refuses the option is asked again without it)",
+    )
+    resume_attempts: int = Field(
+        5, ge=0, le=100, description="Resumes in a row without an event before giving up"
+    )
 
     @field_validator("base_url")
     @classmethod

@@ -11,19 +11,30 @@ A stream that asked for progress (``return_progress``) gets progress chunks (no
 choices, a ``progress`` object) from edge-llm while no token flows: each is a
 :class:`~edge_llm.client.result.Heartbeat`. A server that refuses the field as
 unknown (a 400 naming it, as OpenAI's API does) is asked again without it.
+
+A resumable stream (``stream_options.resumable``, on by default: ``resumable`` in the
+configuration) carries ``X-Stream-Id`` and an id on every event. When its connection
+drops (a read error, the body ending before ``[DONE]``, a dead connection), the
+transport resumes it: ``GET {base}/streams/{id}`` with ``Last-Event-ID``, at once,
+then with the retry backoff, up to ``resume_attempts`` tries in a row without an event. An event
+whose number it already took is skipped, so no text is rendered twice or lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import aiohttp
 
 from edge_llm.client.attempt import LOGGER_NAME, Attempt
 from edge_llm.client.connection import read_bounded, status_error, transport_error
 from edge_llm.client.errors import (
+    ClientError,
+    DeadConnectionError,
     HTTPStatusError,
     NotStreamingError,
     ReadError,
@@ -34,9 +45,13 @@ from edge_llm.client.result import Heartbeat
 from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
 from edge_llm.client.stream_request import StreamRequest
 from edge_llm.observability.events import Event
+from edge_llm.protocol.sse import parse_event_id
 
 EVENT_STREAM = "text/event-stream"
 PROGRESS_FIELD = "return_progress"
+RESUMABLE_FIELD = "resumable"
+STREAM_ID_HEADER = "X-Stream-Id"
+CHAT_PATH = "/chat/completions"
 NOT_STREAMING_PREVIEW_BYTES = 4096
 
 
@@ -67,21 +82,36 @@ class SSETransport:
 
     name = "sse"
 
-    def __init__(self, request: StreamRequest) -> None:
+    def __init__(
+        self,
+        request: StreamRequest,
+        *,
+        resume_attempts: int = 0,
+        backoff: Callable[[int], float] = lambda tries: 0.0,
+    ) -> None:
+        """``resume_attempts``: resumes in a row without an event (0: never resume);
+        ``backoff(tries)``: seconds to wait before the try numbered ``tries``."""
         self._request = request
+        self._resume_attempts = resume_attempts
+        self._backoff = backoff
+        self._response: aiohttp.ClientResponse | None = None
+        self._stream_id: str | None = None
+        self._last_n = 0  # the number of the last event taken (resumable streams)
 
     async def run(self, attempt: Attempt) -> None:
         """Make one request and stream it to completion ([DONE] or a finish_reason
-        and end of body). Raises a :class:`~edge_llm.client.errors.ClientError`."""
+        and end of body), resuming it after a drop when it is resumable. Raises a
+        :class:`~edge_llm.client.errors.ClientError`."""
         attempt.log.emit(
             Event.REQUEST_SENT, transport=self.name, attempt=attempt.number, url=self._request.url
         )
-        response = None
+        self._stream_id, self._last_n = None, 0
         try:
-            response = await attempt.read(self._post)
-            response = await self._checked(response, attempt)
+            self._response = await attempt.read(self._post)
+            self._response = await self._checked(self._response, attempt)
+            self._stream_id = self._response.headers.get(STREAM_ID_HEADER)
             attempt.flow = ReadPause(attempt, self._request.queue)
-            await self._read_events(response, attempt)
+            await self._read_resuming(attempt)
         except TtftTimeoutError:
             attempt.cancelled("ttft_timeout", method="close")
             raise
@@ -92,8 +122,51 @@ class SSETransport:
             raise transport_error(exc, url=self._request.url) from exc
         finally:
             attempt.flow = None
-            if response is not None:
-                response.close()
+            if self._response is not None:
+                self._response.close()
+
+    async def _read_resuming(self, attempt: Attempt) -> None:
+        """Read the stream; after a drop, resume it (if it is resumable) until it ends
+        or ``resume_attempts`` tries in a row bring no event."""
+        tries, taken = 0, self._last_n
+        while True:
+            try:
+                if tries:
+                    self._response = await self._resume(attempt, tries)
+                await self._read_events(self._require_response(), attempt)
+                return
+            except (aiohttp.ClientError, OSError, ReadError, DeadConnectionError) as exc:
+                tries = 1 if self._last_n > taken else tries + 1
+                taken = self._last_n
+                if self._stream_id is None or tries > self._resume_attempts:
+                    if isinstance(exc, ClientError):
+                        raise
+                    raise transport_error(exc, url=self._request.url) from exc
+
+    async def _resume(self, attempt: Attempt, tries: int) -> aiohttp.ClientResponse:
+        """Wait the backoff, then ask for the events after the last one taken."""
+        if self._response is not None:
+            self._response.close()
+        delay = self._backoff(tries)
+        attempt.log.emit(
+            Event.RETRY, attempt=attempt.number, backoff_ms=round(delay * 1000, 1),
+            cause="resume", stream_id=self._stream_id, last_event=self._last_n,
+        )  # fmt: skip
+        await asyncio.sleep(delay)
+        response = await attempt.read(self._get_resumed)
+        await self._check(response, attempt)
+        return response
+
+    async def _get_resumed(self) -> aiohttp.ClientResponse:
+        url = self._request.url
+        base = url[: url.rfind(CHAT_PATH)] if CHAT_PATH in url else url.rsplit("/", 1)[0]
+        headers = {**self._request.headers, "Last-Event-ID": f"{self._stream_id}.{self._last_n}"}
+        return await self._request.session.get(f"{base}/streams/{self._stream_id}", headers=headers)
+
+    def _require_response(self) -> aiohttp.ClientResponse:
+        if self._response is None:
+            raise RuntimeError("no response to read")
+        return self._response
 
     async def _post(self) -> aiohttp.ClientResponse:
         return await self._request.session.post(
@@ -103,21 +176,23 @@ class SSETransport:
     async def _checked(
         self, response: aiohttp.ClientResponse, attempt: Attempt
     ) -> aiohttp.ClientResponse:
-        """The response once it is a 200 event stream; a refusal of the progress
-        field makes the request again without it (once)."""
-        try:
-            await self._check(response, attempt)
-        except HTTPStatusError as exc:
-            if not _refuses_progress(exc, self._request.body):
-                raise
-            response.close()
-            body = {k: v for k, v in self._request.body.items() if k != PROGRESS_FIELD}
-            self._request = replace(self._request, body=body)
-            logging.getLogger(LOGGER_NAME).info(
-                "%s refuses %s: asked again without", exc, PROGRESS_FIELD
-            )
-            response = await attempt.read(self._post)
-            await self._check(response, attempt)
+        """The response once it is a 200 event stream; a refusal of the progress or
+        the resumable field makes the request again without it (once each)."""
+        for _ in range(3):
+            try:
+                await self._check(response, attempt)
+                return response
+            except HTTPStatusError as exc:
+                refused = _refused_field(exc, self._request.body)
+                if refused is None:
+                    raise
+                response.close()
+                self._request = replace(self._request, body=_without(self._request.body, refused))
+                logging.getLogger(LOGGER_NAME).info(
+                    "%s refuses %s: asked again without", exc, refused
+                )
+                response = await attempt.read(self._post)
+        await self._check(response, attempt)
         return response
 
     async def _check(self, response: aiohttp.ClientResponse, attempt: Attempt) -> None:
@@ -155,6 +230,11 @@ class SSETransport:
 
     async def _on_event(self, event: SSEEvent, attempt: Attempt) -> bool:
         """Handle one event; True when the stream is complete ([DONE])."""
+        if self._stream_id is not None and event.id is not None:
+            number = parse_event_id(event.id)
+            if number is not None and number[1] <= self._last_n:
+                return False  # taken before the drop: a replay never renders twice
+            self._last_n = number[1] if number is not None else self._last_n
         attempt.on_data()
         chunk = parse_chunk(event)
         if chunk is None:
@@ -169,7 +249,21 @@ class SSETransport:
         return False
 
 
-def _refuses_progress(error: HTTPStatusError, body: dict[str, object]) -> bool:
-    """A 400 that names the progress field the request carried (an unknown field)."""
-    named = error.error.get("param") == PROGRESS_FIELD or PROGRESS_FIELD in str(error)
-    return error.status == 400 and PROGRESS_FIELD in body and named
+def _refused_field(error: HTTPStatusError, body: dict[str, Any]) -> str | None:
+    """The field of ours a 400 names (an unknown field the request carried): the
+    progress field or the resumable stream option; None when it is neither."""
+    if error.status != 400:
+        return None
+    options = body.get("stream_options")
+    carried = [PROGRESS_FIELD] if PROGRESS_FIELD in body else []
+    if isinstance(options, dict) and RESUMABLE_FIELD in options:
+        carried.append(RESUMABLE_FIELD)
+    param = str(error.error.get("param") or "")
+    return next((f for f in carried if param.endswith(f) or f in str(error)), None)
+
+
+def _without(body: dict[str, Any], field: str) -> dict[str, Any]:
+    if field == PROGRESS_FIELD:
+        return {k: v for k, v in body.items() if k != field}
+    options = {k: v for k, v in body["stream_options"].items() if k != field}
+    return {**body, "stream_options": options}

@@ -145,7 +145,15 @@ class StreamClient:
     ) -> Transport:
         url = self.config.ws_url if name == "ws" else self.config.chat_url
         request = StreamRequest(self._get_session(), url, body, headers, queue)
-        return WSTransport(request) if name == "ws" else SSETransport(request)
+        if name == "ws":
+            return WSTransport(request)
+        resumes = self.config.resume_attempts if self.config.resumable else 0
+        return SSETransport(request, resume_attempts=resumes, backoff=self._resume_backoff)
+
+    def _resume_backoff(self, tries: int) -> float:
+        """Seconds before resume try ``tries``: the first at once (a drop is over when
+        the new connection is up), then the retry backoff."""
+        return 0.0 if tries <= 1 else self._policy.backoff_ms(tries - 1) / 1000
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -164,6 +172,8 @@ class StreamClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if self.config.resumable:
+            body["stream_options"]["resumable"] = True
         if self.config.model_id is not None:  # else the server's default model answers
             body["model"] = self.config.model_id
         max_tokens = max_tokens or self.config.max_tokens

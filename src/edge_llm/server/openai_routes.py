@@ -30,7 +30,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     job = openai_job(
         request,
         req,
-        Relay(request.path, body),
+        Relay(request.path, _relayable(body)),
         lambda: ChatPrompt(req.chat_messages(), req.tool_setup(), req.prefill),
     )
     return await _respond(request, req, job)
@@ -40,8 +40,19 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if (resumed := await resume_posted(request)) is not None:
         return resumed
     body, req = await _parsed(request, openai.CompletionRequest)
-    job = openai_job(request, req, Relay(request.path, body), lambda: TextPrompt(req.prompt_text()))
+    relay = Relay(request.path, _relayable(body))
+    job = openai_job(request, req, relay, lambda: TextPrompt(req.prompt_text()))
     return await _respond(request, req, job)
+
+
+def _relayable(body: dict[str, Any]) -> dict[str, Any]:
+    """The body an upstream gets: without ``stream_options.resumable``, this server's
+    own option (it resumes the stream it relays itself; an upstream may refuse it)."""
+    options = body.get("stream_options")
+    if not isinstance(options, dict) or "resumable" not in options:
+        return body
+    kept = {k: v for k, v in options.items() if k != "resumable"}
+    return {**body, "stream_options": kept}
 
 
 async def _parsed(request: web.Request, kind: type[_R]) -> tuple[dict[str, Any], _R]:
