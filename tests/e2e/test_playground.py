@@ -172,6 +172,25 @@ def test_pause_stops_tokens_and_resume_completes_the_same_text(
     expect(role(pane, "stats")).to_contain_text("pauses 1")
 
 
+def test_drop_the_connection_detaches_and_the_stream_comes_back(
+    page: Page, engine_server: EngineProcess
+) -> None:
+    open_playground(page, engine_server)
+    pane = pane_of(page, 0)
+    send(pane, STORY, max_tokens=160)
+    wait_received(page, 0, 2)
+    stream_id = stream_id_of(pane)
+    role(pane, "drop").click()
+    expect(pane).to_have_attribute("data-drops", "1")
+    expect(pane).to_have_attribute("data-complete", "true")
+    expect(role(pane, "output")).to_have_text(uninterrupted_answer(engine_server, STORY, 160))
+    expect(role(pane, "log")).to_contain_text("connection dropped: the stream is detached")
+    expect(role(pane, "log")).to_contain_text("paused (disconnected)")
+    assert engine_server.events_of("detached", stream_id)
+    resumed = engine_server.events_of("resumed", stream_id)
+    assert [line["cause"] for line in resumed] == ["disconnected"]
+
+
 def test_cancel_frees_the_streams_kv(page: Page, engine_server: EngineProcess) -> None:
     open_playground(page, engine_server)
     pane = pane_of(page, 0)

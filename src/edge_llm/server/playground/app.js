@@ -9,6 +9,7 @@ const LOW_WATERMARK = 0.3; // render_queue_low_watermark: send RESUME
 const STREAMS_POLL_MS = 500;
 const METRICS_POLL_MS = 1000;
 const MAX_LOG_LINES = 200;
+const RESUME_AFTER_MS = 1000; // "Drop the connection": how long the stream shows detached
 const KEY_STORAGE = "edge-llm-playground-key";
 // Error frames about one bad client frame; the stream itself goes on.
 const PROTOCOL_ERRORS = new Set([
@@ -169,6 +170,8 @@ class Run {
     this.startedAt = performance.now();
     this.firstTokenMs = null;
     this.maxQueue = 0;
+    this.streamId = null; // the resumable stream's id (started frame)
+    this.lastN = 0; // the number of the last frame taken: a resume asks for what follows
   }
 }
 
@@ -189,6 +192,7 @@ class Pane {
     this.el.pause.addEventListener("click", () => this.setPaused("user", true));
     this.el.resume.addEventListener("click", () => this.setPaused("user", false));
     this.el.cancel.addEventListener("click", () => this.sendFrame({ type: "cancel" }));
+    this.el.drop.addEventListener("click", () => this.dropConnection());
     this.el["render-speed"].addEventListener("change", () => this.scheduleRender());
     this.el.close.addEventListener("click", () => this.close());
     this.el.prompt.addEventListener("keydown", (event) => {
@@ -250,19 +254,63 @@ class Pane {
       this.fail("cannot open socket: " + error.message);
       return;
     }
+    // Resumable: a dropped socket detaches the stream, and a new one takes it up.
+    this.listen(run, ws, { type: "start", request, resumable: true }, "> start");
+    this.scheduleRender();
+  }
+
+  listen(run, ws, opening, note) {
     run.ws = ws;
     ws.addEventListener("open", () => {
-      this.log(run, "> start");
-      ws.send(JSON.stringify({ type: "start", request }));
+      this.log(run, note);
+      ws.send(JSON.stringify(opening));
     });
-    ws.addEventListener("message", (event) => this.onFrame(run, JSON.parse(event.data)));
+    ws.addEventListener("message", (event) => this.onNumbered(run, JSON.parse(event.data)));
     ws.addEventListener("close", (event) => {
-      if (!run.finished && run === this.run) {
+      if (!run.finished && run === this.run && run.ws === ws) {
         const why = event.code === 1006 ? " (refused: API key or origin?)" : "";
         this.fail("socket closed " + event.code + why);
       }
     });
-    this.scheduleRender();
+  }
+
+  onNumbered(run, frame) {
+    // A resumed stream's frames carry n: one taken before the drop is not shown twice.
+    if (typeof frame.n === "number") {
+      if (frame.n <= run.lastN) return;
+      run.lastN = frame.n;
+    }
+    this.onFrame(run, frame);
+  }
+
+  dropConnection() {
+    // What a network drop does: the socket goes without a word. The engine pauses
+    // the stream (cause disconnected, KV kept); a moment later a new socket resumes
+    // it with the number of the last frame taken, and the text goes on.
+    const run = this.run;
+    if (!run || run.finished || !run.streamId || !run.ws) return;
+    const old = run.ws;
+    run.ws = null;
+    old.close();
+    this.root.dataset.drops = String(parseInt(this.root.dataset.drops || "0", 10) + 1);
+    this.log(run, "connection dropped: the stream is detached");
+    this.setState("detached");
+    this.updateControls();
+    setTimeout(() => this.reattach(run), RESUME_AFTER_MS);
+  }
+
+  reattach(run) {
+    if (run !== this.run || run.finished) return;
+    let ws;
+    try {
+      ws = new WebSocket(socketUrl(), auth.subprotocols());
+    } catch (error) {
+      this.fail("cannot open socket: " + error.message);
+      return;
+    }
+    const resume = { type: "resume", stream_id: run.streamId, last_event_id: run.lastN };
+    this.listen(run, ws, resume, "> resume after frame " + run.lastN);
+    ws.addEventListener("open", () => this.updateControls());
   }
 
   onFrame(run, frame) {
@@ -279,6 +327,8 @@ class Pane {
     switch (frame.type) {
       case "started":
         run.id = frame.id;
+        run.streamId = frame.stream_id || null;
+        this.updateControls();
         this.root.dataset.streamId = frame.id;
         this.log(run, "started " + frame.id);
         this.setState("queued");
@@ -456,6 +506,7 @@ class Pane {
     this.el.pause.disabled = !live || (run && run.pausedBy.has("user"));
     this.el.resume.disabled = !live || !(run && run.pausedBy.has("user"));
     this.el.cancel.disabled = !live;
+    this.el.drop.disabled = !live || !run.streamId || !run.ws;
     this.el.regenerate.disabled = !this.lastRequest;
   }
 
