@@ -247,19 +247,21 @@ class Pane {
     this.run = run;
     this.root.dataset.streamId = "";
     this.setState("connecting");
+    // Resumable: a dropped socket detaches the stream, and a new one takes it up.
+    if (this.connect(run, { type: "start", request, resumable: true }, "> start")) {
+      this.scheduleRender();
+    }
+  }
+
+  connect(run, opening, note) {
+    // A new socket for the run that sends `opening` once open; false if none opens.
     let ws;
     try {
       ws = new WebSocket(socketUrl(), auth.subprotocols());
     } catch (error) {
       this.fail("cannot open socket: " + error.message);
-      return;
+      return false;
     }
-    // Resumable: a dropped socket detaches the stream, and a new one takes it up.
-    this.listen(run, ws, { type: "start", request, resumable: true }, "> start");
-    this.scheduleRender();
-  }
-
-  listen(run, ws, opening, note) {
     run.ws = ws;
     ws.addEventListener("open", () => {
       this.log(run, note);
@@ -272,6 +274,7 @@ class Pane {
         this.fail("socket closed " + event.code + why);
       }
     });
+    return true;
   }
 
   onNumbered(run, frame) {
@@ -301,16 +304,10 @@ class Pane {
 
   reattach(run) {
     if (run !== this.run || run.finished) return;
-    let ws;
-    try {
-      ws = new WebSocket(socketUrl(), auth.subprotocols());
-    } catch (error) {
-      this.fail("cannot open socket: " + error.message);
-      return;
-    }
     const resume = { type: "resume", stream_id: run.streamId, last_event_id: run.lastN };
-    this.listen(run, ws, resume, "> resume after frame " + run.lastN);
-    ws.addEventListener("open", () => this.updateControls());
+    if (this.connect(run, resume, "> resume after frame " + run.lastN)) {
+      run.ws.addEventListener("open", () => this.updateControls());
+    }
   }
 
   onFrame(run, frame) {
