@@ -32,6 +32,8 @@ BODY = {
     "stream_options": {"resumable": True},
 }
 
+MESSAGES_BODY = {"model": "fake", "max_tokens": 400, "stream": True, "messages": BODY["messages"]}
+
 Served = Callable[..., Any]
 
 
@@ -290,3 +292,37 @@ def test_an_upstream_is_not_sent_the_resumable_option() -> None:
     assert body["stream_options"]["resumable"] is True  # the request itself untouched
     plain = {"messages": []}
     assert _relayable(plain) is plain
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "text_of"),
+    [
+        (
+            "/v1/messages",
+            {**MESSAGES_BODY, "resumable": True},
+            lambda d: (d.get("delta") or {}).get("text") or "",
+        ),
+        (
+            "/v1/responses",
+            {"input": "Tell me", "stream": True, "stream_options": {"resumable": True}},
+            lambda d: d.get("delta") or "" if d.get("type") == "response.output_text.delta" else "",
+        ),
+    ],
+)
+async def test_messages_and_responses_resume_too(
+    served: Served, path: str, body: dict[str, Any], text_of: Callable[[dict[str, Any]], str]
+) -> None:
+    client, _, recorder = await served()
+    response = await client.post(path, json=body)
+    stream_id = response.headers["X-Stream-Id"]
+    reader = Reader(response)
+    first = [await reader.next() for _ in range(8)]
+    response.close()
+    await recorder.wait_for(Event.DETACHED)
+    resumed = await client.get(f"/v1/streams/{stream_id}", headers={"Last-Event-ID": first[-1].id})
+    rest = await Reader(resumed).all()
+    events = first + rest
+    assert [parse_event_id(e.id) for e in events] == [
+        (stream_id, n) for n in range(1, len(events) + 1)
+    ]
+    assert "".join(text_of(json.loads(e.data)) for e in events) == ANSWER
