@@ -14,14 +14,14 @@ from aiohttp.test_utils import TestClient
 
 from drop_proxy import DropProxy
 from edge_llm.client import ClientConfig, StreamClient
-from edge_llm.engine.sequence import PauseCause
+from edge_llm.engine.sequence import GenerationRequest, PauseCause
 from edge_llm.errors import ResumeGap
 from edge_llm.generation.resumable import ReplayLog
 from edge_llm.observability.events import Event
 from edge_llm.protocol.sse import SSEParser, parse_event_id
 
 from conftest import app_engine
-from fakes import FakeBackend, text_script
+from fakes import FakeBackend, drain, text_script
 from helpers import Recorder
 
 ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the warm sun." * 2
@@ -326,3 +326,30 @@ async def test_messages_and_responses_resume_too(
         (stream_id, n) for n in range(1, len(events) + 1)
     ]
     assert "".join(text_of(json.loads(e.data)) for e in events) == ANSWER
+
+
+async def test_detached_streams_are_offloaded_for_waiting_ones_and_resume_token_exact(
+    engine_of,
+) -> None:
+    """The engine side alone: a detach is a pause (cause disconnected) that the usual
+    idle rules offload while others wait for KV, that max_pause does not end (the
+    grace bounds it), and whose resume continues token-exact."""
+    backend = FakeBackend(kv_capacity_tokens=100, max_sequences=4)
+    engine = engine_of(backend, offload_paused_after_s=0.0, max_pause_s=0.01)
+    detached = [engine.submit(GenerationRequest([1, 2, 3], max_tokens=40)) for _ in range(2)]
+    for handle in detached:
+        while handle.seq.n_generated < 3:
+            assert await handle.wait_changed(10.0), "engine made no progress"
+        engine.pause(handle, PauseCause.DISCONNECTED)
+    waiting = [engine.submit(GenerationRequest([1, 2, 3], max_tokens=40)) for _ in range(2)]
+    expected = "".join(f"t{t} " for t in range(10, 50))
+    for handle in waiting:
+        assert await drain(engine, handle) == expected
+    assert engine.metrics.kv_offloads._value.get() >= 1  # the waiting ones got their KV
+    assert all(h.seq.public_state() == "detached" for h in detached)
+    assert engine.streams.count_detached() == 2 and not any(h.finished for h in detached)
+    for handle in detached:
+        engine.resume(handle, PauseCause.DISCONNECTED, replayed=0)
+    for handle in detached:
+        assert await drain(engine, handle) == expected
+    assert engine.metrics.stream_resumes._value.get() == 2
