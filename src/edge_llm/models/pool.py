@@ -154,6 +154,11 @@ class Lease(Generic[M]):
 
 
 class ModelPool(Generic[M]):
+    """The served models: which are loaded, who holds a lease on each, and loading,
+    unloading and idle expiry within the weights budget and the one KV ledger. Longer
+    than most classes (about 320 lines) because a load, an unload for room and an
+    expiry all change the same slots and leases; what a model is lives elsewhere."""
+
     def __init__(
         self,
         specs: list[ModelSpec],
