@@ -50,7 +50,7 @@ def test_a_second_serve_on_a_taken_port_says_so_in_one_line() -> None:
 @pytest.fixture(scope="module")
 def smol_and_gemma(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     flags = ["--model-id", "smol", "--model", f"gemma={gemma_path()}",
-             "--max-kv-cache-mb", "32", "--ttft-timeout-ms", "60000"]  # fmt: skip
+             "--max-kv-cache-mb", "80", "--ttft-timeout-ms", "60000"]  # fmt: skip
     engine = start_engine(tmp_path_factory.mktemp("newcomer"), *flags, env=clean_env())
     yield engine
     engine.stop()
