@@ -4,6 +4,7 @@ period and the cap (the real model: tests/e2e/test_resumable_e2e.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -244,6 +245,33 @@ async def test_websocket_stream_resumes_on_a_new_socket(served: Served) -> None:
         await ws.send_json({"type": "start", "request": {**body, "max_tokens": 3}})
         plain = await _frames_until(ws, "done")
         assert all("n" not in f for f in plain)
+
+
+async def test_a_websocket_resume_after_the_last_frame_is_refused_not_left_silent(
+    served: Served,
+) -> None:
+    """An ended stream resumed after its last frame has nothing to replay; a WebSocket
+    has no end of its own to show that, so the resume gets resume_gap at once (it got
+    no frame at all before, and a client waited for one until its deadlines ran out)."""
+    client, _, _ = await served()
+    body = {k: v for k, v in BODY.items() if k not in ("stream", "stream_options")}
+    async with client.ws_connect("/v1/stream") as ws:
+        start = {"type": "start", "request": {**body, "max_tokens": 5}, "resumable": True}
+        await ws.send_json(start)
+        frames = await _frames_until(ws, "done")
+    stream_id, last = frames[0]["stream_id"], frames[-1]["n"]
+    async with client.ws_connect("/v1/stream") as ws:
+
+        async def resumed_after(n: int) -> dict[str, Any]:
+            await ws.send_json({"type": "resume", "stream_id": stream_id, "last_event_id": n})
+            frame: dict[str, Any] = await asyncio.wait_for(ws.receive_json(), 10.0)
+            return frame
+
+        assert await resumed_after(last - 1) == frames[-1]  # the end, once more
+        refused = await resumed_after(last)
+        assert (refused["type"], refused["code"]) == ("error", "resume_gap")
+        assert f"ended with event {last}" in refused["message"]
+        assert (await resumed_after(last + 1))["code"] == "resume_gap"  # never sent
 
 
 async def test_the_sdk_resumes_by_itself_through_drops(served: Served) -> None:

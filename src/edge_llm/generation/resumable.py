@@ -222,16 +222,23 @@ class Detachable(Generic[F]):
             return
         self.book.detach(self)
 
-    async def attach(self, sink: Sink[F], after: int, *, resume: bool = True) -> int:
+    async def attach(
+        self, sink: Sink[F], after: int, *, resume: bool = True, end_in_band: bool = False
+    ) -> int:
         """Make ``sink`` the stream's connection, first replaying the frames after
         frame ``after``; returns how many were replayed. A resume's response starts at
         once; the first connection's waits for its first frame (an error before it
-        is still a plain HTTP error). Raises StreamNotFound (gone), ResumeGap, or the
-        ConnectionError of a connection that dropped meanwhile."""
+        is still a plain HTTP error). ``end_in_band``: the connection cannot show an
+        end by itself (a WebSocket stays open; its stream ends with a frame), so a
+        resume of an ended stream after its last frame is refused: it would get no
+        frame at all, and wait for one forever. Raises StreamNotFound (gone),
+        ResumeGap, or the ConnectionError of a connection that dropped meanwhile."""
         async with self._attaching:
             if self.gone:
                 raise StreamNotFound(f"stream {self.id} has expired")
             frames = self.log.after(after)  # the gap is checked before taking over
+            if end_in_band and self.ended and not frames:
+                raise ResumeGap(f"stream {self.id} ended with event {after}: nothing follows it")
             if (old := self.sink) is not None:
                 self.sink = None  # its connection is dead, not noticed yet: taken over
                 old.gone()

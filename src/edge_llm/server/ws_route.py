@@ -186,7 +186,7 @@ class _Connection:
             stream = self.ctx.resumable.find(stream_id, presented_key(self.request), WS)
             self.protocol.on_taken_up(stream.answer.id)
             self.answer, self.detachable, self.sink = stream.answer, stream, WsSink(self)
-            await stream.attach(self.sink, after)
+            await stream.attach(self.sink, after, end_in_band=True)
         except EdgeLLMError as exc:
             self.clear_stream()
             self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
