@@ -12,20 +12,32 @@ import struct
 
 class DropProxy:
     """A TCP proxy on 127.0.0.1 that resets each connection (RST both ways) once the
-    server has sent a random number of bytes through it (past the response head)."""
+    server has sent a random number of bytes through it (past the response head).
+    ``silent``: the connection goes quiet there instead, open both ways and passing
+    nothing more (a phone that walked out of Wi-Fi), until the proxy closes."""
 
-    def __init__(self, target_port: int, seed: int, cut: tuple[int, int]) -> None:
+    def __init__(
+        self, target_port: int, seed: int, cut: tuple[int, int], *, silent: bool = False
+    ) -> None:
         self.target_port = target_port
         self.random = random.Random(seed)
         self.cut = cut
+        self.silent = silent
         self.resets = 0
         self.server: asyncio.Server | None = None
         self.tasks: set[asyncio.Task[None]] = set()
+        self.connections: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port = self.server.sockets[0].getsockname()[1]
         return f"http://127.0.0.1:{port}"
+
+    def reset_all(self) -> None:
+        """Reset every open connection now (a drop at a moment the test chooses)."""
+        for writers in list(self.connections):
+            _reset(*writers)
+            self.resets += 1
 
     async def close(self) -> None:
         if self.server is not None:
@@ -38,14 +50,21 @@ class DropProxy:
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
         up = asyncio.create_task(_pipe(client_r, server_w))
-        self.tasks.add(up)
+        serving = asyncio.current_task()
+        assert serving is not None
+        self.tasks |= {up, serving}
+        self.connections.add(writers := (client_w, server_w))
         try:
             await self._down(server_r, client_w, self.random.randrange(*self.cut))
+            if self.silent:
+                up.cancel()  # nothing passes either way; close() ends the wait
+                await asyncio.Event().wait()
         except ConnectionError:
             pass
         finally:
             up.cancel()
-            self.tasks.discard(up)
+            self.tasks -= {up, serving}
+            self.connections.discard(writers)
             _reset(client_w, server_w)
 
     async def _down(

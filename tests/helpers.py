@@ -89,6 +89,18 @@ class Recorder:
             waiter = self._waiters.setdefault(event, asyncio.Event())
             await asyncio.wait_for(waiter.wait(), timeout)
 
+    async def wait_for_count(self, event: str, count: int, timeout: float = 30.0) -> None:
+        """Return once ``event`` has been logged ``count`` times."""
+
+        async def counted() -> None:
+            while len(self.of(event)) < count:
+                waiter = self._waiters.get(event)
+                if waiter is None or waiter.is_set():
+                    waiter = self._waiters[event] = asyncio.Event()
+                await waiter.wait()
+
+        await asyncio.wait_for(counted(), timeout)
+
     def names(self) -> list[str]:
         return [line["event"] for line in self.lines]
 

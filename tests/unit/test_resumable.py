@@ -274,10 +274,32 @@ async def test_a_websocket_resume_after_the_last_frame_is_refused_not_left_silen
         assert (await resumed_after(last + 1))["code"] == "resume_gap"  # never sent
 
 
-async def test_the_sdk_resumes_by_itself_through_drops(served: Served) -> None:
-    """Through a proxy that resets every connection after 700 to 1,500 bytes (an event
-    is some 300), the SDK's stream renders the whole answer once: no chunk twice, none
-    lost, one attempt."""
+async def test_a_websocket_resume_lifts_the_old_sockets_pause(served: Served) -> None:
+    """The client paused, then its socket dropped (a resume it sent may be lost with
+    it): the new socket starts unpaused, as its protocol says, and the stream ends."""
+    client, _, recorder = await served()
+    body = {k: v for k, v in BODY.items() if k not in ("stream", "stream_options")}
+    async with client.ws_connect("/v1/stream") as ws:
+        await ws.send_json({"type": "start", "request": body, "resumable": True})
+        first = [await ws.receive_json() for _ in range(5)]
+        await ws.send_json({"type": "pause"})
+        await recorder.wait_for(Event.PAUSE_RECEIVED)
+    await recorder.wait_for(Event.DETACHED)
+    async with client.ws_connect("/v1/stream") as ws:
+        resume = {"type": "resume", "stream_id": first[0]["stream_id"], "last_event_id": 5}
+        await ws.send_json(resume)
+        rest = await asyncio.wait_for(_frames_until(ws, "done"), 10.0)
+        text = "".join(f["text"] for f in first + rest if f["type"] == "delta")
+        assert rest[-1]["type"] == "done" and text == ANSWER
+        await ws.send_json({"type": "start", "request": {**body, "max_tokens": 3}})
+        assert (await _frames_until(ws, "done"))[-1]["type"] == "done"  # the socket is free
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+async def test_the_sdk_resumes_by_itself_through_drops(served: Served, transport: str) -> None:
+    """Through a proxy that resets every connection after 700 to 1,500 bytes (an SSE
+    event is some 300, a WebSocket frame some 150), the SDK's stream renders the whole
+    answer once: no chunk twice, none lost, one attempt; over SSE and the WebSocket."""
     client, _, recorder = await served()
     proxy = DropProxy(client.server.port or 0, seed=7, cut=(700, 1500))
     url = await proxy.start()
@@ -285,7 +307,9 @@ async def test_the_sdk_resumes_by_itself_through_drops(served: Served) -> None:
     events = Recorder()
     try:
         async with StreamClient(config, event_log=events) as sdk:
-            async with sdk.stream(BODY["messages"], max_tokens=400, temperature=0) as stream:
+            async with sdk.stream(
+                BODY["messages"], max_tokens=400, temperature=0, transport=transport
+            ) as stream:
                 rendered = [text async for text in stream]
     finally:
         await proxy.close()
@@ -295,6 +319,66 @@ async def test_the_sdk_resumes_by_itself_through_drops(served: Served) -> None:
     resumes = [line for line in events.of(Event.RETRY) if line["cause"] == "resume"]
     assert len(resumes) >= proxy.resets - 1
     assert len(recorder.of(Event.ADMITTED)) == 1  # never asked again from the start
+
+
+@pytest.mark.parametrize("transport", ["sse", "ws"])
+async def test_the_sdk_resumes_after_connections_that_went_silent(
+    served: Served, transport: str
+) -> None:
+    """Connections that go quiet without a reset (the proxy passes nothing more): the
+    SDK finds each dead after three missed heartbeats and resumes on a new one, whose
+    silence is counted from its own start (the old deadline had passed)."""
+    client, _, _ = await served()
+    proxy = DropProxy(client.server.port or 0, seed=3, cut=(2000, 4000), silent=True)
+    url = await proxy.start()
+    config = ClientConfig(
+        base_url=url + "/v1", api_key="", heartbeat_interval_ms=100, require_heartbeat=True
+    )
+    try:
+        async with StreamClient(config) as sdk:
+            async with sdk.stream(BODY["messages"], max_tokens=400, transport=transport) as stream:
+                rendered = await asyncio.wait_for(_all(stream), 30.0)
+    finally:
+        await proxy.close()
+    assert proxy.resets >= 3
+    assert "".join(rendered) == ANSWER and stream.result.attempts == 1
+
+
+async def test_the_sdk_pauses_the_new_socket_while_its_queue_is_still_full(
+    served: Served,
+) -> None:
+    """Dropped while the SDK had paused the WebSocket stream (its render queue past the
+    high watermark, the caller not reading): the server starts the new socket
+    unpaused, so the SDK pauses it again there; its resume follows once the caller
+    drains the queue, and the text is whole."""
+    client, _, recorder = await served()
+    proxy = DropProxy(client.server.port or 0, seed=1, cut=(1 << 30, 1 << 31))  # no cut
+    url = await proxy.start()
+    config = ClientConfig(
+        base_url=url + "/v1",
+        api_key="",
+        render_queue_capacity=16,
+        render_queue_high_watermark=0.5,
+        render_queue_low_watermark=0.1,
+    )
+    events = Recorder()
+    try:
+        async with StreamClient(config, event_log=events) as sdk:
+            async with sdk.stream(BODY["messages"], max_tokens=400, transport="ws") as stream:
+                await recorder.wait_for(Event.PAUSE_RECEIVED, timeout=10.0)
+                proxy.reset_all()
+                await recorder.wait_for(Event.DETACHED, timeout=10.0)
+                await recorder.wait_for_count(Event.PAUSE_RECEIVED, 2, timeout=10.0)
+                rendered = await asyncio.wait_for(_all(stream), 10.0)
+    finally:
+        await proxy.close()
+    assert "".join(rendered) == ANSWER and stream.result.attempts == 1
+    flow = [e["event"] for e in events.lines if e["event"] in (Event.PAUSE_SENT, Event.RESUME_SENT)]
+    assert flow[:3] == [Event.PAUSE_SENT, Event.PAUSE_SENT, Event.RESUME_SENT]
+
+
+async def _all(stream: Any) -> list[str]:
+    return [text async for text in stream]
 
 
 async def test_the_sdk_gives_up_after_its_resume_attempts(served: Served) -> None:

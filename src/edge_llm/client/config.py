@@ -129,8 +129,9 @@ class ClientConfig(_Strict):
     trust_env: bool = Field(False, description="Honour HTTP(S)_PROXY environment variables")
     resumable: bool = Field(
         True,
-        description="SSE: ask for a resumable stream and resume it after a dropped connection "
-        "(a server that refuses the option is asked again without it)",
+        description="Ask for a resumable stream and resume it after a dropped connection, "
+        "over SSE and the WebSocket (a server that refuses the SSE option is asked again "
+        "without it)",
     )
     resume_attempts: int = Field(
         5, ge=0, le=100, description="Resumes in a row without an event before giving up"

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -33,8 +32,6 @@ import aiohttp
 from edge_llm.client.attempt import LOGGER_NAME, Attempt
 from edge_llm.client.connection import read_bounded, status_error, transport_error
 from edge_llm.client.errors import (
-    ClientError,
-    DeadConnectionError,
     HTTPStatusError,
     NotStreamingError,
     ReadError,
@@ -42,8 +39,8 @@ from edge_llm.client.errors import (
 )
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
+from edge_llm.client.resuming import ResumingTransport
 from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
-from edge_llm.client.stream_request import StreamRequest
 from edge_llm.observability.events import Event
 from edge_llm.protocol.sse import parse_event_id
 
@@ -77,26 +74,12 @@ class ReadPause:
             self._resumed.set()
 
 
-class SSETransport:
+class SSETransport(ResumingTransport):
     """Runs attempts over SSE; one instance per stream."""
 
     name = "sse"
 
-    def __init__(
-        self,
-        request: StreamRequest,
-        *,
-        resume_attempts: int = 0,
-        backoff: Callable[[int], float] = lambda tries: 0.0,
-    ) -> None:
-        """``resume_attempts``: resumes in a row without an event (0: never resume);
-        ``backoff(tries)``: seconds to wait before the try numbered ``tries``."""
-        self._request = request
-        self._resume_attempts = resume_attempts
-        self._backoff = backoff
-        self._response: aiohttp.ClientResponse | None = None
-        self._stream_id: str | None = None
-        self._last_n = 0  # the number of the last event taken (resumable streams)
+    _response: aiohttp.ClientResponse | None = None  # the response read now
 
     async def run(self, attempt: Attempt) -> None:
         """Make one request and stream it to completion ([DONE] or a finish_reason
@@ -125,37 +108,15 @@ class SSETransport:
             if self._response is not None:
                 self._response.close()
 
-    async def _read_resuming(self, attempt: Attempt) -> None:
-        """Read the stream; after a drop, resume it (if it is resumable) until it ends
-        or ``resume_attempts`` tries in a row bring no event."""
-        tries, taken = 0, self._last_n
-        while True:
-            try:
-                if tries:
-                    self._response = await self._resume(attempt, tries)
-                await self._read_events(self._require_response(), attempt)
-                return
-            except (aiohttp.ClientError, OSError, ReadError, DeadConnectionError) as exc:
-                tries = 1 if self._last_n > taken else tries + 1
-                taken = self._last_n
-                if self._stream_id is None or tries > self._resume_attempts:
-                    if isinstance(exc, ClientError):
-                        raise
-                    raise transport_error(exc, url=self._request.url) from exc
+    async def _read(self, attempt: Attempt) -> None:
+        await self._read_events(self._require_response(), attempt)
 
-    async def _resume(self, attempt: Attempt, tries: int) -> aiohttp.ClientResponse:
-        """Wait the backoff, then ask for the events after the last one taken."""
+    async def _reopen(self, attempt: Attempt) -> None:
+        """A GET for the events after the last one taken."""
         if self._response is not None:
             self._response.close()
-        delay = self._backoff(tries)
-        attempt.log.emit(
-            Event.RETRY, attempt=attempt.number, backoff_ms=round(delay * 1000, 1),
-            cause="resume", stream_id=self._stream_id, last_event=self._last_n,
-        )  # fmt: skip
-        await asyncio.sleep(delay)
-        response = await attempt.read(self._get_resumed)
-        await self._check(response, attempt)
-        return response
+        self._response = await attempt.read(self._get_resumed)
+        await self._check(self._response, attempt)
 
     async def _get_resumed(self) -> aiohttp.ClientResponse:
         url = self._request.url

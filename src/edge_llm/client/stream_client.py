@@ -145,9 +145,9 @@ class StreamClient:
     ) -> Transport:
         url = self.config.ws_url if name == "ws" else self.config.chat_url
         request = StreamRequest(self._get_session(), url, body, headers, queue)
-        if name == "ws":
-            return WSTransport(request)
         resumes = self.config.resume_attempts if self.config.resumable else 0
+        if name == "ws":
+            return WSTransport(request, resume_attempts=resumes, backoff=self._resume_backoff)
         return SSETransport(request, resume_attempts=resumes, backoff=self._resume_backoff)
 
     def _resume_backoff(self, tries: int) -> float:

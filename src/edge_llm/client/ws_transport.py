@@ -8,6 +8,15 @@ The client sends ``start`` with the chat completion body, then ``pause`` /
 hard timeout or when the caller abandons the stream. Heartbeat frames carry the
 engine's state and prefill progress; the dead-connection deadline runs from the
 start, since this endpoint always heartbeats. Each attempt uses a new socket.
+
+With ``resume_attempts`` the stream is started resumable: the ``started`` frame names
+it and every frame carries ``n``. When the socket drops before ``done`` (a read error,
+the socket closed, a dead connection), a new socket sends ``resume`` with the stream id
+and the last ``n`` taken (at once, then with the retry backoff, up to
+``resume_attempts`` tries in a row that bring no frame); a frame at or below that
+number is not taken twice. The server starts the new socket unpaused: a pause still
+wanted (the render queue above its low watermark) is sent again on it. A refused
+resume (``stream_not_found``, ``resume_gap``) ends the stream with that error.
 """
 
 from __future__ import annotations
@@ -29,15 +38,18 @@ from edge_llm.client.errors import (
 )
 from edge_llm.client.render_queue import RenderQueue
 from edge_llm.client.result import Heartbeat
-from edge_llm.client.stream_request import StreamRequest
+from edge_llm.client.resuming import ResumingTransport
 from edge_llm.observability.events import Event
 from edge_llm.protocol.ws import Frame, control_frame, start_frame
 
 MAX_FRAME_BYTES = 1 << 20
+DROP_CLOSE_S = 1.0  # how long a dropped socket's closing handshake may take
 
 
 class FramePause:
-    """WebSocket flow control: PAUSE and RESUME frames, in order, at most one each."""
+    """WebSocket flow control: PAUSE and RESUME frames, in order, at most one each.
+    It keeps what the render queue wants across sockets: a resumed stream's new
+    socket is told a pause still in force (:meth:`moved_to`)."""
 
     def __init__(
         self, ws: aiohttp.ClientWebSocketResponse, attempt: Attempt, queue: RenderQueue[str]
@@ -50,41 +62,49 @@ class FramePause:
 
     async def pause(self) -> None:
         async with self._lock:
-            if self._paused or self._ws.closed:
+            if self._paused:
                 return
             self._paused = True
-            await self._send(control_frame(Frame.PAUSE))
-            self._attempt.log.emit(Event.PAUSE_SENT, queue_fill=round(self._queue.fill, 3))
+            await self._send(Frame.PAUSE)
 
     async def resume(self) -> None:
         async with self._lock:
-            if not self._paused or self._ws.closed:
+            if not self._paused:
                 return
             self._paused = False
-            await self._send(control_frame(Frame.RESUME))
-            self._attempt.log.emit(Event.RESUME_SENT, queue_fill=round(self._queue.fill, 3))
+            await self._send(Frame.RESUME)
 
-    async def _send(self, frame: dict[str, str]) -> None:
+    async def moved_to(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """The stream goes on on ``ws`` (which the server starts unpaused)."""
+        async with self._lock:
+            self._ws = ws
+            if self._paused:
+                await self._send(Frame.PAUSE)
+
+    async def _send(self, kind: Frame) -> None:
+        if self._ws.closed:
+            return  # a dropped socket: a resume tells the next one what holds then
         # A send on a socket the server just closed fails; the reader reports that.
         with contextlib.suppress(aiohttp.ClientError, ConnectionError):
-            await self._ws.send_json(frame)
+            await self._ws.send_json(control_frame(kind))
+        sent = Event.PAUSE_SENT if kind is Frame.PAUSE else Event.RESUME_SENT
+        self._attempt.log.emit(sent, queue_fill=round(self._queue.fill, 3))
 
 
-class WSTransport:
+class WSTransport(ResumingTransport):
     """Runs attempts over the WebSocket endpoint; one instance per stream."""
 
     name = "ws"
 
-    def __init__(self, request: StreamRequest) -> None:
-        self._request = request
+    _ws: aiohttp.ClientWebSocketResponse | None = None  # the socket read now
 
     async def run(self, attempt: Attempt) -> None:
-        """Open a socket, start the stream and read frames until ``done``.
-        Raises a :class:`~edge_llm.client.errors.ClientError`."""
-        ws = None
+        """Open a socket, start the stream and read frames until ``done``, resuming
+        it on a new socket after a drop when it is resumable. Raises a
+        :class:`~edge_llm.client.errors.ClientError`."""
+        self._stream_id, self._last_n = None, 0
         try:
-            ws = await attempt.read(self._connect)
-            await ws.send_json(start_frame(self._request.body))
+            await self._open(attempt, start_frame(self._request.body))
             attempt.log.emit(
                 Event.REQUEST_SENT,
                 transport=self.name,
@@ -92,20 +112,52 @@ class WSTransport:
                 url=self._request.url,
             )
             attempt.watchdog.arm()
-            attempt.flow = FramePause(ws, attempt, self._request.queue)
-            await self._read_frames(ws, attempt)
+            await self._read_resuming(attempt)
         except TtftTimeoutError:
-            await self._cancel(ws, attempt, "ttft_timeout")
+            await self._cancel(self._ws, attempt, "ttft_timeout")
             raise
         except asyncio.CancelledError:
-            await self._cancel(ws, attempt, "client")
+            await self._cancel(self._ws, attempt, "client")
             raise
         except (aiohttp.ClientError, OSError) as exc:
             raise transport_error(exc, url=self._request.url) from exc
         finally:
             attempt.flow = None
-            if ws is not None:
-                await ws.close()
+            await self._drop()
+
+    async def _open(self, attempt: Attempt, opening: dict[str, Any]) -> None:
+        """A new socket that sends ``opening`` (start, or resume) first."""
+        await self._drop()
+        self._ws = await attempt.read(self._connect)
+        if self._resume_attempts and opening.get("type") == Frame.START:
+            opening = {**opening, "resumable": True}
+        await self._ws.send_json(opening)
+        if isinstance(attempt.flow, FramePause):
+            await attempt.flow.moved_to(self._ws)
+        else:
+            attempt.flow = FramePause(self._ws, attempt, self._request.queue)
+
+    async def _drop(self) -> None:
+        """Let the current socket go. After a drop it may be dead without a word: its
+        closing handshake is not waited for longer than ``DROP_CLOSE_S``."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError, ConnectionError):
+                await asyncio.wait_for(ws.close(), DROP_CLOSE_S)
+
+    async def _read(self, attempt: Attempt) -> None:
+        await self._read_frames(self._require_ws(), attempt)
+
+    async def _reopen(self, attempt: Attempt) -> None:
+        """A new socket that asks for the frames after the last one taken."""
+        resume = {"type": Frame.RESUME.value, "stream_id": self._stream_id,
+                  "last_event_id": self._last_n}  # fmt: skip
+        await self._open(attempt, resume)
+
+    def _require_ws(self) -> aiohttp.ClientWebSocketResponse:
+        if self._ws is None:
+            raise RuntimeError("no socket to read")
+        return self._ws
 
     async def _connect(self) -> aiohttp.ClientWebSocketResponse:
         return await self._request.session.ws_connect(
@@ -140,6 +192,11 @@ class WSTransport:
 
     async def _on_frame(self, frame: dict[str, Any], attempt: Attempt) -> bool:
         """Handle one server frame; True when the stream is done."""
+        number = frame.get("n")
+        if isinstance(number, int) and not isinstance(number, bool):
+            if number <= self._last_n:
+                return False  # taken before the drop: a replay never renders twice
+            self._last_n = number
         kind = frame.get("type")
         if kind == Frame.DELTA:
             attempt.set_request_id(frame.get("id"))
@@ -150,6 +207,8 @@ class WSTransport:
         elif kind == Frame.STARTED:
             attempt.on_data()
             attempt.set_request_id(frame.get("id"))
+            stream_id = frame.get("stream_id")
+            self._stream_id = stream_id if isinstance(stream_id, str) else None
         elif kind == Frame.PAUSED:
             cause = str(frame.get("cause") or "unknown")
             attempt.on_server_paused(cause)

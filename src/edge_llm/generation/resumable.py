@@ -135,6 +135,7 @@ class Detachable(Generic[F]):
         self.gone = False  # expired, dropped beyond the cap, or forgotten
         self.detached_at: float | None = None  # the answer is paused (cause disconnected)
         self.resumes = 0
+        self.client_paused = False  # its client paused it (WebSocket); a take-up lifts it
         self._changed = asyncio.Event()
         self._attaching = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None

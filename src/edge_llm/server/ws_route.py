@@ -139,10 +139,8 @@ class _Connection:
             await self._take_up(command.stream_id, command.after)
         elif self.answer is None:
             return
-        elif isinstance(command, PauseStream):
-            self.answer.pause()
-        elif isinstance(command, ResumeStream):
-            self.answer.resume()
+        elif isinstance(command, PauseStream | ResumeStream):
+            self._client_pause(isinstance(command, PauseStream))
         elif isinstance(command, CancelStream):
             self.answer.cancel("client")
 
@@ -180,8 +178,21 @@ class _Connection:
                 _report(encoder, answer, event)
                 await _send_numbered(stream, encoder)
 
+    def _client_pause(self, paused: bool) -> None:
+        """The client's ``pause`` (True) or ``resume``; a resumable stream remembers it."""
+        if self.answer is None:
+            return
+        if paused:
+            self.answer.pause()
+        else:
+            self.answer.resume()
+        if self.detachable is not None:
+            self.detachable.client_paused = paused
+
     async def _take_up(self, stream_id: str, after: int) -> None:
-        """``resume`` with a stream id: the frames after ``after``, then the stream live."""
+        """``resume`` with a stream id: the frames after ``after``, then the stream live.
+        The new socket starts unpaused (as its protocol does): a pause the client asked
+        for on the old socket is lifted, since its ``resume`` may have been lost with it."""
         try:
             stream = self.ctx.resumable.find(stream_id, presented_key(self.request), WS)
             self.protocol.on_taken_up(stream.answer.id)
@@ -192,6 +203,9 @@ class _Connection:
             self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
         except ConnectionError:
             self.clear_stream()  # this socket closed while the frames were replayed
+        else:
+            if stream.client_paused:
+                self._client_pause(False)
 
     def stream_ended(self) -> None:
         """The resumable stream writing here sent its last frame."""
