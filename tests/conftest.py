@@ -146,14 +146,25 @@ def start_engine(tmp_path: Path, *flags: str, env: dict[str, str] | None = None)
         try:
             line = lines.get(timeout=_START_TIMEOUT_S)
         except queue.Empty:
-            proc.kill()
+            _discard(proc, reader)
             raise RuntimeError("engine did not start:\n" + "".join(output)) from None
         output.append(line)
         if " on http://" in line:
             url = line.split(" on ", 1)[1].split()[0]
             return EngineProcess(url, proc, event_log, reader, output, lines)
         if proc.poll() is not None and lines.empty():
+            _discard(proc, reader)
             raise RuntimeError("engine exited:\n" + "".join(output))
+
+
+def _discard(proc: subprocess.Popen[str], reader: threading.Thread) -> None:
+    """An engine that did not start: killed and its pipe closed (left to the garbage
+    collector, the pipe's "unclosed file" warning failed an unrelated later test)."""
+    proc.kill()
+    proc.wait()
+    reader.join(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 EngineFactory = Callable[..., EngineProcess]

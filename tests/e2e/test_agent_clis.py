@@ -54,6 +54,18 @@ PROMPT_TOO_LONG = re.compile(
 
 
 @pytest.fixture(scope="module")
+def greedy_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
+    """The seed's engine whose default temperature is 0. Claude Code sends none, and at
+    the default 0.2 the model sometimes rambles until the context is full; Claude Code
+    then asks it to go on, in a prompt past the 512-token limit (seen in a full run)."""
+    engine = start_engine(
+        tmp_path_factory.mktemp("greedy"), "--max-pause-ms", "600000", "--default-temperature", "0"
+    )
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
 def roomy_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineProcess]:
     """An engine whose prompt limit is raised past the model's context (8,192), so
     that only the context can refuse a prompt."""
@@ -136,18 +148,18 @@ async def test_recorded_claude_code_request_is_refused_only_for_its_length(
 
 
 async def test_claude_code_round_trip_on_the_embedded_model(
-    engine_server: Any, tmp_path: Path
+    greedy_engine: EngineProcess, tmp_path: Path
 ) -> None:
     """Print mode without tools fits SmolLM2's context and the seed's 512-token
     prompt limit; Claude Code's max_tokens of 32000 is granted what fits."""
     claude = cli_path("claude")
     home, cwd = workdir(tmp_path)
-    before = len(engine_server.events())
+    before = len(greedy_engine.events())
     args = ["-p", "Say hello.", "--bare", "--tools", "", "--system-prompt", SHORT_SYSTEM]
-    run = await run_cli(claude, args, claude_env(home, engine_server.url), cwd)
+    run = await run_cli(claude, args, claude_env(home, greedy_engine.url), cwd)
     assert run.returncode == 0, run.output
     assert run.stdout.strip(), run.output
-    events = await logged_since(engine_server, before)
+    events = await logged_since(greedy_engine, before)
     clamped = [e for e in events if e["event"] == "max_tokens_clamped"]
     assert clamped and clamped[0]["requested"] == 32000, clamped
     admitted = [e for e in events if e["event"] == "admitted"]

@@ -177,7 +177,10 @@ async def _preempted_over_sse(
 async def test_the_same_class_waits_its_turn_and_progress_comes_in_order(
     tmp_path: Path,
 ) -> None:
-    engine = start_engine(tmp_path, *TWO_SLOTS)
+    # A stream whose reader falls a second behind (a loaded machine) is paused and, with
+    # requests waiting, offloaded: its slot would go to the second request without a
+    # preemption (seen in CI). No offload of paused streams here; preemption stays on.
+    engine = start_engine(tmp_path, *TWO_SLOTS, "--offload-paused-after-ms", "600000")
     try:
         neighbour = await occupy(engine, 3)
         async with aiohttp.ClientSession() as session:

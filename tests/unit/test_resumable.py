@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -447,12 +448,17 @@ async def test_detached_streams_are_offloaded_for_waiting_ones_and_resume_token_
     idle rules offload while others wait for KV, that max_pause does not end (the
     grace bounds it), and whose resume continues token-exact."""
     backend = FakeBackend(kv_capacity_tokens=100, max_sequences=4)
+    # One step at a time until both are detached: free-running, the engine can finish a
+    # stream before this coroutine gets to detach it (seen in CI on a loaded machine).
+    backend.gate = threading.Semaphore(0)
     engine = engine_of(backend, offload_paused_after_s=0.0, max_pause_s=0.01)
     detached = [engine.submit(GenerationRequest([1, 2, 3], max_tokens=40)) for _ in range(2)]
     for handle in detached:
         while handle.seq.n_generated < 3:
+            backend.gate.release()
             assert await handle.wait_changed(10.0), "engine made no progress"
         engine.pause(handle, PauseCause.DISCONNECTED)
+    backend.gate.release(10_000)
     waiting = [engine.submit(GenerationRequest([1, 2, 3], max_tokens=40)) for _ in range(2)]
     expected = "".join(f"t{t} " for t in range(10, 50))
     for handle in waiting:
