@@ -17,12 +17,21 @@ class DropProxy:
     nothing more (a phone that walked out of Wi-Fi), until the proxy closes."""
 
     def __init__(
-        self, target_port: int, seed: int, cut: tuple[int, int], *, silent: bool = False
+        self,
+        target_port: int,
+        seed: int,
+        cut: tuple[int, int],
+        *,
+        silent: bool = False,
+        server_side_buffer: int = 0,
     ) -> None:
+        """``server_side_buffer``: SO_RCVBUF of the proxy's sockets to the server (0:
+        the kernel's), so that a silent connection fills up after a few KiB."""
         self.target_port = target_port
         self.random = random.Random(seed)
         self.cut = cut
         self.silent = silent
+        self.server_side_buffer = server_side_buffer
         self.resets = 0
         self.server: asyncio.Server | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -48,7 +57,7 @@ class DropProxy:
             await asyncio.gather(*self.tasks, return_exceptions=True)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        server_r, server_w = await asyncio.open_connection(sock=await self._to_server())
         up = asyncio.create_task(_pipe(client_r, server_w))
         serving = asyncio.current_task()
         assert serving is not None
@@ -58,6 +67,7 @@ class DropProxy:
             await self._down(server_r, client_w, self.random.randrange(*self.cut))
             if self.silent:
                 up.cancel()  # nothing passes either way; close() ends the wait
+                server_w.transport.pause_reading()  # asyncio would buffer 128 KiB more
                 await asyncio.Event().wait()
         except ConnectionError:
             pass
@@ -66,6 +76,14 @@ class DropProxy:
             self.tasks -= {up, serving}
             self.connections.discard(writers)
             _reset(client_w, server_w)
+
+    async def _to_server(self) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        if self.server_side_buffer:  # before connecting: it sets the window offered
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.server_side_buffer)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", self.target_port))
+        return sock
 
     async def _down(
         self, server_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, budget: int

@@ -326,11 +326,16 @@ async def test_the_sdk_resumes_by_itself_through_drops(served: Served, transport
 async def test_the_sdk_resumes_after_connections_that_went_silent(
     served: Served, transport: str
 ) -> None:
-    """Connections that go quiet without a reset (the proxy passes nothing more): the
-    SDK finds each dead after three missed heartbeats and resumes on a new one, whose
-    silence is counted from its own start (the old deadline had passed)."""
+    """Connections that go quiet without a reset (the proxy passes nothing more and
+    reads nothing: the server's writes block once a few KiB are buffered). The SDK
+    finds each dead after three missed heartbeats and resumes on a new one, whose
+    silence counts from its own start; the server drops the quiet connection the
+    stream is taken from, or replayed to, so that no write blocked there holds the
+    stream back from the new one."""
     client, _, _ = await served()
-    proxy = DropProxy(client.server.port or 0, seed=3, cut=(2000, 4000), silent=True)
+    proxy = DropProxy(
+        client.server.port or 0, seed=3, cut=(2000, 4000), silent=True, server_side_buffer=2048
+    )
     url = await proxy.start()
     config = ClientConfig(
         base_url=url + "/v1", api_key="", heartbeat_interval_ms=100, require_heartbeat=True

@@ -66,6 +66,11 @@ class Sink(Protocol[F]):
     def gone(self) -> None:
         """The stream no longer writes here (dropped, or another connection took it)."""
 
+    def abort(self) -> None:
+        """Another connection took the stream: drop this one now. A connection that
+        went quiet without a reset is not seen dead for minutes, and a write of the
+        producer blocked on it would hold the stream back from the new one."""
+
     def refuse(self, error: EdgeLLMError) -> bool:
         """The stream failed before its first frame: answer with a plain error if the
         connection allows it still (True), else False."""
@@ -138,6 +143,7 @@ class Detachable(Generic[F]):
         self.client_paused = False  # its client paused it (WebSocket); a take-up lifts it
         self._changed = asyncio.Event()
         self._attaching = asyncio.Lock()
+        self._replaying: Sink[F] | None = None  # the connection attach() writes to now
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -208,7 +214,7 @@ class Detachable(Generic[F]):
         self.ended = True
         self._restart_timer(self.forget)
         if (sink := self.sink) is not None:
-            await _quietly(sink.end())
+            await self._end_on(sink)
 
     # -- connections -------------------------------------------------------------------
 
@@ -234,6 +240,8 @@ class Detachable(Generic[F]):
         resume of an ended stream after its last frame is refused: it would get no
         frame at all, and wait for one forever. Raises StreamNotFound (gone),
         ResumeGap, or the ConnectionError of a connection that dropped meanwhile."""
+        if (replaying := self._replaying) is not None:
+            replaying.abort()  # taken over mid-replay: its write may never return
         async with self._attaching:
             if self.gone:
                 raise StreamNotFound(f"stream {self.id} has expired")
@@ -243,6 +251,8 @@ class Detachable(Generic[F]):
             if (old := self.sink) is not None:
                 self.sink = None  # its connection is dead, not noticed yet: taken over
                 old.gone()
+                old.abort()
+            self._replaying = sink
             try:
                 if resume:
                     await sink.open()
@@ -251,10 +261,19 @@ class Detachable(Generic[F]):
                 if self.detached_at is None and not self.ended:
                     self.book.detach(self)  # it was taken over: it waits as any drop does
                 raise
+            finally:
+                self._replaying = None
             self._attached(sink, after, replayed)
         if self.ended:
-            await _quietly(sink.end())
+            await self._end_on(sink)
         return replayed
+
+    async def _end_on(self, sink: Sink[F]) -> None:
+        """``sink``'s part is over. It is let go: a later resume, maybe on the same
+        keep-alive connection, has nothing to take over (or abort)."""
+        if self.sink is sink:
+            self.sink = None
+        await _quietly(sink.end())
 
     async def _replay(self, sink: Sink[F], after: int, frames: list[F]) -> int:
         """Write every frame logged after ``after``, including those the producer logs

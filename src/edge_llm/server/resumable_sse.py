@@ -55,6 +55,10 @@ class SseSink:
     def gone(self) -> None:
         self._return(self.writer.response)
 
+    def abort(self) -> None:
+        if (transport := self.writer.request.transport) is not None:
+            transport.abort()
+
     def refuse(self, error: EdgeLLMError) -> bool:
         if self.writer.started:
             return False

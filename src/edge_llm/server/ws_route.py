@@ -279,6 +279,10 @@ class WsSink:
         if self.connection.sink is self:
             self.connection.clear_stream()
 
+    def abort(self) -> None:
+        if (transport := self.connection.request.transport) is not None:
+            transport.abort()
+
     def refuse(self, error: EdgeLLMError) -> bool:
         return False  # the error goes as the stream's own frame
 
