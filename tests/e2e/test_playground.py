@@ -191,6 +191,30 @@ def test_drop_the_connection_detaches_and_the_stream_comes_back(
     assert [line["cause"] for line in resumed] == ["disconnected"]
 
 
+def test_a_paused_stream_stays_paused_through_a_drop(
+    page: Page, engine_server: EngineProcess
+) -> None:
+    """Paused by the user, then dropped: the server starts the new socket unpaused, so
+    the page pauses it again at once; the user's resume then completes the text."""
+    open_playground(page, engine_server)
+    pane = pane_of(page, 0)
+    send(pane, STORY, max_tokens=48)
+    wait_received(page, 0, 2)
+    role(pane, "pause").click()
+    stream_id = stream_id_of(pane)
+    expect(row_of(page, stream_id)).to_have_attribute("data-pause-cause", "client")
+    role(pane, "drop").click()
+    expect(pane).to_have_attribute("data-drops", "1")
+    log = role(pane, "log")
+    # The log shows the newest line first: the pause sent after the resume comes first.
+    expect(log).to_contain_text(re.compile(r"> pause[\s\S]*> resume after frame \d+"))
+    expect(pane).not_to_have_attribute("data-complete", "true")
+    role(pane, "resume").click()
+    expect(pane).to_have_attribute("data-complete", "true")
+    expect(role(pane, "output")).to_have_text(uninterrupted_answer(engine_server, STORY, 48))
+    expect(log).not_to_contain_text("not_paused")
+
+
 def test_cancel_frees_the_streams_kv(page: Page, engine_server: EngineProcess) -> None:
     open_playground(page, engine_server)
     pane = pane_of(page, 0)

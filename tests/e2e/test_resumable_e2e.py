@@ -15,6 +15,7 @@ import pytest
 
 from drop_proxy import DropProxy
 from e2e.support import STORY, chat_body, logged_since, logged_through, wait_until
+from edge_llm.client import ClientConfig, StreamClient
 from edge_llm.protocol.sse import SSEEvent, SSEParser, parse_event_id
 
 from conftest import EngineProcess, start_engine
@@ -263,3 +264,28 @@ async def test_many_forced_drops_lose_and_repeat_nothing(engine: EngineProcess) 
     lines = await logged_since(engine, lines_before)
     assert [line["event"] for line in lines].count("admitted") == 1  # never sent again
     print(f"{proxy.resets} drops, {received.connections} connections, {resumes} resumes")
+
+
+async def test_the_sdk_over_the_websocket_resumes_through_drops(engine: EngineProcess) -> None:
+    """The client SDK's WebSocket transport through the drop proxy (a reset every 500
+    to 1,500 bytes: a dozen drops in 120 tokens): the text is the uninterrupted run's,
+    in one attempt, and the request was admitted once."""
+    whole = await uninterrupted(engine)
+    lines_before = len(engine.events())
+    proxy = DropProxy(int(engine.url.rsplit(":", 1)[1]), seed=45, cut=(500, 1500))
+    url = await proxy.start()
+    config = ClientConfig(base_url=url + "/v1", api_key="k1", resume_attempts=10)
+    try:
+        async with StreamClient(config) as sdk:
+            messages = story()["messages"]
+            async with sdk.stream(
+                messages, transport="ws", max_tokens=SHORT, temperature=0,
+                extra_body={"ignore_eos": True},
+            ) as stream:  # fmt: skip
+                text = "".join([piece async for piece in stream])
+    finally:
+        await proxy.close()
+    assert proxy.resets >= 5, f"only {proxy.resets} drops"
+    assert text == whole and stream.result.attempts == 1
+    lines = await logged_since(engine, lines_before)
+    assert [line["event"] for line in lines].count("admitted") == 1

@@ -306,7 +306,11 @@ class Pane {
     if (run !== this.run || run.finished) return;
     const resume = { type: "resume", stream_id: run.streamId, last_event_id: run.lastN };
     if (this.connect(run, resume, "> resume after frame " + run.lastN)) {
-      run.ws.addEventListener("open", () => this.updateControls());
+      run.ws.addEventListener("open", () => {
+        // The server starts the new socket unpaused: a pause still held is sent again.
+        if (run.pausedBy.size > 0) this.sendFrame({ type: "pause" });
+        this.updateControls();
+      });
     }
   }
 
