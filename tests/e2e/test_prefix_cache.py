@@ -55,8 +55,12 @@ def unique(text: str) -> str:
     return f"[{uuid.uuid4().hex[:8]}] {text}"
 
 
-async def test_regenerate_reuses_the_prompt_and_gives_the_same_greedy_text(engine) -> None:
-    body = chat_body(unique(ESSAY), max_tokens=24, stream=False)
+async def test_regenerate_reuses_the_prompt_and_gives_the_same_first_token(engine) -> None:
+    """The default mode promises the first token (the kept logits), not the rest: a
+    draft of 8 or more rows is computed in tiles, fewer row by row, and draft lengths
+    follow the load (docs/architecture.md; a different 12th token was seen beside two
+    busy loops). test_determinism.py checks whole texts in the deterministic mode."""
+    body = {**chat_body(unique(ESSAY), max_tokens=24, stream=False), "logprobs": True}
     first = await complete(engine.url, body)
     again = await complete(engine.url, body)
     n_prompt = again["usage"]["prompt_tokens"]
@@ -65,7 +69,8 @@ async def test_regenerate_reuses_the_prompt_and_gives_the_same_greedy_text(engin
     # before the first token (engine/kv/first_logits.py).
     assert cached(again) == n_prompt
     assert cached(first) < n_prompt
-    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    first_tokens = [r["choices"][0]["logprobs"]["content"][0] for r in (first, again)]
+    assert first_tokens[0] == first_tokens[1]
     logged = await logged_through(engine, again["id"])
     hits = [e for e in logged if e["event"] == "cache_hit" and e["request_id"] == again["id"]]
     assert hits and hits[0]["n_cached_tokens"] == cached(again)
@@ -78,7 +83,7 @@ async def test_regenerate_reuses_the_prompt_and_gives_the_same_greedy_text(engin
 async def test_a_sampled_regenerate_from_kept_logits_draws_as_a_decode_would(engine) -> None:
     """With a seed, the first token drawn from the kept logits (through the sampler
     chain over candidates) is the one the first request drew from llama.cpp's own
-    logits row, and so is the rest of the text; logprobs come with it."""
+    logits row; logprobs come with it (the rest of the text is not promised)."""
     body = chat_body(
         unique(ESSAY), max_tokens=12, stream=False, temperature=0.9, seed=7,
         logprobs=True, top_logprobs=2,
@@ -86,7 +91,6 @@ async def test_a_sampled_regenerate_from_kept_logits_draws_as_a_decode_would(eng
     first = await complete(engine.url, body)
     again = await complete(engine.url, body)
     assert cached(again) == again["usage"]["prompt_tokens"]
-    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     tokens = again["choices"][0]["logprobs"]["content"]
     assert tokens[0] == first["choices"][0]["logprobs"]["content"][0]
 
@@ -172,7 +176,6 @@ async def test_the_next_turn_continues_the_slot_after_the_earlier_answer(engine)
     again = await complete(engine.url, body)
     n_prompt = again["usage"]["prompt_tokens"]
     assert cached(again) == n_prompt  # its last token's logits were kept
-    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     answer = first["choices"][0]["message"]["content"]
     turn = {
         **body,
