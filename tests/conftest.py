@@ -111,9 +111,7 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.reader.join(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        _close_pipe(self.proc, self.reader)
         return self.proc.returncode
 
 
@@ -162,6 +160,11 @@ def _discard(proc: subprocess.Popen[str], reader: threading.Thread) -> None:
     collector, the pipe's "unclosed file" warning failed an unrelated later test)."""
     proc.kill()
     proc.wait()
+    _close_pipe(proc, reader)
+
+
+def _close_pipe(proc: subprocess.Popen[str], reader: threading.Thread) -> None:
+    """An exited engine's output pipe: its reader thread finished, then closed."""
     reader.join(timeout=10)
     if proc.stdout is not None:
         proc.stdout.close()
