@@ -21,6 +21,7 @@ from edge_llm.errors import ResumeGap
 from edge_llm.generation.resumable import ReplayLog
 from edge_llm.observability.events import Event
 from edge_llm.protocol.sse import SSEParser, parse_event_id
+from edge_llm.server import ws_route
 
 from conftest import app_engine
 from fakes import FakeBackend, drain, text_script
@@ -273,6 +274,38 @@ async def test_a_websocket_resume_after_the_last_frame_is_refused_not_left_silen
         assert (refused["type"], refused["code"]) == ("error", "resume_gap")
         assert f"ended with event {last}" in refused["message"]
         assert (await resumed_after(last + 1))["code"] == "resume_gap"  # never sent
+
+
+@pytest.mark.parametrize("resumable", [True, False])
+async def test_a_websocket_stream_that_fails_inside_the_server_ends_with_an_error_frame(
+    served: Served, monkeypatch: pytest.MonkeyPatch, resumable: bool
+) -> None:
+    """A bug in the stream's encoding (here the third event's report raises) ends the
+    stream with an internal_error frame: the socket stays open and, without it, its
+    client (or the one that resumes a resumable stream) would wait in silence."""
+    reported = 0
+
+    def report_then_fail(*args: Any) -> bool:
+        nonlocal reported
+        reported += 1
+        if reported == 3:
+            raise RuntimeError("a bug")
+        return bool(report(*args))
+
+    report = ws_route._report
+    monkeypatch.setattr(ws_route, "_report", report_then_fail)
+    client, _, recorder = await served()
+    body = {k: v for k, v in BODY.items() if k not in ("stream", "stream_options")}
+    async with client.ws_connect("/v1/stream") as ws:
+        await ws.send_json({"type": "start", "request": body, "resumable": resumable})
+        frames = await asyncio.wait_for(_frames_until(ws, "done"), 30.0)
+    assert (frames[-1]["type"], frames[-1]["code"]) == ("error", "internal_error")
+    await recorder.wait_for(Event.KV_FREED)  # the failed stream's sequence is freed
+    if resumable:  # a resume before the error replays it
+        async with client.ws_connect("/v1/stream") as ws:
+            resume = {"stream_id": frames[0]["stream_id"], "last_event_id": frames[-2]["n"]}
+            await ws.send_json({"type": "resume", **resume})
+            assert await asyncio.wait_for(ws.receive_json(), 10.0) == frames[-1]
 
 
 async def test_a_websocket_resume_lifts_the_old_sockets_pause(served: Served) -> None:

@@ -15,7 +15,7 @@ from edge_llm.errors import EdgeLLMError, ForbiddenOrigin, InvalidRequest
 from edge_llm.generation.dispatch import Answer
 from edge_llm.generation.events import AnswerEvent, Ended, Produced
 from edge_llm.generation.job import ChatPrompt, GenerationJob, Relay
-from edge_llm.generation.resumable import Detachable
+from edge_llm.generation.resumable import Detachable, StreamGone
 from edge_llm.protocol import openai
 from edge_llm.protocol.stream_events import Heartbeat, PauseChanged
 from edge_llm.protocol.ws import (
@@ -174,9 +174,17 @@ class _Connection:
     ) -> None:
         await _send_numbered(stream, encoder)
         with access_log.answering(self.request, answer):
-            async for event in answer.events(openai.new_call_id):
-                _report(encoder, answer, event)
+            try:
+                async for event in answer.events(openai.new_call_id):
+                    _report(encoder, answer, event)
+                    await _send_numbered(stream, encoder)
+            except StreamGone:
+                raise
+            except Exception:
+                # The stream logs it; a socket, resumed or not, must not wait in silence.
+                _report_crash(encoder)
                 await _send_numbered(stream, encoder)
+                raise
 
     def _client_pause(self, paused: bool) -> None:
         """The client's ``pause`` (True) or ``resume``; a resumable stream remembers it."""
@@ -232,9 +240,15 @@ class _Connection:
 
     async def _pump(self, answer: Answer) -> None:
         with answer, access_log.answering(self.request, answer):
-            async for event in answer.events(openai.new_call_id):
-                if _report(self.protocol, answer, event):
-                    self.answer = None
+            try:
+                async for event in answer.events(openai.new_call_id):
+                    if _report(self.protocol, answer, event):
+                        self.answer = None
+                    await self._flush()
+            except Exception:
+                _log.exception("the WebSocket stream of %s failed", answer.id)
+                _report_crash(self.protocol)
+                self.answer = None
                 await self._flush()
 
     async def _flush(self) -> None:
@@ -315,6 +329,13 @@ def _report(protocol: StreamProtocol, answer: Answer, event: AnswerEvent) -> boo
         protocol.on_failed(error.code, error.message, **_details(error))
         return True
     return False
+
+
+def _report_crash(protocol: StreamProtocol) -> None:
+    """A bug ended the stream inside the server: its client gets the error frame that
+    ends it (without it the socket, which stays open, would never say so)."""
+    error = EdgeLLMError("the stream failed inside the server (its log says why)")
+    protocol.on_failed(error.code, error.message)
 
 
 def _details(error: EdgeLLMError) -> dict[str, Any]:
