@@ -1,12 +1,18 @@
 """Two edge-llm workers behind SGLang Model Gateway: a multi-user shared-prefix workload,
-once with ``--policy cache_aware`` and once with ``round_robin`` (docs/fleet.md).
+once per gateway configuration (docs/fleet.md): ``--policy cache_aware`` as it comes,
+``cache_aware`` with ``--balance-abs-threshold 1`` (it balances once the workers' requests
+in flight differ by 2; its default, 64, suits servers that run hundreds at once, not a
+device that runs four) and ``round_robin``.
 
 ``--groups`` documents (distinct texts of some ``--doc-words`` words, each a system
 prompt) are shared by ``--users`` concurrent users; each user sends ``--requests``
-questions one after the other, each about a document drawn at random (seeded: both
-policies get the same sequence), asking for ``--tokens`` tokens at temperature 0.
-Each policy gets fresh workers (``--n-threads`` threads each, ``--host-cache-mb``)
-and a fresh gateway. Reported per policy: the workers' prefix-cache hit rate (their
+questions one after the other, each about a document drawn at random (seeded: every
+configuration gets the same sequence), asking for ``--tokens`` tokens at temperature
+0. The default 16 documents are more than one worker's cache holds (4 slots, no host
+tier: a device whose memory holds a few prompts), so where the gateway sends a
+document decides whether the worker still has it. Each configuration gets fresh
+workers (``--n-threads`` threads each, ``--host-cache-mb``) and a fresh gateway.
+Reported per configuration: the workers' prefix-cache hit rate (their
 ``vllm:prefix_cache_hits_total`` over ``vllm:prefix_cache_queries_total``, in
 tokens), TTFT p50 / p95 and throughput (requests and generated tokens per second of
 the whole pass), all from this run.
@@ -44,10 +50,15 @@ from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.stats import percentile
 from edge_llm.bench.targets import Target
 
-POLICIES = ("cache_aware", "round_robin")
+# (row label, the gateway's policy flags)
+CONFIGURATIONS = (
+    ("cache_aware", ["--policy", "cache_aware"]),
+    ("cache_aware, balance 1", ["--policy", "cache_aware", "--balance-abs-threshold", "1"]),
+    ("round_robin", ["--policy", "round_robin"]),
+)
 READY_TIMEOUT_S = 60.0
 COLUMNS = (
-    "policy", "prefix-cache hit rate", "TTFT p50 (s)", "TTFT p95 (s)", "requests/s",
+    "gateway", "prefix-cache hit rate", "TTFT p50 (s)", "TTFT p95 (s)", "requests/s",
     "generated tok/s", "requests per worker", "failed",
 )  # fmt: skip
 _WORDS = (
@@ -59,9 +70,9 @@ _WORDS = (
 
 @dataclass
 class Pass:
-    """One policy's pass: every request's record and the workers' cache counters."""
+    """One configuration's pass: every request's record and the workers' cache counters."""
 
-    policy: str
+    label: str
     seconds: float
     records: list[RequestRecord]
     queries: float
@@ -77,10 +88,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
     )
-    parser.add_argument("--groups", type=int, default=8, help="shared documents")
+    parser.add_argument("--groups", type=int, default=16, help="shared documents")
     parser.add_argument("--doc-words", type=int, default=260, help="words per document")
     parser.add_argument("--users", type=int, default=4, help="concurrent users")
-    parser.add_argument("--requests", type=int, default=12, help="requests per user")
+    parser.add_argument("--requests", type=int, default=24, help="requests per user")
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--n-threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--host-cache-mb", type=int, default=0, help="each worker's host tier")
@@ -136,7 +147,7 @@ class Gateway:
 
 
 def start_gateway(
-    workers: list[ServerProcess], policy: str, log: Path, backend: str = "sglang"
+    workers: list[ServerProcess], policy_flags: list[str], log: Path, backend: str = "sglang"
 ) -> Gateway:
     """``python -m sglang_router.launch_router`` on 127.0.0.1; ready once it lists
     every worker healthy."""
@@ -145,7 +156,7 @@ def start_gateway(
         sys.executable, "-m", "sglang_router.launch_router",
         "--host", "127.0.0.1", "--port", str(port),
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-        "--backend", backend, "--policy", policy,
+        "--backend", backend, *policy_flags,
         "--worker-urls", *[w.root for w in workers], "--log-level", "warn",
     ]  # fmt: skip
     with log.open("wb") as out:
@@ -206,7 +217,13 @@ async def run_users(
     return [record for records in per_user for record in records]
 
 
-def run_pass(policy: str, users: list[list[Prompt]], args: argparse.Namespace, tmp: Path) -> Pass:
+def run_pass(
+    label: str,
+    policy_flags: list[str],
+    users: list[list[Prompt]],
+    args: argparse.Namespace,
+    log: Path,
+) -> Pass:
     from edge_llm.engine.runtime.llama_backend import default_model_path  # loads llama.cpp
 
     # No TTFT time-out: on a loaded machine a slow first token is a figure, not an error.
@@ -214,18 +231,18 @@ def run_pass(policy: str, users: list[list[Prompt]], args: argparse.Namespace, t
     workers = [start_engine(str(default_model_path()), args.n_threads, flags) for _ in range(2)]
     gateway = None
     try:
-        gateway = start_gateway(workers, policy, tmp / f"gateway-{policy}.log", args.backend)
+        gateway = start_gateway(workers, policy_flags, log, args.backend)
         served = _get_json(workers[0].root + "/v1/models")["data"][0]["id"]
         before = [counters(w) for w in workers]
         began = time.perf_counter()
-        records = asyncio.run(run_users(Target(policy, gateway.root, model=served), users, args))
+        records = asyncio.run(run_users(Target(label, gateway.root, model=served), users, args))
         seconds = time.perf_counter() - began
         deltas = [
             [end - start for start, end in zip(b, counters(w), strict=True)]
             for b, w in zip(before, workers, strict=True)
         ]
         queries, hits = (sum(d[i] for d in deltas) for i in (0, 1))
-        return Pass(policy, seconds, records, queries, hits, [d[2] for d in deltas])
+        return Pass(label, seconds, records, queries, hits, [d[2] for d in deltas])
     finally:
         if gateway is not None:
             gateway.stop()
@@ -238,7 +255,7 @@ def row(result: Pass) -> list[str]:
     ttfts = [r.ttft for r in ok if r.ttft is not None]
     generated = sum(r.completion_tokens or 0 for r in ok)
     return [
-        result.policy,
+        result.label,
         f"{result.hit_rate:.1%}",
         f"{percentile(ttfts, 50):.3f}" if ttfts else "—",
         f"{percentile(ttfts, 95):.3f}" if ttfts else "—",
@@ -256,11 +273,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     started, start = datetime.now(UTC), snapshot()
     passes = []
     with TemporaryDirectory(prefix="edge-llm-fleet-") as tmp:
-        for policy in POLICIES:
-            passes.append(run_pass(policy, users, args, Path(tmp)))
+        for n, (label, flags) in enumerate(CONFIGURATIONS):
+            passes.append(run_pass(label, flags, users, args, Path(tmp) / f"gateway-{n}.log"))
             print(" | ".join(row(passes[-1])), flush=True)
     machine = noise(start, snapshot(), own_pids())
-    title = "Two workers behind SGLang Model Gateway: cache_aware vs round_robin"
+    title = "Two workers behind SGLang Model Gateway: cache_aware, tuned and not, vs round_robin"
     result = table_data(title, COLUMNS, [row(p) for p in passes])
     Console(width=200).print(rich_table(result))
     for line in machine.lines():
@@ -269,12 +286,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"SmolLM2-135M; two `edge-llm serve` workers (--n-threads {args.n_threads}, "
         f"--host-cache-mb {args.host_cache_mb}, no TTFT time-out, otherwise as `make run`: "
         "4 slots of their own KV share each) behind sglang-router 0.3.2 "
-        f"(`--backend {args.backend}`), fresh workers and gateway per policy, all on this "
-        f"machine's 2 cores; {args.groups} shared documents of {args.doc_words} words "
+        f"(`--backend {args.backend}`), fresh workers and gateway per configuration, all "
+        f"on this machine's 2 cores; {args.groups} shared documents of {args.doc_words} words "
         f"as system prompts; {args.users} concurrent users x {args.requests} requests, "
         f"each about a document drawn at random (seed {args.seed}, the same sequence for "
-        f"both policies), {args.tokens} tokens at temperature 0. Hit rate: the workers' "
-        "vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over the pass "
+        f"every configuration), {args.tokens} tokens at temperature 0. Hit rate: the "
+        "workers' vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total over the pass "
         "(tokens); requests per worker: their first tokens; TTFT as the client saw it "
         "through the gateway."
     ]
