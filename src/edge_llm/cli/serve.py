@@ -19,6 +19,7 @@ from edge_llm.config.tree import (
 )
 from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.ledger import ledger_summary
+from edge_llm.engine.runtime.heap import unmap_large_blocks_when_freed
 from edge_llm.errors import BackendError
 from edge_llm.observability.units import mib
 from edge_llm.server.runtime import ListenError, start_server
@@ -46,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"edge-llm serve: {exc}", file=sys.stderr)
         return 2
+    unmap_large_blocks_when_freed()  # before the first saved state: RSS follows the ledger
     try:
         asyncio.run(_serve(config))
     except ListenError as exc:
