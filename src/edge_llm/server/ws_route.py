@@ -183,7 +183,8 @@ class _Connection:
             except Exception:
                 # The stream logs it; a socket, resumed or not, must not wait in silence.
                 _report_crash(encoder)
-                await _send_numbered(stream, encoder)
+                with contextlib.suppress(StreamGone):  # no one to tell: still logged
+                    await _send_numbered(stream, encoder)
                 raise
 
     def _client_pause(self, paused: bool) -> None:
