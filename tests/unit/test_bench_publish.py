@@ -37,9 +37,11 @@ MACHINE = {
 }
 
 
-def document(started: str, decode: str = "104 (96-119)") -> dict[str, Any]:
+def document(
+    started: str, decode: str = "104 (96-119)", argv: list[str] | None = None
+) -> dict[str, Any]:
     when = datetime.fromisoformat(started).replace(tzinfo=UTC)
-    argv = ["benchmarks/vs_llama_server.py", "--repeats", "2"]
+    argv = ["benchmarks/vs_llama_server.py", "--repeats", "2", *(argv or [])]
     header = run_header(
         "vs_llama_server", "edge-llm vs llama-server", when, MACHINE, notes=["layout slots"],
         argv=argv,
@@ -84,6 +86,24 @@ def test_the_index_and_readme_show_the_latest_run(repo: Path) -> None:
     assert "| single-stream decode | 140 |" in readme
     assert "(docs/benchmarks/2026-12-03-1530-vs-llama-server.md)" in readme
     assert readme.endswith("\n\nend\n") and "old" not in readme
+    assert check(repo) == []
+
+
+def test_runs_started_in_the_same_minute_get_pages_of_their_own(repo: Path) -> None:
+    """Runs started in one minute or one second (two soaks side by side): no page
+    replaces another."""
+    first = publish(document("2026-12-03T11:01:05", decode="90"), root=repo)
+    second = publish(document("2026-12-03T16:07:04", decode="130"), root=repo)
+    third = publish(document("2026-12-03T16:07:06", decode="140"), root=repo)
+    fourth = publish(document("2026-12-03T16:07:06", decode="150", argv=["--x"]), root=repo)
+    assert [p.name for p in (first, second, third, fourth)] == [
+        "2026-12-03-vs-llama-server.md",
+        "2026-12-03-1607-vs-llama-server.md",
+        "2026-12-03-160706-vs-llama-server.md",
+        "2026-12-03-160706-2-vs-llama-server.md",
+    ]
+    assert "| 130 |" in second.read_text() and "| 140 |" in third.read_text()
+    assert publish(document("2026-12-03T16:07:06", decode="140"), root=repo) == third
     assert check(repo) == []
 
 

@@ -15,6 +15,7 @@ tells when a page, the index or the README differs from what the stored runs gen
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shlex
 import sys
@@ -315,14 +316,21 @@ def check(root: Path = ROOT) -> list[str]:
 
 
 def _stem(header: Mapping[str, Any], root: Path) -> str:
+    """The run's name: its day, then (for a second run that day) its minute, then its
+    second, then a number (runs started together, such as two soaks side by side)."""
     started = str(header["started"])
-    stem = f"{started[:10]}-{str(header['benchmark']).replace('_', '-')}"
-    existing = root / RUNS / f"{stem}.json"
-    if existing.exists():
-        stored = json.loads(existing.read_text(encoding="utf-8"))["run"]["started"]
-        if stored != started:  # a second run that day
-            stem = f"{started[:10]}-{started[11:13]}{started[14:16]}-{stem[11:]}"
-    return stem
+    name = str(header["benchmark"]).replace("_", "-")
+    day, hhmm, ss = started[:10], started[11:13] + started[14:16], started[17:19]
+    stems = (f"{day}-{name}", f"{day}-{hhmm}-{name}", f"{day}-{hhmm}{ss}-{name}")
+    numbered = (f"{day}-{hhmm}{ss}-{n}-{name}" for n in itertools.count(2))
+    as_stored = json.loads(json.dumps(header))
+    for stem in itertools.chain(stems, numbered):
+        existing = root / RUNS / f"{stem}.json"
+        if not existing.exists():
+            return stem
+        if json.loads(existing.read_text(encoding="utf-8"))["run"] == as_stored:
+            return stem  # the same run again
+    raise AssertionError("unreachable")
 
 
 def publish(document: Mapping[str, Any], root: Path = ROOT) -> Path:
