@@ -1,8 +1,8 @@
 """Two edge-llm workers behind SGLang Model Gateway: a multi-user shared-prefix workload,
 once per gateway configuration (docs/fleet.md): ``--policy cache_aware`` as it comes,
-``cache_aware`` with ``--balance-abs-threshold 1`` (it balances once the workers' requests
-in flight differ by 2; its default, 64, suits servers that run hundreds at once, not a
-device that runs four) and ``round_robin``.
+``cache_aware`` with ``--balance-abs-threshold N`` for each ``--balance`` N (default 1:
+it balances once the workers' requests in flight differ by 2; its default, 64, suits
+servers that run hundreds at once, not a device that runs four) and ``round_robin``.
 
 ``--groups`` documents (distinct texts of some ``--doc-words`` words, each a system
 prompt) are shared by ``--users`` concurrent users; each user sends ``--requests``
@@ -50,12 +50,7 @@ from edge_llm.bench.record import RequestRecord
 from edge_llm.bench.stats import percentile
 from edge_llm.bench.targets import Target
 
-# (row label, the gateway's policy flags)
-CONFIGURATIONS = (
-    ("cache_aware", ["--policy", "cache_aware"]),
-    ("cache_aware, balance 1", ["--policy", "cache_aware", "--balance-abs-threshold", "1"]),
-    ("round_robin", ["--policy", "round_robin"]),
-)
+CACHE_AWARE = ["--policy", "cache_aware"]
 READY_TIMEOUT_S = 60.0
 COLUMNS = (
     "gateway", "prefix-cache hit rate", "TTFT p50 (s)", "TTFT p95 (s)", "requests/s",
@@ -95,6 +90,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--n-threads", type=int, default=1, help="threads per worker")
     parser.add_argument("--host-cache-mb", type=int, default=0, help="each worker's host tier")
+    parser.add_argument(
+        "--balance", type=int, nargs="*", default=[1], metavar="N",
+        help="a cache_aware row per N with --balance-abs-threshold N (the gateway's is 64)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=43)
     parser.add_argument(
         "--backend", choices=("sglang", "openai"), default="sglang",
@@ -103,6 +102,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
     add_output_flags(parser)
     return parser.parse_args(argv)
+
+
+def configurations(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(row label, the gateway's policy flags): cache_aware as it comes, tuned, and
+    round robin."""
+    tuned = [
+        (f"cache_aware, balance {n}", [*CACHE_AWARE, "--balance-abs-threshold", str(n)])
+        for n in args.balance
+    ]
+    return [("cache_aware", CACHE_AWARE), *tuned, ("round_robin", ["--policy", "round_robin"])]
 
 
 def documents(args: argparse.Namespace) -> list[str]:
@@ -273,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     started, start = datetime.now(UTC), snapshot()
     passes = []
     with TemporaryDirectory(prefix="edge-llm-fleet-") as tmp:
-        for n, (label, flags) in enumerate(CONFIGURATIONS):
+        for n, (label, flags) in enumerate(configurations(args)):
             passes.append(run_pass(label, flags, users, args, Path(tmp) / f"gateway-{n}.log"))
             print(" | ".join(row(passes[-1])), flush=True)
     machine = noise(start, snapshot(), own_pids())
