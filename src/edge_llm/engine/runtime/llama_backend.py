@@ -203,8 +203,9 @@ class LlamaBackend:
             raise
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         layout = "unified" if kv_unified else f"slots{max_sequences}"
-        # Cells computed by the other kernels would change an invariant stream's text.
-        kernels = "invariant" if invariant_kernels else "fast"
+        # Cells computed by other kernels (the other mode, or the invariant kernels before
+        # they folded 256-cell chunks) would change an invariant stream's text.
+        kernels = "invariant-chunks256" if invariant_kernels else "fast"
         self.state_fingerprint = fingerprint(
             self.info.path, f"{kv_cache_type}|{layout}|{kernels}", llama.__version__
         )
