@@ -10,7 +10,8 @@ prefix cache and speculation on; only ``--max-prompt-tokens`` raised for the 950
 prompts), llama-server ``-np 4`` with the same KV budget; ``--edge-layout pool`` runs
 edge-llm with one unified pool instead. Both servers run for the whole comparison;
 scenarios run one server at a time, alternating which goes first in each repeat, so
-machine noise hits both alike.
+machine noise hits both alike; the short decode scenarios run several times a repeat
+(``ScenarioSpec.rounds``), alternating too, and each run counts as one figure.
 
 Two states (``--states``): *fresh*, just started; *steady*, after each server has
 served the same traffic (``scenarios.serve_traffic``: 24 distinct ~400-token prompts
@@ -127,6 +128,7 @@ NGRAM_FLAGS = ["--spec-type", "ngram-mod"]
 MAX_PROMPT_TOKENS = 2048
 WIDE_OUTPUT = 160
 SCENARIO_TIMEOUT_S = 600.0
+MAX_ROUNDS = 10  # a scenario's runs per repeat; each gets prompts of its own
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,13 @@ class ScenarioSpec:
     run: Scenario
     extra: tuple[Extra, ...] = ()
     ngram: bool = False  # also run on the ngram-mod llama-server
+    # Runs per repeat, alternating which server goes first: a short scenario measures
+    # a second or two, and the machine's speed drifts by 20 % within seconds.
+    rounds: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ValueError(f"{self.key}: rounds must be 1 to {MAX_ROUNDS} (prompt variants)")
 
     def rows(self) -> list[Extra | None]:
         """The table's rows: None for the scenario's value, then its extras."""
@@ -163,8 +172,10 @@ def _turn_rows() -> tuple[Extra, ...]:
 
 
 SCENARIOS = (
-    ScenarioSpec("decode1", "single-stream decode", "tok/s", ">= 1.0x", single_decode),
-    ScenarioSpec("decode4", "4 streams, aggregate decode", "tok/s", ">= 1.2x", concurrent_decode),
+    ScenarioSpec("decode1", "single-stream decode", "tok/s", ">= 1.0x", single_decode, rounds=4),
+    ScenarioSpec(
+        "decode4", "4 streams, aggregate decode", "tok/s", ">= 1.2x", concurrent_decode, rounds=2
+    ),
     ScenarioSpec(
         "stalled",
         "3 fast + 1 stalled: fast readers' retention",
@@ -210,7 +221,7 @@ SCENARIOS = (
     ),
     ScenarioSpec(
         "copy1",
-        "copy a ~214-token passage (> 400 cells), 1 stream",
+        "copy a ~214-token passage (> 400 cells), 1 stream, 3 passages in turn",
         "tok/s",
         ">= 1.5x (ngram-mod: >= 1.2x)",
         copy_one,
@@ -348,22 +359,35 @@ async def run_repeats(
     results = Results()
     names = list(contexts)
     for repeat in range(repeats):
-        order = names if repeat % 2 == 0 else names[::-1]
         for spec in specs:
-            for name in order:
-                if name == NGRAM and not spec.ngram:
-                    continue
-                ctx = contexts[name]
-                ctx.variant = first_variant + repeat * 1000 + specs.index(spec) * 10
-                figures = await run_one(spec, ctx)
-                if not await asyncio.to_thread(wait_idle, ctx.server):
-                    figures.details["warning"] = "server still busy 60 s after the scenario"
-                results.add(spec.key, name, figures)
-                value = f"{figures.value:.3g}" if figures.value is not None else "failed"
-                if "errors" in figures.details:  # why, at once (the JSON is written at the end)
-                    value += f" {figures.details['errors']}"
-                console.print(f"repeat {repeat + 1}/{repeats} {spec.key:<13} {name:<13} {value}")
+            for round_ in range(spec.rounds):
+                first = (repeat * spec.rounds + round_) % 2
+                variant = first_variant + (repeat * MAX_ROUNDS + round_) * 1000
+                for name in names if first == 0 else names[::-1]:
+                    if name == NGRAM and not spec.ngram:
+                        continue
+                    contexts[name].variant = variant + specs.index(spec) * 10
+                    figures = await _run_on(spec, contexts[name])
+                    results.add(spec.key, name, figures)
+                    console.print(
+                        f"repeat {repeat + 1}/{repeats} {spec.key:<13} {name:<13} {_shown(figures)}"
+                    )
     return results
+
+
+async def _run_on(spec: ScenarioSpec, ctx: Context) -> Figures:
+    """One run of a scenario, then until the server is idle again."""
+    figures = await run_one(spec, ctx)
+    if not await asyncio.to_thread(wait_idle, ctx.server):
+        figures.details["warning"] = "server still busy 60 s after the scenario"
+    return figures
+
+
+def _shown(figures: Figures) -> str:
+    value = f"{figures.value:.3g}" if figures.value is not None else "failed"
+    if "errors" in figures.details:  # why, at once (the JSON is written at the end)
+        value += f" {figures.details['errors']}"
+    return value
 
 
 def spread(values: list[float]) -> str:
@@ -641,6 +665,11 @@ class Comparison:
             f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}); "
             f"extra edge-llm flags: {f'`{flags}`' if flags else 'none'}"
             + (f"; a second edge-llm with `{variant}` beside it" if variant else "")
+            + "".join(
+                f"; {spec.key} ran {spec.rounds} times a repeat"
+                for spec in self.specs
+                if spec.rounds > 1
+            )
         )
 
     def _specs_of(self, state: str) -> list[ScenarioSpec]:
