@@ -97,9 +97,7 @@ async def _four_with_gauge(
     server: ServerProcess, tokens: int, timeout_s: float
 ) -> tuple[list[RequestRecord], list[tuple[float, float | None]]]:
     stop = asyncio.Event()
-    sampler = (
-        asyncio.create_task(_sample_threads(server, stop)) if server.name == "edge-llm" else None
-    )
+    sampler = asyncio.create_task(_sample_threads(server, stop)) if server.engine else None
     try:
         records = await _streams(server, LIGHT_STREAMS, tokens, timeout_s)
     finally:

@@ -43,6 +43,7 @@ class ServerProcess:
     root: str
     proc: subprocess.Popen[str]
     log: list[str] = field(default_factory=list)
+    engine: bool = False  # edge-llm (any flags), not llama-server
 
     def rss_bytes(self) -> int:
         """Resident memory of the process and its children, 0 once it has exited."""
@@ -126,7 +127,7 @@ def start_engine(
         _keep(log, line)
         if line.startswith("edge-llm: serving") and " on http://" in line:
             root = line.split(" on ", 1)[1].split()[0]
-            server = ServerProcess(name, root, proc, log)
+            server = ServerProcess(name, root, proc, log, engine=True)
             _drain_in_background(lines, server)
             return server
     proc.kill()
@@ -218,7 +219,7 @@ def read_metric(server: ServerProcess, name: str) -> float | None:
 def is_idle(server: ServerProcess) -> bool:
     """No request running or queued: edge-llm's /health, llama-server's /slots."""
     try:
-        if server.name == "edge-llm":
+        if server.engine:
             health = get_json(server.root + "/health")
             return health.get("requests_running") == 0 and health.get("requests_waiting") == 0
         with urllib.request.urlopen(server.root + "/slots", timeout=30) as response:

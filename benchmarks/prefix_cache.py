@@ -113,7 +113,7 @@ def metric(root: str, pattern: str) -> float:
 
 def prompt_counters(server: ServerProcess) -> tuple[float, float]:
     """(prompt tokens computed, prompt tokens read from the cache) so far."""
-    if server.name == "edge-llm":
+    if server.engine:
         computed = metric(server.root, "edge_llm_prompt_tokens_total")
         return computed, metric(server.root, "edge_llm_prompt_tokens_cached_total")
     return metric(server.root, "llamacpp:prompt_tokens_total"), float("nan")
