@@ -2,9 +2,9 @@
 a temperature from the whole vocabulary, or from its top-p nucleus (no top-k, no
 min-p: OpenAI's defaults and the engine's).
 
-llama.cpp's chain spends 0.3-0.55 ms a token there for SmolLM2's 49,152 tokens (it
+llama.cpp's chain spends about 0.55 ms a token there for SmolLM2's 49,152 tokens (it
 sorts them for top-p and builds a discrete distribution over them), 3-5 % of a
-decode step on two cores; this takes about 0.1 ms. It follows llama.cpp's rules: top-p
+decode step on two cores; this takes 0.1-0.2 ms. It follows llama.cpp's rules: top-p
 keeps the most likely tokens, in order, until their probability at temperature 1
 reaches ``top_p`` (the chain applies it before the temperature), then the temperature
 scales the kept logits and one uniform number picks a token. Each draw uses the
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-Logits = npt.NDArray[np.float32]
+from edge_llm.engine.runtime.logits import Logits
 
 BLOCK = 512  # the draw finds its block by block totals, then its token inside the block
 NUCLEUS_TRIES = (256, 4096)  # the nucleus is looked for among this many top tokens first

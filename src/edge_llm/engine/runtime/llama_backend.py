@@ -650,9 +650,9 @@ class _SequenceSampler:
         return _apply(self.chain, self._allowed_candidates(logits))
 
     def _allowed_candidates(self, logits: Logits) -> np.ndarray:
-        """The whole vocabulary as candidates, the grammar's disallowed ones at -inf.
-        Drawing again from them after a first draw was disallowed is exact: a token
-        comes out with its probability under the grammar."""
+        """The whole vocabulary as candidates, with a grammar its disallowed ones at
+        -inf. Drawing again from them after a first draw was disallowed is exact: a
+        token comes out with its probability under the grammar."""
         candidates = _candidates(logits, np.arange(self.n_vocab, dtype=np.int32))
         if self.grammar is not None:
             _apply(self.grammar, candidates)
@@ -719,7 +719,7 @@ def _free_sampler(sampler: ctypes.c_void_p) -> None:
 
 def _numpy_draw(params: SamplingParams, n_vocab: int) -> TemperatureDraw | None:
     """Sampling without top-k or min-p (the defaults) is drawn in numpy: llama.cpp's
-    chain costs 0.3-0.55 ms a token there (``draw.py``)."""
+    chain costs about 0.55 ms a token there (``draw.py``)."""
     if params.greedy or 0 < params.top_k < n_vocab or params.min_p > 0.0:
         return None
     seed = None if params.seed is None else params.seed & 0xFFFFFFFF
