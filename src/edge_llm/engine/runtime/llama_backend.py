@@ -611,7 +611,7 @@ class _SequenceSampler:
         self.error = error  # the grammar could not be built: the sequence must fail
         self.n_vocab = n_vocab
         self.draw = _numpy_draw(params, n_vocab)
-        self.chain = None if params.greedy or self.draw else _new_chain(params)
+        self.chain = None if params.greedy or self.draw is not None else _new_chain(params)
         self.grammar = grammar
         self.rules = rules
         self._single = (llama.llama_token_data * 1)()
