@@ -517,3 +517,76 @@ def test_invariant_kernels_give_a_row_the_same_bits_in_any_batch_and_on_any_thre
             assert differs["alone after the rest"] > 0.0  # the split lone row
     finally:
         backend.close()
+
+
+@pytest.mark.timeout(900)  # 600-token prefills of three slots on a loaded 2-core machine
+@pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fast"])
+def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
+    invariant: bool,
+) -> None:
+    """deterministic = true: a decode row of slot 0, at 200 cells (one 256-cell KV chunk)
+    and at 600 (three, folded), gives the same logits, bit for bit, alone, with a draft
+    row after it, beside two other slots' rows and so on two threads. Beside others (or
+    with a draft), the query heads that share a K/V head are one tile; alone at 200 cells
+    each head is a task of its own (scripts/patches/). The fast kernels split a lone row
+    past 512 cells across the threads: the comparison can fail."""
+    backend = LlamaBackend(
+        None, kv_budget_bytes=96 << 20, max_sequences=3, max_batch_tokens=768,
+        n_threads=THREADS, kv_unified=False, invariant_kernels=invariant,
+    )  # fmt: skip
+    texts = (" ".join([STORY, COPY] * 12), " ".join([COPY, STORY] * 12), " ".join([COPY] * 24))
+    prompts = [backend.tokenize(text, add_special=True)[:602] for text in texts]
+    keys = [str(slot) for slot in range(3)]  # release() ends the samplers by these names
+    for key in keys:
+        backend.start_sequence(key, SamplingParams(temperature=0.0))
+
+    def item(slot: int, depth: int, n_draft: int) -> BatchItem:
+        tokens = prompts[slot][depth : depth + 1 + n_draft]
+        return BatchItem(slot, tokens, depth, True, keys[slot], n_draft, keep_logits=True)
+
+    def row(depth: int, slots: int, threads: int = THREADS, draft: bool = False) -> np.ndarray:
+        backend.set_threads(threads)
+        try:
+            items = [item(slot, depth, int(draft and slot == 0)) for slot in range(slots)]
+            return np.asarray(backend.decode(items)[0].logits)
+        finally:
+            for slot in range(3):
+                backend.truncate(slot, depth)
+            backend.set_threads(THREADS)
+
+    try:
+        differs = {}
+        for depth in (200, 600):
+            for slot in range(3):
+                backend.truncate(slot, 0)
+                backend.decode([BatchItem(slot, prompts[slot][:depth], 0, False, keys[slot])])
+            alone = row(depth, 1)
+            shapes = {
+                "with a draft row": row(depth, 1, draft=True),
+                "beside two others": row(depth, 3),
+                "beside two others, two threads": row(depth, 3, threads=2),
+                "alone, two threads": row(depth, 1, threads=2),
+            }
+            for name, logits in shapes.items():
+                differs[f"{name} at {depth}"] = float(np.max(np.abs(logits - alone)))
+        if invariant:
+            assert differs == dict.fromkeys(differs, 0.0)
+        else:
+            assert differs["alone, two threads at 600"] > 0.0  # the split lone row
+    finally:
+        for slot in range(3):
+            release(backend, slot)
+        backend.close()
+
+
+def test_an_item_whose_draft_leaves_no_token_to_sample_is_refused(backend: LlamaBackend) -> None:
+    """A draft as long as its item would flag logits before the item's first token,
+    outside the batch (it corrupted the heap): refused before llama.cpp sees it."""
+    backend.start_sequence("0", SamplingParams(temperature=0.0))
+    try:
+        with pytest.raises(BackendError, match="no token to sample"):
+            backend.decode([BatchItem(0, [1, 2], 0, True, "0", n_draft=2)])
+        [sampled] = backend.decode([BatchItem(0, [1, 2], 0, True, "0", n_draft=1)])
+        assert sampled.token >= 0  # the batch is whole after the refusal
+    finally:
+        release(backend, 0)

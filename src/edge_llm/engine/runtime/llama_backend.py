@@ -138,6 +138,9 @@ class _Batch:
             item = items[position]
             if n + len(item.tokens) > self.capacity:
                 raise BackendError(f"batch over capacity ({self.capacity} tokens)")
+            if item.sample and item.n_draft + item.n_pad >= len(item.tokens):
+                # the logits flags would be written before the item's first token
+                raise BackendError(f"an item of {len(item.tokens)} tokens has no token to sample")
             for offset, token in enumerate(item.tokens):
                 raw.token[n] = token
                 raw.pos[n] = item.start_pos + offset
