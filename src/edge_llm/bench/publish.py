@@ -4,10 +4,13 @@ A benchmark writes, beside its raw figures, a ``run`` header (which benchmark, w
 the exact command, what else used the CPU) and the ``tables`` it printed. Publishing
 keeps those two parts in ``docs/benchmarks/runs/DATE-NAME.json``, writes the page
 ``docs/benchmarks/DATE-NAME.md`` from them, lists the latest run of each benchmark in
-``docs/benchmarks/index.md``, puts each benchmark's latest headline table where a page
-marks it (the benchmarks index; the README may hold one too) and the llama-server
-comparison's one-line summary in the README. Nothing there is typed by hand: ``check``
-tells when a page, the index or the README differs from what the stored runs generate.
+``docs/benchmarks/index.md``, puts each benchmark's headline table where a page marks
+it (the benchmarks index; the README may hold one too) and the llama-server
+comparison's one-line summary in the README. The headline is the latest of the runs
+that measured the most scenarios (rows of the first table), so a run of a few
+scenarios (a variant's cost, say) is published without taking a full run's place.
+Nothing there is typed by hand: ``check`` tells when a page, the index or the README
+differs from what the stored runs generate.
 
     python -m edge_llm.bench.publish RUN.json [RUN.json ...]
 """
@@ -192,9 +195,10 @@ def headline_markers(benchmark: str) -> tuple[str, str]:
     )
 
 
-def _latest(runs: Sequence[Run], benchmark: str) -> Run | None:
-    mine = sorted((r for r in runs if r.benchmark == benchmark), key=lambda r: r.started)
-    return mine[-1] if mine and mine[-1].tables else None
+def _headline_run(runs: Sequence[Run], benchmark: str) -> Run | None:
+    """The latest of ``benchmark``'s runs whose first table has the most rows."""
+    mine = [r for r in runs if r.benchmark == benchmark and r.tables]
+    return max(mine, key=lambda r: (len(r.tables[0]["rows"]), r.started), default=None)
 
 
 def _links(page: Path) -> tuple[str, str]:
@@ -207,11 +211,11 @@ def _links(page: Path) -> tuple[str, str]:
 def render_headline(
     runs: Sequence[Run], benchmark: str = HEADLINE_BENCHMARK, page: Path = README
 ) -> str:
-    """The first table of ``benchmark``'s latest run, for ``page`` (relative to the
-    repository: the links are relative to it)."""
+    """The first table of ``benchmark``'s headline run (``_headline_run``), for ``page``
+    (relative to the repository: the links are relative to it)."""
     begin, end = headline_markers(benchmark)
-    latest = _latest(runs, benchmark)
-    if latest is None:
+    headline = _headline_run(runs, benchmark)
+    if headline is None:
         none = NO_RUN_YET if benchmark == HEADLINE_BENCHMARK else (
             f"No run of `benchmarks/{benchmark}.py` has been published yet."
         )  # fmt: skip
@@ -220,10 +224,10 @@ def render_headline(
     return "\n".join(
         [
             begin,
-            *markdown_table(latest.tables[0]),
+            *markdown_table(headline.tables[0]),
             "",
-            f"From [the run of {latest.started[:10]}]({prefix}{latest.page}): "
-            f"`{latest.header['command']}`. {machine_line(latest.header['machine'])} "
+            f"From [the run of {headline.started[:10]}]({prefix}{headline.page}): "
+            f"`{headline.header['command']}`. {machine_line(headline.header['machine'])} "
             f"Every published run: [docs/benchmarks]({every}).",
             end,
         ]
@@ -231,12 +235,13 @@ def render_headline(
 
 
 def render_summary(runs: Sequence[Run]) -> str:
-    """One line for the README: each fresh-state scenario of the latest llama-server
-    comparison with its median ratio (cells copied from the run, never retyped)."""
-    latest = _latest(runs, HEADLINE_BENCHMARK)
-    if latest is None:
+    """One line for the README: each fresh-state scenario of the llama-server
+    comparison's headline run with its median ratio (cells copied from the run, never
+    retyped)."""
+    headline = _headline_run(runs, HEADLINE_BENCHMARK)
+    if headline is None:
         return "\n".join([SUMMARY_BEGIN, NO_RUN_YET, SUMMARY_END])
-    table = latest.tables[0]
+    table = headline.tables[0]
     columns = [str(c) for c in table["columns"]]
     ratio = next((i for i, c in enumerate(columns) if c.startswith("ratio")), None)
     goal = columns.index("goal") if "goal" in columns else None
@@ -249,7 +254,7 @@ def render_summary(runs: Sequence[Run]) -> str:
     what = "median ratio edge-llm / llama-server" if ratio is not None else columns[1]
     line = (
         f"Against llama.cpp's llama-server, same GGUF and threads ({what}, "
-        f"[the run of {latest.started[:10]}]({DOCS}/{latest.page})): " + "; ".join(parts) + "."
+        f"[the run of {headline.started[:10]}]({DOCS}/{headline.page})): " + "; ".join(parts) + "."
     )
     return "\n".join([SUMMARY_BEGIN, line, SUMMARY_END])
 
