@@ -528,8 +528,8 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
     and at 600 (three, folded), gives the same logits, bit for bit, alone, with a draft
     row after it, beside two other slots' rows and so on two threads. Beside others (or
     with a draft), the query heads that share a K/V head are one tile; alone at 200 cells
-    each head is a task of its own (scripts/patches/). The fast kernels split a lone row
-    past 512 cells across the threads: the comparison can fail."""
+    on two threads each head is a task of its own (scripts/patches/). The fast kernels
+    split a lone row past 512 cells across the threads: the comparison can fail."""
     backend = LlamaBackend(
         None, kv_budget_bytes=96 << 20, max_sequences=3, max_batch_tokens=768,
         n_threads=THREADS, kv_unified=False, invariant_kernels=invariant,
