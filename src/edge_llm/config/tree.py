@@ -153,8 +153,8 @@ class SchedulerConfig(_Section):
     kv_unified: bool = Field(
         False,
         description="One KV pool shared by all sequences (one may use all of it, prefixes "
-        "shared in place); false: each slot its own share, attention scans only its own "
-        "cells, and greedy text does not depend on the cache or the batch",
+        "shared in place); false: each slot its own share, and attention scans only its own "
+        "cells (what deterministic needs)",
     )
     max_queue: int = Field(
         16, ge=0, description="Requests waiting for a slot or KV; beyond: 503 queue_full"
@@ -185,7 +185,8 @@ class SchedulerConfig(_Section):
         False,
         description="A request's greedy text (or seeded sample) is a function of the request "
         "alone: not of the cache tiers, drafts, other streams, pauses, offloads or the thread "
-        "count (llama.cpp's invariant kernels, scripts/patches/); needs kv_unified = false",
+        "count (llama.cpp's invariant kernels, scripts/patches/, and weights left unpacked: "
+        "a Q4_0 or K-quant model prefills slower); needs kv_unified = false",
     )
     max_preemptions: int = Field(
         3,

@@ -185,7 +185,7 @@ class LlamaBackend:
         path = Path(model_path) if model_path else default_model_path()
         if not path.is_file():
             raise BackendError(f"model file not found: {path}")
-        self._model = self._load_model(path)
+        self._model = self._load_model(path, repack=not invariant_kernels)
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
         self.n_threads = n_threads
@@ -208,8 +208,9 @@ class LlamaBackend:
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         layout = "unified" if kv_unified else f"slots{max_sequences}"
         # Cells computed by other kernels (the other mode, or the invariant kernels before
-        # they folded 256-cell chunks) would change an invariant stream's text.
-        kernels = "invariant-chunks256" if invariant_kernels else "fast"
+        # they folded 256-cell chunks and left weights unpacked) would change an invariant
+        # stream's text.
+        kernels = "invariant-chunks256-unpacked" if invariant_kernels else "fast"
         self.state_fingerprint = fingerprint(
             self.info.path, f"{kv_cache_type}|{layout}|{kernels}", llama.__version__
         )
@@ -224,9 +225,13 @@ class LlamaBackend:
     # -- set-up -------------------------------------------------------------
 
     @staticmethod
-    def _load_model(path: Path) -> ctypes.c_void_p:
+    def _load_model(path: Path, *, repack: bool) -> ctypes.c_void_p:
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
+        # ggml repacks Q4_0, Q8_0, IQ4_NL and K-quant weights for its CPU kernels, whose
+        # batched product rounds a row otherwise than a lone row's (a Q4_K_M model's
+        # logits moved by up to 0.85), so the invariant kernels read them as stored.
+        params.use_extra_bufts = repack
         model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not model:
             raise BackendError(f"llama.cpp could not load {path} (not a GGUF model?)")
@@ -777,7 +782,8 @@ def _require_invariant_kernels() -> None:
             return
     raise BackendError(
         "deterministic = true needs llama.cpp built with scripts/patches/ "
-        f"(no {_INVARIANT_ENV} switch in {lib_dir}/libggml-cpu*): run `make install`"
+        f"(no {_INVARIANT_ENV} switch in {lib_dir}/libggml-cpu*): run `make install`, "
+        "or serve without it (--no-deterministic)"
     )
 
 
