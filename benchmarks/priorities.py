@@ -393,10 +393,15 @@ def describe(
         "preemptions: of background streams (/debug/streams)",
         f"text identical: up to {args.replays} completed background jobs per mixed run "
         "(preempted first) replayed alone on the idle engine with the same prompt at "
-        "temperature 0, answer compared with the one streamed under load (a cache hit does "
-        "not change a text); in the default configuration a text may still differ past 256 "
-        "cells because other streams shared its steps (docs/architecture.md, 'Batching and "
-        "what stays deterministic'; --serve-args --deterministic removes that)",
+        "temperature 0, answer compared with the one streamed under load "
+        + (
+            "(deterministic: neither a cache hit, nor a preemption, nor the other streams "
+            "of its steps change a text)"
+            if config.scheduler.deterministic
+            else "(--no-deterministic: a text may differ past 256 cells because other "
+            "streams shared its steps: docs/architecture.md, 'Batching and what stays "
+            "deterministic')"
+        ),
     ]
 
 
