@@ -186,7 +186,7 @@ class SchedulerConfig(_Section):
         description="A request's greedy text (or seeded sample) is a function of the request "
         "alone: not of the cache tiers, drafts, other streams, pauses, offloads or the thread "
         "count (llama.cpp's invariant kernels, scripts/patches/, and weights left unpacked: "
-        "a Q4_0 or K-quant model prefills slower); needs kv_unified = false",
+        "a model of Q4_0 or Q4_K weights prefills slower); needs kv_unified = false",
     )
     max_preemptions: int = Field(
         3,

@@ -228,9 +228,10 @@ class LlamaBackend:
     def _load_model(path: Path, *, repack: bool) -> ctypes.c_void_p:
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
-        # ggml repacks Q4_0, Q8_0, IQ4_NL and K-quant weights for its CPU kernels, whose
-        # batched product rounds a row otherwise than a lone row's (a Q4_K_M model's
-        # logits moved by up to 0.85), so the invariant kernels read them as stored.
+        # ggml repacks some weight types for its CPU kernels (on x86 Q4_0, Q4_K, Q2_K,
+        # IQ4_NL, MXFP4), and the repacked Q4_K product rounds a batch's rows otherwise
+        # than a lone row (a Q4_K_M model's logits moved by up to 0.85), so the
+        # invariant kernels read the weights as stored.
         params.use_extra_bufts = repack
         model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not model:
