@@ -6,8 +6,9 @@ publish. Each name is a module that owns one noun: ``deadlines``, ``offload``,
 implies, decided by ``kv_cache``), ``runner`` (the backend, with failures isolated per
 sequence), ``output`` (tokens, text, stop strings, rings and the end of a stream). The
 thread never touches a socket: tokens go into each stream's bounded ring and the event
-loop is woken once per step. Public methods are called from the event loop; they take
-the engine lock briefly and never wait on a decode.
+loop is woken once per step (``streams/waker.py``, without handing it the GIL). Public
+methods are called from the event loop; they take the engine lock briefly and never
+wait on a decode.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from edge_llm.engine.streams.book import RunGuard, Streams
 from edge_llm.engine.streams.deadlines import Deadlines
 from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.engine.streams.token_ring import TokenRing
+from edge_llm.engine.streams.waker import LoopWaker
 from edge_llm.errors import (
     BackendError,
     BackendFailure,
@@ -137,7 +139,7 @@ class Engine:
         self.threads = thread_governor(backend, settings.adaptive_threads, clock, cores, events)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waker: LoopWaker[StreamHandle] | None = None  # the event loop's, from start()
         self._stopping = False
         self._draining = False
         self._crash: BaseException | None = None
@@ -147,7 +149,7 @@ class Engine:
     # -- life cycle -----------------------------------------------------------------
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self._waker = LoopWaker(loop, _signal_all)
         self._thread = threading.Thread(target=self._run, name="edge-llm-engine", daemon=True)
         self._thread.start()
         if self.disk is not None and self.kv.per_slot:
@@ -160,6 +162,8 @@ class Engine:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._waker is not None:
+            self._waker.close()  # after the thread's last signal
         if self.disk is not None:
             # what the book kept (the per-slot layout: its slots): the next start has it
             save_kept(self.disk, self.kv.kept(), self.backend.save_state)
@@ -378,8 +382,8 @@ class Engine:
     def _signal_touched(self) -> None:
         with self._lock:
             touched = self.streams.take_touched()
-        if touched and self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(_signal_all, touched)
+        if touched and self._waker is not None:
+            self._waker.wake(touched)  # keeps the GIL: the loop runs while we decode
 
     # -- introspection -------------------------------------------------------------------------
 
