@@ -33,8 +33,7 @@ class LoopWaker(Generic[T]):
         self._loop = loop
         self._deliver = deliver
         self._lock = threading.Lock()
-        self._pending: set[T] = set()
-        self._armed = False  # a marker is queued and has not been taken yet
+        self._pending: set[T] = set()  # not empty: a marker for it is queued
         self._markers: queue.SimpleQueue[bool] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="edge-llm-waker", daemon=True)
         self._thread.start()
@@ -42,11 +41,10 @@ class LoopWaker(Generic[T]):
     def wake(self, items: Set[T]) -> None:
         """Any thread: deliver ``items`` on the loop soon. Never releases the GIL."""
         with self._lock:
+            queued = bool(self._pending)
             self._pending |= items
-            if self._armed:
-                return
-            self._armed = True
-        self._markers.put(True)
+        if not queued:
+            self._markers.put(True)
 
     def close(self) -> None:
         """Deliver what is pending, then stop the waker's thread."""
@@ -56,6 +54,6 @@ class LoopWaker(Generic[T]):
     def _run(self) -> None:
         while self._markers.get():
             with self._lock:
-                items, self._pending, self._armed = self._pending, set(), False
+                items, self._pending = self._pending, set()
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody is left to wake
                 self._loop.call_soon_threadsafe(self._deliver, items)
