@@ -530,17 +530,19 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
     invariant: bool,
 ) -> None:
     """deterministic = true: a decode row of slot 0, at 200 cells (one 256-cell KV chunk)
-    and at 600 (three, folded), gives the same logits, bit for bit, alone, with a draft
-    row after it, beside two other slots' rows and so on two threads. Beside others (or
-    with a draft), the query heads that share a K/V head are one tile; alone at 200 cells
-    on two threads each head is a task of its own (scripts/patches/). The fast kernels
-    split a lone row past 512 cells across the threads: the comparison can fail."""
+    and at 600 (three, folded), gives the same logits, bit for bit, alone, with 1, 7 or
+    12 draft rows after it, beside two other slots' rows and so on two threads. Beside
+    others (or with a draft), the query heads that share a K/V head are one tile; alone at
+    200 cells on two threads each head is a task of its own. The weights' products take
+    other kernels from 2 rows (the output matrix's) and from 9 (two column groups of the
+    row kernels): scripts/patches/. The fast kernels split a lone row past 512 cells
+    across the threads: the comparison can fail."""
     backend = LlamaBackend(
         None, kv_budget_bytes=96 << 20, max_sequences=3, max_batch_tokens=768,
         n_threads=THREADS, kv_unified=False, invariant_kernels=invariant,
     )  # fmt: skip
     texts = (" ".join([STORY, COPY] * 12), " ".join([COPY, STORY] * 12), " ".join([COPY] * 24))
-    prompts = [backend.tokenize(text, add_special=True)[:602] for text in texts]
+    prompts = [backend.tokenize(text, add_special=True)[:613] for text in texts]
     keys = [str(slot) for slot in range(3)]  # release() ends the samplers by these names
     for key in keys:
         backend.start_sequence(key, SamplingParams(temperature=0.0))
@@ -549,10 +551,10 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
         tokens = prompts[slot][depth : depth + 1 + n_draft]
         return BatchItem(slot, tokens, depth, True, keys[slot], n_draft, keep_logits=True)
 
-    def row(depth: int, slots: int, threads: int = THREADS, draft: bool = False) -> np.ndarray:
+    def row(depth: int, slots: int, threads: int = THREADS, draft: int = 0) -> np.ndarray:
         backend.set_threads(threads)
         try:
-            items = [item(slot, depth, int(draft and slot == 0)) for slot in range(slots)]
+            items = [item(slot, depth, draft if slot == 0 else 0) for slot in range(slots)]
             return np.asarray(backend.decode(items)[0].logits)
         finally:
             for slot in range(3):
@@ -567,7 +569,9 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
                 backend.decode([BatchItem(slot, prompts[slot][:depth], 0, False, keys[slot])])
             alone = row(depth, 1)
             shapes = {
-                "with a draft row": row(depth, 1, draft=True),
+                "with a draft row": row(depth, 1, draft=1),
+                "with 7 draft rows": row(depth, 1, draft=7),
+                "with 12 draft rows": row(depth, 1, draft=12),
                 "beside two others": row(depth, 3),
                 "beside two others, two threads": row(depth, 3, threads=2),
                 "alone, two threads": row(depth, 1, threads=2),
