@@ -20,8 +20,9 @@ The draft length follows the sequence's measured acceptance: with a per-token
 acceptance rate ``a`` (accepted over accepted + rejections, recent drafts weighing
 more), the k-th draft token is accepted with probability ``a**k`` and costs what one
 more token adds to the step; it pays when ``a**k`` exceeds that cost over the
-step's cost per token (``StepCosts.draft_price``: on a CPU about 0.3 for one
-stream and higher beside others, whose batch already uses the compute; in the
+step's cost per token (``StepCosts.draft_price``, measured as the engine runs: with
+the embedded model and the project's llama.cpp patches about 0.1-0.2 for one stream,
+and higher beside others, whose batch already uses the compute; in the
 per-slot layout a draft position costs a row for every decoding sequence, so drafts
 beside others rarely pay). After a rejection the next draft is at most twice the
 run that was accepted (the copied passage may have ended). A sequence whose drafts
