@@ -533,9 +533,9 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
     and at 600 (three, folded), gives the same logits, bit for bit, alone, with 1, 7 or
     12 draft rows after it, beside two other slots' rows and so on two threads. Beside
     others (or with a draft), the query heads that share a K/V head are one tile; alone at
-    200 cells on two threads each head is a task of its own. The weights' products take
-    other kernels from 2 rows (the output matrix's) and from 9 (two column groups of the
-    row kernels): scripts/patches/. The fast kernels split a lone row past 512 cells
+    200 cells on two threads each head is a task of its own. The weights' products
+    change kernels from 9 rows (the row kernels' second column group, the output
+    matrix's tiles): scripts/patches/. The fast kernels split a lone row past 512 cells
     across the threads: the comparison can fail."""
     backend = LlamaBackend(
         None, kv_budget_bytes=96 << 20, max_sequences=3, max_batch_tokens=768,
