@@ -530,19 +530,19 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
     invariant: bool,
 ) -> None:
     """deterministic = true: a decode row of slot 0, at 200 cells (one 256-cell KV chunk)
-    and at 600 (three, folded), gives the same logits, bit for bit, alone, with 1, 7 or
-    12 draft rows after it, beside two other slots' rows and so on two threads. Beside
+    and at 600 (three, folded), gives the same logits, bit for bit, alone, with 1, 7, 12
+    or 16 draft rows after it, beside two other slots' rows and so on two threads. Beside
     others (or with a draft), the query heads that share a K/V head are one tile; alone at
     200 cells on two threads each head is a task of its own. The weights' products
-    change kernels from 9 rows (the row kernels' second column group, the output
-    matrix's tiles): scripts/patches/. The fast kernels split a lone row past 512 cells
-    across the threads: the comparison can fail."""
+    change kernels from 17 rows (the row kernels' second pass, the output matrix's
+    tiles; from 9 without AVX-512): scripts/patches/. The fast kernels split a lone row
+    past 512 cells across the threads: the comparison can fail."""
     backend = LlamaBackend(
         None, kv_budget_bytes=96 << 20, max_sequences=3, max_batch_tokens=768,
         n_threads=THREADS, kv_unified=False, invariant_kernels=invariant,
     )  # fmt: skip
     texts = (" ".join([STORY, COPY] * 12), " ".join([COPY, STORY] * 12), " ".join([COPY] * 24))
-    prompts = [backend.tokenize(text, add_special=True)[:613] for text in texts]
+    prompts = [backend.tokenize(text, add_special=True)[:617] for text in texts]
     keys = [str(slot) for slot in range(3)]  # release() ends the samplers by these names
     for key in keys:
         backend.start_sequence(key, SamplingParams(temperature=0.0))
@@ -572,6 +572,7 @@ def test_invariant_kernels_give_a_decode_row_the_same_bits_beside_other_streams(
                 "with a draft row": row(depth, 1, draft=1),
                 "with 7 draft rows": row(depth, 1, draft=7),
                 "with 12 draft rows": row(depth, 1, draft=12),
+                "with 16 draft rows": row(depth, 1, draft=16),
                 "beside two others": row(depth, 3),
                 "beside two others, two threads": row(depth, 3, threads=2),
                 "alone, two threads": row(depth, 1, threads=2),
