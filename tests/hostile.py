@@ -87,6 +87,7 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
         "messages": [{"role": "user", "content": "Hi"}],
     },
     "/v1/responses": {"input": "Hi", "max_output_tokens": 16, "stream": True},
+    "/v1/responses/{response_id}/cancel": {},  # no body is read: an unknown id, 404
     "/v1/embeddings": {"model": "fake", "input": ["Hi", "there"], "encoding_format": "base64"},
     "/models/load": {"model": "fake"},
     "/models/unload": {"model": "fake"},  # the next request loads it again

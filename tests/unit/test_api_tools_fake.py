@@ -174,7 +174,7 @@ async def test_responses_store_and_previous_response_id(served: Served) -> None:
             "tool_choice",
         ),
         ({"input": "x", "tool_choice": "required"}, "tool_choice"),
-        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "background": True, "store": False}, "store"),
         ({"input": "x", "colour": 1}, "colour"),
     ],
 )

@@ -125,6 +125,20 @@ class StreamConfig(_Section):
         description="Events of a resumable stream kept for replay after a drop (at most 1 MiB); "
         "a resume from further back gets 409 resume_gap",
     )
+    background_retention_ms: int = Field(
+        600000,
+        ge=0,
+        description="A background response (Responses API, background: true) can be read, "
+        "streamed again and cancelled for this long after it ended; then 404",
+    )
+    max_background_responses: int = Field(
+        32,
+        ge=1,
+        le=4096,
+        description="Background responses kept at once, running or ended (each keeps up to "
+        "2 MiB of events); the oldest ended one is forgotten first, and with every one "
+        "running a new one gets 503 queue_full",
+    )
 
 
 class SchedulerConfig(_Section):

@@ -361,7 +361,7 @@ class ResumableStreams:
         on transport ``kind``."""
         self._forget_oldest_ended()
         stream_id = secrets.token_hex(STREAM_ID_BITS // 8)
-        stream = Detachable(stream_id, _owner(key), answer, log, self, kind=kind)
+        stream = Detachable(stream_id, owner_digest(key), answer, log, self, kind=kind)
         self._streams[stream_id] = stream
         answer.hand_over()
         return stream
@@ -381,7 +381,7 @@ class ResumableStreams:
             stream is None
             or stream.gone
             or stream.kind != kind
-            or not hmac.compare_digest(stream.owner, _owner(key))
+            or not hmac.compare_digest(stream.owner, owner_digest(key))
         ):
             raise StreamNotFound(f"no resumable stream {stream_id!r} (unknown or expired)")
         return stream
@@ -422,7 +422,7 @@ class ResumableStreams:
         return len(self._streams)
 
 
-def _owner(key: str | None) -> str:
+def owner_digest(key: str | None) -> str:
     """What a stream keeps of its caller's key: a digest, compared in constant time."""
     return hashlib.sha256((key or "").encode()).hexdigest()
 

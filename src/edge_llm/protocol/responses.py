@@ -22,8 +22,10 @@ What a request may hold:
   ``reasoning``, ``include``, ``prompt_cache_key``, ``client_metadata``,
   ``user`` (it names the session, as on chat completions),
   ``truncation``, ``safety_identifier``, ``stream_options``, ``top_logprobs``,
-  ``max_tool_calls``, ``text.verbosity``. ``background: true`` and the
-  ``prompt``/``conversation`` objects cannot be honoured: 400.
+  ``max_tool_calls``, ``text.verbosity``. The ``prompt``/``conversation``
+  objects cannot be honoured: 400.
+- ``background: true``: the response runs detached from the connection
+  (:mod:`edge_llm.generation.background`); it starts ``queued`` and needs ``store``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, get_args
 
@@ -206,7 +209,7 @@ class ResponsesRequest(Strict):
     stream: bool = False
     previous_response_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     store: bool | None = None
-    background: Literal[False] | None = None
+    background: bool | None = None
     priority: Priority | None = None  # vLLM's field (see edge_llm.protocol.priority)
     service_tier: OpenAITier | None = None
     # Accepted, no effect here (see the module docstring).
@@ -303,6 +306,11 @@ class ResponsesRequest(Strict):
     def stores(self) -> bool:
         return self.store is not False
 
+    def check_background(self) -> None:
+        """A background response is read back later: it must be stored."""
+        if self.background and not self.stores:
+            raise InvalidRequest("background responses need store: true", param="store")
+
     @property
     def explicit_priority(self) -> int | None:
         """The class the body asks for: ``priority``, else its service tier's."""
@@ -344,6 +352,23 @@ def _add_call(messages: list[dict[str, Any]], item: FunctionCallItem) -> None:
         last.setdefault("tool_calls", []).append(call)
     else:
         messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def retrieve_query(query: Mapping[str, str]) -> tuple[bool, int | None]:
+    """``GET /v1/responses/{id}``'s query: ``(stream, starting_after)``; other
+    parameters (``include``, ``include_obfuscation``) change nothing here."""
+    stream = query.get("stream", "false").strip().lower()
+    if stream not in ("true", "false"):
+        raise InvalidRequest(f"stream must be true or false, got {stream[:20]!r}", param="stream")
+    after = query.get("starting_after")
+    if after is None:
+        return stream == "true", None
+    if not after.strip().isdigit() or len(after.strip()) > 9:
+        raise InvalidRequest(
+            f"starting_after must be a sequence number (0 or more), got {after[:20]!r}",
+            param="starting_after",
+        )
+    return stream == "true", int(after)
 
 
 # -- the store behind previous_response_id --------------------------------------------
@@ -443,15 +468,35 @@ class ResponseBuilder:
             self._event("response.in_progress", response=self.snapshot()),
         ]
 
+    def queued(self) -> list[dict[str, Any]]:
+        """A background response's first events: it waits for the engine."""
+        self.status = "queued"
+        return [
+            self._event("response.created", response=self.snapshot()),
+            self._event("response.queued", response=self.snapshot()),
+        ]
+
+    def started(self) -> list[dict[str, Any]]:
+        """A queued response left the queue (nothing when it already had)."""
+        if self.status != "queued":
+            return []
+        self.status = "in_progress"
+        return [self._event("response.in_progress", response=self.snapshot())]
+
+    def cancel(self) -> None:
+        """Cancelled (``POST /v1/responses/{id}/cancel``): no event follows."""
+        self.status = "cancelled"
+
     def on(self, event: OutputEvent) -> list[dict[str, Any]]:
+        started = self.started()
         if isinstance(event, TextOut):
-            return self._text(event.text)
+            return started + self._text(event.text)
         if isinstance(event, CallStarted):
-            return self._call(event)
-        return self._arguments(event)
+            return started + self._call(event)
+        return started + self._arguments(event)
 
     def finish(self, finish_reason: str, usage: dict[str, Any]) -> list[dict[str, Any]]:
-        events = self._close_open()
+        events = self.started() + self._close_open()
         self.usage = _usage(usage)
         if finish_reason == "length":
             self.status = "incomplete"
@@ -475,6 +520,7 @@ class ResponseBuilder:
             "object": "response",
             "created_at": self.created_at,
             "status": self.status,
+            "background": bool(req.background),
             "error": self.error,
             "incomplete_details": (
                 {"reason": "max_output_tokens"} if self.status == "incomplete" else None

@@ -48,6 +48,9 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/messages", anthropic_routes.messages)
     app.router.add_post("/v1/messages/count_tokens", anthropic_routes.count_tokens)
     app.router.add_post("/v1/responses", responses_routes.create_response)
+    app.router.add_get("/v1/responses/{response_id}", responses_routes.retrieve_response)
+    app.router.add_post("/v1/responses/{response_id}/cancel", responses_routes.cancel_response)
+    app.router.add_delete("/v1/responses/{response_id}", responses_routes.delete_response)
     app.router.add_get("/v1/models", openai_routes.models)
     app.router.add_post("/v1/embeddings", model_routes.embeddings)
     app.router.add_post("/models/load", model_routes.load)
@@ -173,5 +176,5 @@ async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
         response.headers["Access-Control-Allow-Headers"] = (
             "Authorization, Content-Type, X-Priority, X-Session-Id, x-api-key"
         )
-        response.headers["Access-Control-Allow-Methods"] = "GET, POST, OPTIONS"
+        response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
     return response

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config.tree import EngineConfig
+from edge_llm.generation.background import BackgroundResponses
 from edge_llm.generation.dispatch import Answer, Dispatcher
 from edge_llm.generation.job import GenerationJob, Priority
 from edge_llm.generation.pump import PumpSettings
@@ -40,6 +41,8 @@ class ServerContext:
     dispatcher: Dispatcher
     # Streams that opted in to resuming after a dropped connection.
     resumable: ResumableStreams
+    # The Responses API's background responses, by id.
+    background: BackgroundResponses
     started_at: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     # Open connections; set once the aiohttp server exists.

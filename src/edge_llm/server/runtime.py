@@ -29,6 +29,7 @@ from edge_llm.engine.kv.ledger import (
 )
 from edge_llm.engine.runtime.backend import Backend, context_tokens
 from edge_llm.errors import BackendError
+from edge_llm.generation.background import BackgroundResponses
 from edge_llm.generation.dispatch import Dispatcher
 from edge_llm.generation.pump import PumpSettings
 from edge_llm.generation.resumable import ResumableStreams
@@ -242,6 +243,7 @@ class RunningServer:
         rest (their clients get a final ``cancelled``/``shutdown`` event), stop."""
         self.ctx.draining = True
         self.ctx.resumable.close()  # nobody may come back for a detached stream now
+        self.ctx.background.close()  # a background response does not outlive the server
         await self.ctx.pool.drain(grace_s)
         self.ctx.router.cancel_all("shutdown")
         await self.runner.cleanup()
@@ -398,6 +400,9 @@ def build_context(
             stream.max_detached_streams,
             stream.resume_buffer_events,
             events,
+        ),
+        background=BackgroundResponses(
+            stream.background_retention_ms / 1000.0, stream.max_background_responses
         ),
         pump_settings=pump_settings,
         connection=ConnectionSettings(
