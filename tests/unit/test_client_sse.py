@@ -1,12 +1,20 @@
-"""Chunk decoding of the client SDK (the bytes are parsed by protocol/sse.py)."""
+"""Chunk decoding of the client SDK (the bytes are parsed by protocol/sse.py), and the SSE
+cases of tests/data/sse_cases.json that the JavaScript client's tests run too."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from edge_llm.client.errors import EventTooLargeError, MalformedChunkError, ServerStreamError
+from edge_llm.client.errors import (
+    ClientError,
+    EventTooLargeError,
+    MalformedChunkError,
+    ServerStreamError,
+)
 from edge_llm.client.sse import SSEEvent, SSEParser, parse_chunk, read_events
 
 
@@ -87,3 +95,47 @@ def test_parse_chunk_error_as_bare_string() -> None:
 def test_parse_chunk_non_object_raises_malformed(data: str) -> None:
     with pytest.raises(MalformedChunkError):
         parse_chunk(SSEEvent(None, data))
+
+
+# --- the cases shared with the JavaScript client ----------------------------------------
+
+CASES = json.loads((Path(__file__).parents[1] / "data" / "sse_cases.json").read_text("utf-8"))
+
+
+def read_bytes(read: str | dict[str, str]) -> bytes:
+    return bytes.fromhex(read["hex"]) if isinstance(read, dict) else read.encode()
+
+
+@pytest.mark.parametrize("case", CASES["parser"], ids=[c["name"] for c in CASES["parser"]])
+def test_shared_sse_case(case: dict[str, Any]) -> None:
+    bounds = {k: case[k] for k in ("max_line_bytes", "max_event_bytes") if k in case}
+    parser = SSEParser(**bounds)
+    events: list[SSEEvent] = []
+    try:
+        for read in case["reads"]:
+            events += read_events(parser, read_bytes(read))
+        events += read_events(parser, b"")
+    except ClientError as exc:
+        assert exc.code == case.get("error"), exc
+        return
+    assert "error" not in case, f"expected {case['error']}, got {events}"
+    assert [{"event": e.event, "data": e.data, "id": e.id} for e in events] == case["events"]
+    assert parser.comments == case.get("comments", 0)
+    assert parser.retry_ms == case.get("retry_ms")
+
+
+@pytest.mark.parametrize("case", CASES["chunks"], ids=[c["name"] for c in CASES["chunks"]])
+def test_shared_chunk_case(case: dict[str, Any]) -> None:
+    try:
+        chunk = parse_chunk(SSEEvent(None, case["data"]))
+    except ClientError as exc:
+        assert exc.code == case.get("error"), exc
+        if "server_code" in case:
+            assert exc.server_code == case["server_code"]
+        return
+    assert "error" not in case
+    got = None
+    if chunk is not None:
+        got = {"id": chunk.id, "content": chunk.content, "finish_reason": chunk.finish_reason,
+               "usage": chunk.usage}  # fmt: skip
+    assert got == case["chunk"]

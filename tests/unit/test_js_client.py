@@ -1,0 +1,103 @@
+"""The JavaScript client (clients/js): its own unit tests (Node's runner), the playground
+bundle committed in the package, and one seed JSON read alike by both SDKs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_llm.client import ConfigError, load_client_config
+from edge_llm.client.config import ClientConfig
+from js_client import PACKAGE, ROOT, check, node_flags, run
+
+SEED = ROOT / "src" / "edge_llm" / "configs" / "client.json"
+# Loads what stdin holds with the built package; prints the config in the JSON's names.
+LOAD = """
+import { loadClientConfig } from "./dist/index.js";
+const snake = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [
+  k.replace(/[A-Z]/g, (c) => "_" + c.toLowerCase()),
+  v && typeof v === "object" && !Array.isArray(v) ? snake(v) : v,
+]));
+let input = "";
+for await (const part of process.stdin) input += part;
+try {
+  const { notes, ...config } = loadClientConfig(JSON.parse(input));
+  console.log(JSON.stringify({ config: snake(config) }));
+} catch (error) {
+  console.log(JSON.stringify({ field: error.field, message: error.message }));
+}
+"""
+
+
+def js_load(section: object) -> dict[str, Any]:
+    result = run("node", "--input-type=module", "-e", LOAD, stdin_text=json.dumps(section))
+    return dict(json.loads(check(result)))
+
+
+def test_the_js_unit_tests_pass() -> None:
+    """`npm test`: builds the package, then Node's test runner (render queue, SSE cases,
+    retry timing on a fake clock, WS/SSE flow control with scripted transports, size)."""
+    output = check(run("npm", "test", "--silent"))
+    assert "# fail 0" in output
+    assert "@edge-llm/client:" in output  # the size test ran and said the size
+
+
+def test_the_committed_playground_bundle_is_current() -> None:
+    check(run("node", "scripts/bundle.mjs", "--check"))
+    bundle = (ROOT / "src" / "edge_llm" / "server" / "playground" / "app.js").read_text("utf-8")
+    assert "new WebSocket" not in bundle  # the page opens sockets through the SDK only
+
+
+def test_the_seed_json_drives_both_sdks_alike() -> None:
+    seed = json.loads(SEED.read_text("utf-8"))
+    js = js_load(seed)["config"]
+    python = load_client_config(SEED).model_dump(mode="json")
+    python["retry"]["retry_on"] = list(python["retry"]["retry_on"])
+    assert js == python
+    assert set(js) == set(ClientConfig.model_fields)
+
+
+BAD = [
+    {"ttft_warn_ms": -1},
+    {"ttft_hard_timeout_ms": "10"},
+    {"render_queue_high_watermark": 1.5},
+    {"render_queue_low_watermark": 0.9},
+    {"retry": {"max_attempts": 0}},
+    {"retry": {"retry_on": ["sometimes"]}},
+    {"retry": {"backof_ms": 1}},
+    {"colour": "red"},
+    {"base_url": "ftp://x"},
+    {"stream": "yes"},
+    {"model_id": ""},
+    {"render_queue_capacity": 1},
+]
+
+
+@pytest.mark.parametrize("fields", BAD, ids=[next(iter(f)) for f in BAD])
+def test_a_bad_key_is_named_by_both_sdks(fields: dict[str, Any], tmp_path: Path) -> None:
+    section = {"base_url": "http://h:1", "model_id": "m", **fields}
+    path = tmp_path / "client.json"
+    path.write_text(json.dumps({"edge_llm_client": section}), "utf-8")
+    with pytest.raises(ConfigError) as python:
+        load_client_config(path, env={})
+    js = js_load({"edge_llm_client": section})
+    assert "field" in js, js
+    key = next(iter(fields))
+    if python.value.field is None:  # a rule across keys: the Python SDK names it in words
+        assert key in str(python.value)
+        assert js["field"] == key
+    else:
+        assert js["field"] == python.value.field, (js, python.value)
+    assert key in js["message"]
+
+
+def test_the_package_exports_only_built_files() -> None:
+    manifest = json.loads((PACKAGE / "package.json").read_text("utf-8"))
+    assert manifest["files"] == ["dist"]
+    assert manifest["type"] == "module"
+    assert not manifest.get("dependencies"), "no runtime dependencies"
+    assert set(manifest["devDependencies"]) == {"typescript", "esbuild"}
+    assert node_flags() in ([], ["--experimental-websocket"])
