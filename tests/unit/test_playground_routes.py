@@ -35,7 +35,8 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy(client_of
     assert page.headers["X-Content-Type-Options"] == "nosniff"
     script = await client.get("/playground/app.js")
     assert script.content_type == "text/javascript"
-    assert "/v1/stream" in await script.text()
+    code = await script.text()
+    assert "/debug/streams" in code and "StreamClient = class" in code  # the page, on the SDK
     style = await client.get("/playground/style.css")
     assert style.content_type == "text/css"
     missing = await client.get("/playground/../config.py")
