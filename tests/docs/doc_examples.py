@@ -2,7 +2,8 @@
 
 An HTML comment on the line before a fenced block (invisible on the rendered page):
 
-- ``<!-- run -->``: run the block (``sh`` with bash, ``python`` with this Python);
+- ``<!-- run -->``: run the block (``sh`` with bash, ``python`` with this Python,
+  ``javascript`` with node as an ES module that can import ``@edge-llm/client``);
 - ``<!-- run: server [FLAGS] -->``: run it against an engine started with these
   serve flags, shared by the page's blocks that name the same flags; the block's
   ``127.0.0.1:8000`` (what ``make run`` serves) is pointed at that engine;
@@ -18,7 +19,7 @@ An HTML comment on the line before a fenced block (invisible on the rendered pag
   lines, none included, and only between two lines it must match (never first or
   last: it would swallow a traceback or retry noise before or after the output).
 
-Every ``sh``/``bash``/``shell``/``console``/``python`` block must carry run or skip.
+Every ``sh``/``bash``/``shell``/``console``/``python``/``javascript`` block must carry run or skip.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-CODE_LANGUAGES = {"sh": "sh", "bash": "sh", "shell": "sh", "console": "sh", "python": "python"}
+CODE_LANGUAGES = {
+    "sh": "sh",
+    "bash": "sh",
+    "shell": "sh",
+    "console": "sh",
+    "python": "python",
+    "javascript": "js",
+}
 WILDCARD_LINES = "..."
 # Each typed wildcard and what it matches (within one line).
 WILDCARDS = {
@@ -49,7 +57,7 @@ _MARKER = re.compile(r"^<!--\s*(run|skip|output)\s*(?::\s*(.*?))?\s*-->\s*$")
 class Example:
     page: str  # path relative to the repository
     line: int  # 1-based line of the opening fence
-    language: str  # "sh" or "python"
+    language: str  # "sh", "python" or "js"
     code: str
     run: bool
     server_flags: tuple[str, ...] | None  # None: no server

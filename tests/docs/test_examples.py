@@ -2,7 +2,8 @@
 
 Each page's examples run in order in a working directory of their own, which holds
 a link to the repository's ``src`` (examples read the shipped configs from there),
-one to the virtualenv as ``.venv`` (as in a clone after ``make install``) and, when
+one to the virtualenv as ``.venv`` (as in a clone after ``make install``), one to
+``clients/js`` as ``node_modules/@edge-llm/client`` (JavaScript examples run with node) and, when
 the page uses an engine, its event log as ``engine.jsonl``. They run as in a shell
 where the docs' PATH note was followed (``source .venv/bin/activate``): the
 virtualenv's ``bin`` first on ``PATH`` and ``VIRTUAL_ENV`` set. Examples
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from js_client import PACKAGE, node, node_flags
 
 from conftest import EngineProcess, start_engine
 from doc_examples import ROOT, Example, examples, matches, pages
@@ -83,6 +86,9 @@ class Pages:
             (workdir / "home").mkdir()
             (workdir / "src").symlink_to(ROOT / "src")
             (workdir / ".venv").symlink_to(VENV_BIN.parent)
+            # A JavaScript example imports the client as a project that installed it.
+            (workdir / "node_modules" / "@edge-llm").mkdir(parents=True)
+            (workdir / "node_modules" / "@edge-llm" / "client").symlink_to(PACKAGE)
             self.current = PageRun(page, workdir)
         return self.current
 
@@ -134,6 +140,10 @@ def command(example: Example, code: str, workdir: Path) -> list[str]:
         script = workdir / f"example_{example.line}.py"
         script.write_text(code, encoding="utf-8")
         return [sys.executable, str(script)]
+    if example.language == "js":
+        script = workdir / f"example_{example.line}.mjs"
+        script.write_text(code, encoding="utf-8")
+        return [node(), *node_flags(), str(script)]
     return ["bash", "-e", "-o", "pipefail", "-c", _STOP_JOBS + code]
 
 
