@@ -134,7 +134,8 @@ def start_engine(tmp_path: Path, *flags: str, env: dict[str, str] | None = None)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, **(env or {})},
+        # Pulled models: a store of the test's own, never the user's.
+        env={**os.environ, "EDGE_LLM_MODELS_DIR": str(tmp_path / "pulled"), **(env or {})},
     )
     lines: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=_read_lines, args=(proc, lines), daemon=True)

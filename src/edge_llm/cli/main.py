@@ -11,7 +11,12 @@ from edge_llm import __version__
 from edge_llm.cli.help import HelpParser
 
 # Each module exposes register(subparsers), which sets ``func`` to its run(args) -> int.
-SUBCOMMANDS = ("serve", "chat", "bench", "storm", "doctor", "blame", "top", "config")
+SUBCOMMANDS = (
+    "serve", "pull", "list", "rm", "chat", "bench", "storm", "doctor", "blame", "top", "config",
+)  # fmt: skip
+# Where a subcommand lives when its module is not named after it (``pull`` holds the
+# model store's three commands).
+_MODULES = {"config": "config_cmd", "list": "pull", "rm": "pull"}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -24,8 +29,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(
         dest="command", required=True, metavar="COMMAND", parser_class=HelpParser
     )
-    for name in (only,) if only in SUBCOMMANDS else SUBCOMMANDS:
-        module_name = "config_cmd" if name == "config" else name
+    names = (only,) if only in SUBCOMMANDS else SUBCOMMANDS
+    for module_name in dict.fromkeys(_MODULES.get(name, name) for name in names):
         module = importlib.import_module(f"edge_llm.cli.{module_name}")
         module.register(subparsers)
     return parser

@@ -10,6 +10,7 @@ import signal
 import sys
 
 from edge_llm.cli.port_holder import port_holder
+from edge_llm.cli.pull import ProgressLine
 from edge_llm.config.tree import (
     ConfigError,
     EngineConfig,
@@ -21,6 +22,10 @@ from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.ledger import ledger_summary
 from edge_llm.engine.runtime.heap import unmap_large_blocks_when_freed
 from edge_llm.errors import BackendError
+from edge_llm.models.catalog import Catalog, NotPulled
+from edge_llm.models.download import NotEnoughDisk
+from edge_llm.models.hub import RemoteError
+from edge_llm.models.sizing import ModelShape, kv_mb_for
 from edge_llm.observability.units import mib
 from edge_llm.server.runtime import ListenError, start_server
 
@@ -50,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
     unmap_large_blocks_when_freed()  # before the first saved state: RSS follows the ledger
     try:
         asyncio.run(_serve(config))
+    except NotPulled as exc:
+        print(f"edge-llm serve: {exc}", file=sys.stderr)
+        return 2
+    except (RemoteError, NotEnoughDisk) as exc:
+        print(f"edge-llm serve: pulling a model failed: {exc}", file=sys.stderr)
+        return 1
     except ListenError as exc:
         print(f"edge-llm serve: {listen_problem(exc)}", file=sys.stderr)
         return 2
@@ -72,19 +83,43 @@ def listen_problem(exc: ListenError) -> str:
     )
 
 
-def prompt_limit_warning(config: EngineConfig, kv: KvBook) -> str | None:
+def prompt_limit_warning(
+    config: EngineConfig, kv: KvBook, shape: ModelShape | None = None
+) -> str | None:
     """A warning when ``max_prompt_tokens`` promises prompts that one sequence's share
-    of the KV cache cannot hold (they would be refused below the configured limit)."""
+    of the KV cache cannot hold (they would be refused below the configured limit),
+    with the ``max_kv_cache_mb`` that would hold them when the model's ``shape`` is
+    known."""
     limit = config.backpressure.max_prompt_tokens
     share = kv.sequence_tokens
     if limit < share:
         return None
     layout = "one slot's share" if kv.per_slot else "the whole KV cache"
+    raise_kv = "raise max_kv_cache_mb"
+    if shape is not None:
+        answer = config.scheduler.default_max_tokens
+        need = kv_mb_for(config, limit + answer, shape)
+        raise_kv = (
+            f"raise max_kv_cache_mb to {need} (a {limit}-token prompt and a {answer}-token "
+            "answer)" if need is not None
+            else f"the model's context is {shape.trained_tokens} tokens"
+        )  # fmt: skip
     return (
         f"edge-llm: warning: max_prompt_tokens {limit} does not fit {layout} "
         f"({share} tokens, prompt and answer together): longer prompts get 400 "
-        "prompt_too_long; raise max_kv_cache_mb, lower max_sequences, or lower "
-        "max_prompt_tokens"
+        f"prompt_too_long; {raise_kv}, lower max_sequences, or lower max_prompt_tokens"
+    )
+
+
+def limits_line(config: EngineConfig, kv: KvBook, trained_tokens: int) -> str:
+    """The limits a request meets, in one line (they were guesses before it)."""
+    bp = config.backpressure
+    layout = "a slot's share" if kv.per_slot else "the pool"
+    ttft = f"{bp.ttft_timeout_ms / 1000:g} s" if bp.ttft_timeout_ms else "off"
+    return (
+        f"edge-llm: limits: model context {trained_tokens} tokens, {kv.sequence_tokens} "
+        f"per sequence ({layout}), max_prompt_tokens {bp.max_prompt_tokens}, "
+        f"ttft_timeout_ms {bp.ttft_timeout_ms} ({ttft})"
     )
 
 
@@ -99,7 +134,11 @@ def kv_capacity(config: EngineConfig, capacity_tokens: int, capacity_bytes: int)
 
 
 async def _serve(config: EngineConfig) -> None:
+    progress = ProgressLine(sys.stderr)
+    config = await Catalog.of(config).resolve_config(config, progress)  # pulled names
+    progress.clear()
     server = await start_server(config)
+    config = server.ctx.config  # with the keys sized for the model
     pool = server.ctx.pool
     default = pool.loaded(pool.default)
     if default is None:  # loaded at start; unloaded only on request
@@ -108,7 +147,12 @@ async def _serve(config: EngineConfig) -> None:
     capacity = kv_capacity(config, kv.capacity_tokens, kv.capacity_bytes)
     print(f"edge-llm: serving {pool.default} on {server.url} ({capacity})", flush=True)
     print(f"edge-llm: {ledger_summary(default.engine.snapshot()['memory_ledger'])}", flush=True)
-    warning = prompt_limit_warning(config, kv)
+    for reason in server.sized.reasons:
+        print(f"edge-llm: sized for {pool.default}: {reason}; set it to choose", flush=True)
+    info = default.engine.backend.info
+    print(limits_line(config, kv, info.n_ctx_train), flush=True)
+    shape = ModelShape(info.n_ctx_train, info.kv_bytes_per_token, info.size_bytes)
+    warning = prompt_limit_warning(config, kv, shape)
     if warning is not None:
         print(warning, file=sys.stderr, flush=True)
     for name in pool.names[1:]:

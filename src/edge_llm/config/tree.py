@@ -290,6 +290,17 @@ class ModelConfig(_Section):
         description="Model id served by /v1/models; a request may name it or leave model out",
         json_schema_extra={DOC_DEFAULT: "the file name up to its first dot"},
     )
+    models_dir: str | None = Field(
+        None,
+        description="The store of pulled models (edge-llm pull, Ollama's /api/pull): "
+        "--model and a request's model name them",
+        json_schema_extra={DOC_DEFAULT: "$XDG_CACHE_HOME/edge-llm/models (~/.cache/...)"},
+    )
+    pull: Literal["never", "missing"] = Field(
+        "never",
+        description="missing: a Hub model named by --model or a request but not pulled yet is "
+        "pulled first (never: that is an error naming the edge-llm pull command)",
+    )
     n_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
         ge=1,

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from edge_llm.engine.kv.ledger import MemoryLedger
 from edge_llm.errors import (
     EngineUnavailable,
+    InvalidRequest,
     KvBudgetExceeded,
     ModelBusy,
     ModelMemory,
@@ -170,15 +171,21 @@ class ModelPool(Generic[M]):
         slot_metrics: dict[str, EngineMetrics] | None = None,
         clock: Callable[[], float] = time.monotonic,
         kv: KvGate | None = None,
+        find: Callable[[str], ModelSpec | None] | None = None,
     ) -> None:
         """``specs[0]`` is the default model (a request that names none gets it);
         ``slot_metrics``: registries already made for some models (the default's);
-        ``kv``: the memory ledger a load reserves its KV context in (None: none)."""
+        ``kv``: the memory ledger a load reserves its KV context in (None: none);
+        ``find``: a model by a name not served yet (a pulled one), or None."""
         given = slot_metrics or {}
         self._slots: dict[str, _Slot[M]] = {
             s.name: _Slot(s, given.get(s.name) or EngineMetrics(), keep_alive_s=s.keep_alive_s)
             for s in specs
         }
+        # The served names, default first: one list kept current in place, so that
+        # holders of it (the upstream router's local models) see models added later.
+        self._names = list(self._slots)
+        self._find = find
         self.default = specs[0].name
         self.budget_bytes = budget_bytes
         self._loader = loader
@@ -195,7 +202,37 @@ class ModelPool(Generic[M]):
 
     @property
     def names(self) -> list[str]:
-        return list(self._slots)
+        """The served names, default first (a live list: read it, do not change it)."""
+        return self._names
+
+    def discover(self, model: str | None) -> bool:
+        """Serve ``model`` if it is not served yet but ``find`` knows it (a model pulled
+        since the start); True when it is served now."""
+        if model is None or model in self._slots:
+            return model is not None
+        spec = self._find(model) if self._find is not None else None
+        if spec is None:
+            return False
+        self.add(spec)
+        return True
+
+    def add(self, spec: ModelSpec) -> None:
+        """Serve one more model (unloaded until asked for)."""
+        if spec.name not in self._slots:
+            self._slots[spec.name] = _Slot(spec, EngineMetrics(), keep_alive_s=spec.keep_alive_s)
+            self._names.append(spec.name)
+
+    async def forget(self, name: str) -> bool:
+        """Stop serving ``name`` (unloaded first: its streams end); False when it is not
+        served. The default model stays."""
+        if name not in self._slots:
+            return False
+        if name == self.default:
+            raise InvalidRequest(f"{name!r} is the default model of this server", param="model")
+        await self.unload(name)
+        self._slots.pop(name)
+        self._names.remove(name)
+        return True
 
     def spec(self, name: str) -> ModelSpec:
         return self._slots[name].spec
@@ -253,7 +290,7 @@ class ModelPool(Generic[M]):
         """The served name ``model`` asks for (None: the default model)."""
         if model is None:
             return self.default
-        if model not in self._slots:
+        if not self.discover(model):
             raise ModelNotFound(
                 f"model {model!r} is not served here; available: {', '.join(self._slots)}",
                 param="model",

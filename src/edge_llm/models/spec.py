@@ -79,6 +79,20 @@ def named_specs(config: EngineConfig) -> list[ModelSpec]:
     return specs
 
 
+def pulled_spec(config: EngineConfig, name: str, path: str) -> ModelSpec:
+    """A pulled model served under ``name`` (one the configuration does not name),
+    with the engine's keys: its share of the KV cap is a named model's."""
+    size, mtime = _file_stat(path)
+    return ModelSpec(
+        name=name,
+        path=path,
+        size_bytes=size,
+        modified_at=mtime,
+        kv_budget_bytes=kv_share_bytes(config, None),
+        keep_alive_s=keep_alive_s(config.model.keep_alive_ms),
+    )
+
+
 def kv_share_bytes(config: EngineConfig, own_mb: int | None) -> int:
     """A model's share of the memory ledger, whose cap (``max_kv_cache_mb``) bounds
     every loaded model's KV together: its own ``[models.NAME] max_kv_cache_mb``, else

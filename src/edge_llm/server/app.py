@@ -24,6 +24,7 @@ from edge_llm.server import (
     ollama_routes,
     openai_routes,
     playground_routes,
+    pull_routes,
     responses_routes,
     resumable_sse,
     ws_route,
@@ -52,6 +53,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_post("/v1/responses/{response_id}/cancel", responses_routes.cancel_response)
     app.router.add_delete("/v1/responses/{response_id}", responses_routes.delete_response)
     app.router.add_get("/v1/models", openai_routes.models)
+    app.router.add_get("/v1/models/{id:.+}", model_routes.retrieve)
     app.router.add_post("/v1/embeddings", model_routes.embeddings)
     app.router.add_post("/models/load", model_routes.load)
     app.router.add_post("/models/unload", model_routes.unload)
@@ -62,6 +64,8 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_get("/api/ps", ollama_routes.ps)
     app.router.add_post("/api/show", ollama_routes.show)
     app.router.add_get("/api/version", ollama_routes.version)
+    app.router.add_post("/api/pull", pull_routes.pull)
+    app.router.add_delete("/api/delete", pull_routes.delete)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
     app.router.add_get("/v1/streams/{stream_id}", resumable_sse.resume_stream)
     app.router.add_get("/health", debug_routes.health)

@@ -1,5 +1,5 @@
 """Served models: ``POST /models/load`` and ``/models/unload`` (named as llama-server's
-router names them), and OpenAI's ``POST /v1/embeddings``."""
+router names them), OpenAI's ``GET /v1/models/{id}`` and ``POST /v1/embeddings``."""
 
 from __future__ import annotations
 
@@ -7,14 +7,35 @@ from typing import Any
 
 from aiohttp import web
 
-from edge_llm.errors import InvalidRequest
+from edge_llm.errors import InvalidRequest, ModelNotFound
 from edge_llm.generation.service import ServedModel
 from edge_llm.models.embeddings import EmbeddingInput, EmbeddingResult
 from edge_llm.models.pool import ModelPool
 from edge_llm.protocol import embeddings as protocol
-from edge_llm.protocol.openai import parse_request
+from edge_llm.protocol.openai import model_object, parse_request
 from edge_llm.server.context import context_of
 from edge_llm.server.http import read_json
+
+
+async def retrieve(request: web.Request) -> web.Response:
+    """One model as ``GET /v1/models`` lists it (a pulled one, served from now on;
+    an upstream's); else 404 ``model_not_found``."""
+    ctx = context_of(request)
+    model = request.match_info["id"]
+    if ctx.pool.discover(model):
+        metadata = await ctx.pool.metadata(model)
+        arch = metadata.get("general.architecture")
+        return web.json_response({
+            **model_object(model, ctx.started_at),
+            "state": ctx.pool.state(model).value,
+            "chat_template": bool(metadata.get("tokenizer.chat_template")),
+            "context_length": metadata.get(f"{arch}.context_length"),
+        })  # fmt: skip
+    for upstream_model, backend in ctx.router.model_entries():
+        if upstream_model == model:
+            return web.json_response(model_object(model, ctx.started_at, owned_by=backend))
+    ctx.pool.resolve(model)  # raises ModelNotFound listing the served ones
+    raise ModelNotFound(f"model {model!r} is not served here", param="model")
 
 
 async def load(request: web.Request) -> web.Response:

@@ -1,5 +1,6 @@
 """Ollama's API on the same port: ``/api/chat``, ``/api/generate`` (NDJSON streams),
-``/api/embed``, ``/api/tags``, ``/api/ps``, ``/api/show``, ``/api/version``.
+``/api/embed``, ``/api/tags``, ``/api/ps``, ``/api/show``, ``/api/version`` (``/api/pull``
+and ``/api/delete``: :mod:`edge_llm.server.pull_routes`).
 
 Chat and generate start like every other route (dispatch, the model's lease, the
 same admission limits) and stream through the same pump and writer as SSE: one
@@ -19,6 +20,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypedDict
 
 from aiohttp import web
@@ -83,7 +85,7 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
 
 def served_name(pool: ModelPool[ServedModel], model: str) -> str:
     """The served model ``model`` names (``NAME:latest`` is ``NAME``), else 404."""
-    if model in pool.names:
+    if pool.discover(model):
         return model
     base, _, tag = model.partition(":")
     if tag == "latest" and base in pool.names:
@@ -290,10 +292,18 @@ async def _facts(pool: ModelPool[ServedModel], name: str) -> ollama.ModelFacts:
     return ollama.ModelFacts(
         name=name,
         size_bytes=spec.size_bytes,
-        digest=hashlib.sha256(f"{spec.path}:{spec.size_bytes}:{modified}".encode()).hexdigest(),
+        digest=_digest(spec.path, spec.size_bytes, modified),
         modified_at=modified,
         architecture=arch,
         parameter_size=str(metadata.get("general.size_label") or ""),
         quantization=FILE_TYPES.get(file_type, "") if isinstance(file_type, int) else "",
         context_length=context if isinstance(context, int) else None,
     )
+
+
+def _digest(path: str | None, size: int, modified: dt.datetime) -> str:
+    """A pulled model's sha256 (its blob's name); else a hash of where the file is."""
+    blob = Path(path or "").name
+    if blob.startswith("sha256-") and len(blob) == 71:
+        return blob.removeprefix("sha256-")
+    return hashlib.sha256(f"{path}:{size}:{modified}".encode()).hexdigest()

@@ -11,7 +11,7 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.pool import KvGate, Loader, ModelPool
+from edge_llm.models.sizing import Fit, fit_config, fit_ttft
 from edge_llm.models.spec import (
     MIB,
     ModelSpec,
@@ -46,8 +47,10 @@ from edge_llm.models.spec import (
     default_spec,
     kv_share_bytes,
     named_specs,
+    pulled_spec,
     serves_several,
 )
+from edge_llm.models.store import ModelStore
 from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.protocol.sampling import SamplingDefaults
@@ -232,6 +235,7 @@ class RunningServer:
     event_log: EventLog | None
     host: str
     port: int
+    sized: Fit = field(default_factory=Fit)  # the keys sized for the model, and why
 
     @property
     def url(self) -> str:
@@ -266,8 +270,12 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
             server.event_log, source="engine", on_drop=metrics.count_event_log_drop
         )
     events: EventSink = event_log.emit if event_log else null_sink
-    if backend is None:
+    sized = Fit()
+    if backend is None:  # defaults that fit the model: before its load, then its prefill rate
+        available = psutil.virtual_memory().available
+        config, sized = await asyncio.to_thread(fit_config, config, available)
         backend = await asyncio.to_thread(load_backend, config)
+        config = await asyncio.to_thread(fit_ttft, config, backend, sized)
     engine_events = model_events(config, backend.info.model_id, events)
     engine = Engine(backend, engine_settings(config), metrics=metrics, events=engine_events)
     engine.start(asyncio.get_running_loop())
@@ -290,7 +298,7 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     await web.SockSite(runner, sock).start()
     host, port = sock.getsockname()[:2]
     _warn_if_exposed(config)
-    return RunningServer(ctx, runner, event_log, host, port)
+    return RunningServer(ctx, runner, event_log, host, port, sized)
 
 
 def model_events(config: EngineConfig, name: str, events: EventSink) -> EventSink:
@@ -353,6 +361,10 @@ def build_pool(
         )
     check_kv_shares(config)
     specs = [first, *named]
+    store = ModelStore(config.model.models_dir)
+    served = {spec.path for spec in specs}
+    # Every pulled model is served (unloaded until asked for), as Ollama lists them.
+    specs += [pulled_spec(config, m.name, m.blob) for m in store.list() if m.blob not in served]
     loader = loader or model_loader(config, engine.ledger)
     pool = ModelPool(
         specs,
@@ -365,6 +377,7 @@ def build_pool(
             engine.ledger,
             lambda spec: kv_allocated_bytes(config, spec),
         ),
+        find=lambda name: pulled_spec(config, name, m.blob) if (m := store.find(name)) else None,
     )
     pool.adopt(loaded_model(config, specs[0], engine, backend, events))
     return pool

@@ -1,0 +1,67 @@
+"""Pulled models as served ones: ``--model hf.co/OWNER/REPO:QUANT``, ``--model
+NAME=hf.co/...``, ``[models.NAME] path = "hf.co/..."`` and a pulled name resolve to
+the stored file; a Hub source that is not pulled yet is an error naming the command
+that pulls it, unless ``pull = "missing"`` (``--pull missing``) pulls it first.
+"""
+
+from __future__ import annotations
+
+import os
+
+from edge_llm.config.tree import EngineConfig
+from edge_llm.models.pull import Puller, Report
+from edge_llm.models.sources import looks_pullable, parse_hub
+from edge_llm.models.store import ModelStore, StoredModel
+
+
+class NotPulled(LookupError):
+    """A model named by a source that is not in the store (and may not be pulled now)."""
+
+
+class Catalog:
+    def __init__(self, store: ModelStore, *, pull_missing: bool) -> None:
+        self.store = store
+        self.pull_missing = pull_missing
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> Catalog:
+        return cls(ModelStore(config.model.models_dir), pull_missing=config.model.pull == "missing")
+
+    def names_a_model(self, text: str) -> bool:
+        """``text`` is not a file but a pulled name or a Hub source."""
+        return not os.path.exists(text) and (
+            self.store.find(text) is not None or looks_pullable(text)
+        )
+
+    async def ensure(self, text: str, report: Report) -> StoredModel:
+        """The stored model ``text`` names, pulled now if it is a Hub source and
+        pulling missing models is allowed; else NotPulled."""
+        stored = self.store.find(text)
+        if stored is not None:
+            return stored
+        if not looks_pullable(text):
+            raise NotPulled(f"{text!r} is neither a file nor a pulled model (see edge-llm list)")
+        if not self.pull_missing:
+            raise NotPulled(
+                f"{text} is not pulled: run `edge-llm pull {text}` first, or serve with "
+                '--pull missing (pull = "missing" in [engine]) to pull it at start'
+            )
+        return await Puller(self.store).pull(parse_hub(text), report)
+
+    async def resolve_config(self, config: EngineConfig, report: Report) -> EngineConfig:
+        """``config`` with every model path that names a pulled model (or a Hub
+        source) replaced by the stored file; the default model is then served under
+        the pulled name unless ``model_id`` says otherwise."""
+        model = config.model
+        update: dict[str, object] = {}
+        if model.model_path and self.names_a_model(model.model_path):
+            stored = await self.ensure(model.model_path, report)
+            update["model"] = model.model_copy(
+                update={"model_path": stored.blob, "model_id": model.model_id or stored.name}
+            )
+        entries = dict(config.models)
+        for name, entry in config.models.items():
+            if self.names_a_model(entry.path):
+                stored = await self.ensure(entry.path, report)
+                entries[name] = entry.model_copy(update={"path": stored.blob})
+        return config.model_copy(update={**update, "models": entries})

