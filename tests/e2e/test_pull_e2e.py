@@ -194,9 +194,9 @@ def served(
 ) -> Iterator[tuple[EngineProcess, Path]]:
     folder = tmp_path_factory.mktemp("served")
     store = folder / "store"
-    engine = start_engine(
+    engine = start_engine(  # a KV budget of its own: the prompt limit and TTFT are sized
         folder, "--model", SMOL, "--pull", "missing", "--api-key", KEY,
-        env=cli_env(hub, store),
+        "--max-kv-cache-mb", "96", env=cli_env(hub, store),
     )  # fmt: skip
     yield engine, store
     engine.stop()
@@ -206,16 +206,22 @@ def test_a_pulled_model_is_served_by_its_name(
     served: tuple[EngineProcess, Path],
 ) -> None:
     engine, _ = served
-    client = openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY)
-    assert next(m.id for m in client.models.list().data) == SMOL
-    assert client.models.retrieve(SMOL).id == SMOL
-    answer = client.chat.completions.create(
-        model=SMOL, max_tokens=8, temperature=0,
-        messages=[{"role": "user", "content": "Name the capital of France."}],
-    )  # fmt: skip
-    assert "Paris" in (answer.choices[0].message.content or "")
-    with pytest.raises(openai.NotFoundError):
-        client.models.retrieve("hf.co/test/nothing:Q4_K_M")
+    engine.wait_for_output(lambda line: line.startswith("edge-llm: limits: "))
+    lines = "".join(engine.output)
+    assert f"edge-llm: sized for {SMOL}: max_prompt_tokens " in lines
+    assert "tokens/s prefill, measured, x1.5); set it to choose" in lines  # ttft_timeout_ms
+    assert f"sized for {SMOL}: max_kv_cache_mb" not in lines  # given: it wins
+    assert "edge-llm: limits: model context 8192 tokens, " in lines
+    with openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY) as client:
+        assert next(m.id for m in client.models.list().data) == SMOL
+        assert client.models.retrieve(SMOL).id == SMOL
+        answer = client.chat.completions.create(
+            model=SMOL, max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": "Name the capital of France."}],
+        )  # fmt: skip
+        assert "Paris" in (answer.choices[0].message.content or "")
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("hf.co/test/nothing:Q4_K_M")
 
 
 def test_ollama_pull_tags_show_delete(
@@ -223,29 +229,29 @@ def test_ollama_pull_tags_show_delete(
 ) -> None:
     engine, store = served
     entry = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"]
-    client = ollama.Client(host=engine.url, headers={"Authorization": f"Bearer {KEY}"})
-    statuses = [(p.status, p.total, p.completed) for p in client.pull(TINY, stream=True)]
-    digest = f"pulling {entry.sha256[:12]}"
-    assert statuses[0][0] == "pulling manifest"
-    assert (digest, entry.size, entry.size) in statuses
-    assert [s for s, _, _ in statuses][-3:] == [
-        "verifying sha256 digest", "writing manifest", "success",
-    ]  # fmt: skip
-    assert {m.model for m in client.list().models} >= {SMOL, TINY}
-    shown = client.show(TINY)
-    assert shown.details is not None
-    assert (shown.details.family, shown.details.quantization_level) == ("llama", "Q4_K_M")
-    assert shown.template == "{{ messages }}"
-    # Pulling again: nothing downloaded, answered whole with "stream": false.
-    fresh.ranges.clear()
-    assert client.pull(TINY, stream=False).status == "success"
-    assert fresh.ranges == []
-    assert client.delete(TINY).status == "success"
-    assert TINY not in {m.model for m in client.list().models}
-    assert not ModelStore(store).find(TINY)
-    with pytest.raises(ollama.ResponseError) as missing:
-        client.delete(TINY)
-    assert missing.value.status_code == 404
+    with ollama.Client(host=engine.url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        statuses = [(p.status, p.total, p.completed) for p in client.pull(TINY, stream=True)]
+        digest = f"pulling {entry.sha256[:12]}"
+        assert statuses[0][0] == "pulling manifest"
+        assert (digest, entry.size, entry.size) in statuses
+        assert [s for s, _, _ in statuses][-3:] == [
+            "verifying sha256 digest", "writing manifest", "success",
+        ]  # fmt: skip
+        assert {m.model for m in client.list().models} >= {SMOL, TINY}
+        shown = client.show(TINY)
+        assert shown.details is not None
+        assert (shown.details.family, shown.details.quantization_level) == ("llama", "Q4_K_M")
+        assert shown.template == "{{ messages }}"
+        # Pulling again: nothing downloaded, answered whole with "stream": false.
+        fresh.ranges.clear()
+        assert client.pull(TINY, stream=False).status == "success"
+        assert fresh.ranges == []
+        assert client.delete(TINY).status == "success"
+        assert TINY not in {m.model for m in client.list().models}
+        assert not ModelStore(store).find(TINY)
+        with pytest.raises(ollama.ResponseError) as missing:
+            client.delete(TINY)
+        assert missing.value.status_code == 404
 
 
 @pytest.mark.parametrize(

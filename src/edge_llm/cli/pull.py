@@ -11,14 +11,14 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from edge_llm.config.tree import ConfigError, load_config
-from edge_llm.models.download import NotEnoughDisk
-from edge_llm.models.hub import RemoteError, check_sha256
-from edge_llm.models.pull import Puller, PullStatus
 from edge_llm.models.sources import SourceError, parse_source
 from edge_llm.models.store import ModelStore, StoredModel, default_root
+
+if TYPE_CHECKING:
+    from edge_llm.models.pull import PullStatus
 
 MIB = 1024 * 1024
 _REDRAW_S = 0.1
@@ -61,6 +61,11 @@ def store_of(args: argparse.Namespace) -> ModelStore:
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    # The Hub client and the downloader: imported by the command that uses them.
+    from edge_llm.models.download import NotEnoughDisk  # noqa: PLC0415
+    from edge_llm.models.hub import RemoteError, check_sha256  # noqa: PLC0415
+    from edge_llm.models.pull import Puller  # noqa: PLC0415
+
     try:
         source = parse_source(args.source, args.name)
         sha256 = check_sha256(args.sha256) if args.sha256 else None

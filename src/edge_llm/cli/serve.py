@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # the Hub client's every request
     try:
         config = load_config(args.config, overrides=flag_overrides(args))
     except ConfigError as exc:

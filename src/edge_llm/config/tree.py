@@ -298,8 +298,9 @@ class ModelConfig(_Section):
     )
     pull: Literal["never", "missing"] = Field(
         "never",
-        description="missing: a Hub model named by --model or a request but not pulled yet is "
-        "pulled first (never: that is an error naming the edge-llm pull command)",
+        description="missing: a Hub model that --model or [models.NAME] path names but that is "
+        "not pulled yet is pulled at start (never: that stops the start, naming the "
+        "edge-llm pull command)",
     )
     n_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,
