@@ -1,10 +1,11 @@
 """Models by name against a stand-in for the Hugging Face Hub on 127.0.0.1
 (``tests/hub_standin.py``): ``edge-llm pull`` with progress, a cut resumed within
 the command and on the next run, a sha256 mismatch refused, ``list`` and ``rm``,
-then one server: a pulled SmolLM2 served by name (pulled at start by ``--pull
-missing``), Ollama's ``/api/pull`` streamed through the official ``ollama`` client,
-``/api/tags``, ``/api/show``, ``/api/delete``, names that try to leave the store, and
-the API key on all of them. Nothing here reaches beyond 127.0.0.1."""
+then one server: a pulled SmolLM2 served by name and a second model as ``NAME=SOURCE``
+(both pulled at start by ``--pull missing``), Ollama's ``/api/pull`` streamed through
+the official ``ollama`` client, ``/api/tags``, ``/api/show``, ``/api/delete``, names
+that try to leave the store, and the API key on all of them. Nothing here reaches
+beyond 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -144,6 +145,23 @@ async def test_a_cut_the_command_cannot_bridge_is_resumed_by_the_next_pull(
     assert not list(store.partial.glob("*.part"))
 
 
+async def test_a_cut_at_any_byte_costs_only_the_bytes_after_it(
+    fresh: HubStandIn, tmp_path: Path
+) -> None:
+    entry = fresh.repos["test/tiny-GGUF"]["tiny-Q8_0.gguf"]
+    retry = Retry(attempts=2, backoff_s=0.0)
+    for cut in (1, 4095, 65536, 65537, entry.size // 2, entry.size - 1):
+        store = ModelStore(tmp_path / f"cut-{cut}")
+        fresh.cut_after, fresh.bytes_sent = cut, 0
+        fresh.ranges.clear()
+        model = await Puller(store, endpoint=fresh.url, retry=retry).pull(
+            parse_source("hf.co/test/tiny-GGUF:Q8_0"), lambda _: None
+        )
+        assert fresh.ranges == [None, f"bytes={cut}-"], cut
+        assert fresh.bytes_sent == entry.size, cut
+        assert model.sha256 == entry.sha256
+
+
 def test_a_sha256_mismatch_leaves_nothing_under_the_name(fresh: HubStandIn, tmp_path: Path) -> None:
     store = tmp_path / "store"
     sha256 = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"].sha256
@@ -195,8 +213,8 @@ def served(
     folder = tmp_path_factory.mktemp("served")
     store = folder / "store"
     engine = start_engine(  # a KV budget of its own: the prompt limit and TTFT are sized
-        folder, "--model", SMOL, "--pull", "missing", "--api-key", KEY,
-        "--max-kv-cache-mb", "96", env=cli_env(hub, store),
+        folder, "--model", SMOL, "--model", "tiny8=test/tiny-GGUF:Q8_0", "--pull", "missing",
+        "--api-key", KEY, "--max-kv-cache-mb", "96", env=cli_env(hub, store),
     )  # fmt: skip
     yield engine, store
     engine.stop()
@@ -213,7 +231,8 @@ def test_a_pulled_model_is_served_by_its_name(
     assert f"sized for {SMOL}: max_kv_cache_mb" not in lines  # given: it wins
     assert "edge-llm: limits: model context 8192 tokens, " in lines
     with openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY) as client:
-        assert next(m.id for m in client.models.list().data) == SMOL
+        served = [m.id for m in client.models.list().data]
+        assert served[0] == SMOL and "tiny8" in served  # --model NAME=SOURCE, pulled at start
         assert client.models.retrieve(SMOL).id == SMOL
         answer = client.chat.completions.create(
             model=SMOL, max_tokens=8, temperature=0,
@@ -252,6 +271,11 @@ def test_ollama_pull_tags_show_delete(
         with pytest.raises(ollama.ResponseError) as missing:
             client.delete(TINY)
         assert missing.value.status_code == 404
+        for configured in (SMOL, "hf.co/test/tiny-GGUF:Q8_0"):  # --model serves them
+            with pytest.raises(ollama.ResponseError) as held:
+                client.delete(configured)
+            assert held.value.status_code == 400 and "--model" in str(held.value)
+        assert ModelStore(store).find(SMOL) is not None
 
 
 @pytest.mark.parametrize(

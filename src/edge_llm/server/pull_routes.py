@@ -71,8 +71,17 @@ async def delete(request: web.Request) -> web.Response:
     stored = store.find(name)
     if stored is None:
         raise ModelNotFound(f'model "{name}" not found', param="model")
-    for spelling in {name, stored.name}:
-        await ctx.pool.forget(spelling)  # 400 for the default model: nothing removed
+    spellings = {name, stored.name}
+    holders = [n for n in ctx.pool.names if ctx.pool.spec(n).path == stored.blob]
+    configured = [n for n in holders if n not in spellings or n == ctx.pool.default]
+    if configured:  # the configuration serves this file: deleting it would break that
+        raise InvalidRequest(
+            f"{stored.name} is served as {configured[0]!r} by this server's configuration "
+            "(--model); stop serving it there first",
+            param="model",
+        )
+    for spelling in spellings:
+        await ctx.pool.forget(spelling)
     await asyncio.to_thread(store.remove, stored.name)
     return web.Response(status=200)
 

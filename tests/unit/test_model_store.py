@@ -1,0 +1,52 @@
+"""The model store on disk: names share blobs, broken manifests are skipped, the
+free disk is checked before a download."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from edge_llm.models.download import NotEnoughDisk, check_disk
+from edge_llm.models.store import ModelStore, StoredModel
+
+
+def stored(store: ModelStore, name: str, data: bytes) -> StoredModel:
+    store.ensure()
+    digest = hashlib.sha256(data).hexdigest()
+    partial = store.partial_path(digest)
+    partial.write_bytes(data)
+    store.adopt_blob(partial, digest)
+    return store.write_manifest(StoredModel(
+        name=name, source="https://example.org/m.gguf", repo=None, filename="m.gguf",
+        revision=None, size=len(data), sha256=digest, architecture="llama", quant="Q4_K_M",
+        chat_template=True,
+    ))  # fmt: skip
+
+
+def test_two_names_share_one_blob_until_the_last_goes(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    first = stored(store, "hf.co/o/r:Q4_K_M", b"GGUF model bytes")
+    stored(store, "mine", b"GGUF model bytes")
+    assert [m.name for m in store.list()] == ["hf.co/o/r:Q4_K_M", "mine"]
+    assert store.find("o/r:q4_k_m") == first  # the llama-server spelling, any case of quant
+    store.remove("mine")
+    assert Path(first.blob).is_file()
+    store.remove("hf.co/o/r:Q4_K_M")
+    assert not Path(first.blob).exists() and store.list() == []
+
+
+def test_a_manifest_without_its_blob_or_foreign_is_not_a_model(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    model = stored(store, "a", b"bytes")
+    Path(model.blob).unlink()
+    (store.manifests / "junk.json").write_text("{not json")
+    (store.manifests / "b.json").write_text('{"name": "not-b"}')
+    assert store.list() == [] and store.find("a") is None
+
+
+def test_the_free_disk_is_checked_before_a_download(tmp_path: Path) -> None:
+    check_disk(tmp_path, 1024)
+    with pytest.raises(NotEnoughDisk, match=r"needs .* MiB more"):
+        check_disk(tmp_path, 1 << 60)
