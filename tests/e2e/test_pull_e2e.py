@@ -31,7 +31,7 @@ from edge_llm.models.hub import RemoteError
 from edge_llm.models.pull import Puller, PullStatus
 from edge_llm.models.sources import parse_source
 from edge_llm.models.store import ModelStore
-from hub_standin import HubStandIn, tiny_gguf
+from hub_standin import COMMIT, HubStandIn, tiny_gguf
 
 from conftest import EngineProcess, start_engine
 
@@ -193,6 +193,23 @@ def test_list_and_rm(fresh: HubStandIn, tmp_path: Path) -> None:
     assert not list((store / "blobs").iterdir())
     again = edge_llm(fresh, store, "rm", TINY)
     assert again.returncode == 1 and "not pulled" in again.stderr
+
+
+def test_a_file_in_huggingface_hubs_cache_is_not_downloaded_again(
+    fresh: HubStandIn, tmp_path: Path
+) -> None:
+    entry = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"]
+    snapshot = tmp_path / "hf" / "hub" / "models--test--tiny-GGUF" / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    (snapshot / "tiny-Q4_K_M.gguf").write_bytes(entry.path.read_bytes())
+    env = {**cli_env(fresh, tmp_path / "store"), "HF_HOME": str(tmp_path / "hf")}
+    pulled = subprocess.run(
+        [sys.executable, "-m", "edge_llm", "pull", TINY],
+        check=False, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+    assert fresh.ranges == [] and fresh.bytes_sent == 0
+    assert pulled.stdout.endswith(f"sha256:{entry.sha256}\n")
 
 
 def test_serving_a_model_that_is_not_pulled_names_the_command(

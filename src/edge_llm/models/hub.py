@@ -18,7 +18,13 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from huggingface_hub import HfApi, get_hf_file_metadata, get_token, hf_hub_url
+from huggingface_hub import (
+    HfApi,
+    get_hf_file_metadata,
+    get_token,
+    hf_hub_url,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -84,6 +90,15 @@ def resolve(source: HubFile | UrlFile, endpoint: str | None = None) -> RemoteFil
         repo=source.repo,
         headers=_auth_headers(meta.location, endpoint),
     )
+
+
+def in_hf_cache(remote: RemoteFile) -> str | None:
+    """The file in huggingface_hub's own cache (``HF_HUB_CACHE``, under ``HF_HOME``)
+    at the revision the Hub names, when another tool downloaded it already."""
+    if remote.repo is None or remote.revision is None:
+        return None
+    found = try_to_load_from_cache(remote.repo, remote.filename, revision=remote.revision)
+    return found if isinstance(found, str) else None
 
 
 def pick_file(source: HubFile, endpoint: str | None) -> str:

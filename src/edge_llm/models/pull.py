@@ -13,14 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import hashlib
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from edge_llm.models.download import Retry, check_disk, fetch
 from edge_llm.models.gguf import FILE_TYPES, GgufError, read_metadata
-from edge_llm.models.hub import RemoteError, RemoteFile, resolve
+from edge_llm.models.hub import RemoteError, RemoteFile, in_hf_cache, resolve
 from edge_llm.models.sources import Source
 from edge_llm.models.store import ModelStore, StoredModel
 
@@ -92,6 +94,9 @@ class Puller:
         def on_bytes(done: int, total: int | None) -> None:
             report(PullStatus(f"pulling {remote.key[:12]}", digest, total, done))
 
+        if await asyncio.to_thread(_copy_from_hf_cache, remote, partial):
+            on_bytes(remote.size or 0, remote.size)  # no byte from the network
+            return await asyncio.to_thread(_sha256_of, partial)
         return await fetch(remote, partial, on_bytes, self.retry)
 
     def _adopt(self, remote: RemoteFile, sha256: str) -> Path:
@@ -135,6 +140,29 @@ def _unlock(fd: int) -> Iterator[None]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _copy_from_hf_cache(remote: RemoteFile, partial: Path) -> bool:
+    """A file huggingface_hub's cache holds already (as large as the Hub says) becomes
+    the partial file: linked when on the same file system, else copied. Verified like
+    a download."""
+    cached = in_hf_cache(remote)
+    if cached is None or os.path.getsize(cached) != remote.size:
+        return False
+    partial.unlink(missing_ok=True)
+    try:
+        os.link(cached, partial)
+    except OSError:
+        shutil.copyfile(cached, partial)
+    return True
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _expected(name: str, remote: RemoteFile, given: str | None) -> str | None:
