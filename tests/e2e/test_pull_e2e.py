@@ -55,6 +55,7 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
     stand_in.add("test/tiny-GGUF", "tiny-Q4_K_M.gguf", tiny_gguf(folder / "q4.gguf"))
     stand_in.add("test/tiny-GGUF", "tiny-Q8_0.gguf", tiny_gguf(folder / "q8.gguf", padding=1 << 20))
     stand_in.add("test/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf", smollm2())
+    stand_in.add("test/SmolLM2-copy-GGUF", "smollm2-copy.Q4_1.gguf", smollm2())
     stand_in.start()
     yield stand_in
     stand_in.stop()
@@ -258,6 +259,28 @@ def test_a_pulled_model_is_served_by_its_name(
         assert "Paris" in (answer.choices[0].message.content or "")
         with pytest.raises(openai.NotFoundError):
             client.models.retrieve("hf.co/test/nothing:Q4_K_M")
+
+
+def test_a_request_for_a_missing_model_pulls_it_with_pull_missing(
+    fresh: HubStandIn, served: tuple[EngineProcess, Path]
+) -> None:
+    engine, store = served
+    model = "test/SmolLM2-copy-GGUF:Q4_1"  # not pulled: --pull missing pulls it now
+    with openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY) as client:
+        answer = client.chat.completions.create(
+            model=model, max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": "Name the capital of France."}],
+        )  # fmt: skip
+        assert answer.model == model
+        assert "Paris" in (answer.choices[0].message.content or "")
+        assert model in [m.id for m in client.models.list().data]
+    assert ModelStore(store).find("hf.co/" + model) is not None
+    with openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY) as client:
+        with pytest.raises(openai.NotFoundError, match="could not be pulled"):
+            client.chat.completions.create(
+                model="test/nothing-GGUF:Q4_K_M", max_tokens=8,
+                messages=[{"role": "user", "content": "Hi"}],
+            )  # fmt: skip
 
 
 def test_ollama_pull_tags_show_delete(

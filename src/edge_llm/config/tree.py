@@ -298,9 +298,9 @@ class ModelConfig(_Section):
     )
     pull: Literal["never", "missing"] = Field(
         "never",
-        description="missing: a Hub model that --model or [models.NAME] path names but that is "
-        "not pulled yet is pulled at start (never: that stops the start, naming the "
-        "edge-llm pull command)",
+        description="missing: a Hub model not pulled yet is pulled when --model or [models.NAME] "
+        "path names it (at start) or a request's model does (the request waits for it); "
+        "never: the start stops naming the edge-llm pull command, a request gets 404",
     )
     n_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 1,

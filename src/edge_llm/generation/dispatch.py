@@ -278,7 +278,7 @@ class Dispatcher:
     async def start(self, job: GenerationJob) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
         error the client must get (a refusal no upstream takes, a bad request)."""
-        self.pool.discover(job.model)  # a model pulled since the start is served now
+        await self.pool.discover_or_pull(job.model)  # pulled since the start, or pulled now
         upstreams = self.router.upstreams_for(job.model, any_model_local=job.any_model_runs_locally)
         if upstreams is not None:
             return self._relay(job, job.relayed(), upstreams, route="model")

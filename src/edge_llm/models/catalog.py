@@ -1,17 +1,26 @@
 """Pulled models as served ones: ``--model hf.co/OWNER/REPO:QUANT``, ``--model
 NAME=hf.co/...``, ``[models.NAME] path = "hf.co/..."`` and a pulled name resolve to
 the stored file; a Hub source that is not pulled yet is an error naming the command
-that pulls it, unless ``pull = "missing"`` (``--pull missing``) pulls it first.
+that pulls it, unless ``pull = "missing"`` (``--pull missing``) pulls it first, at
+the start for the configuration's models, on first use for a request's ``model``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 from edge_llm.config.tree import EngineConfig
-from edge_llm.models.pull import Puller, Report
-from edge_llm.models.sources import looks_pullable, parse_hub
+from edge_llm.errors import ModelNotFound
+from edge_llm.models.download import NotEnoughDisk
+from edge_llm.models.hub import RemoteError
+from edge_llm.models.pull import Puller, PullStatus, Report
+from edge_llm.models.sources import SourceError, looks_pullable, parse_hub
+from edge_llm.models.spec import ModelSpec, pulled_spec
 from edge_llm.models.store import ModelStore, StoredModel
+
+_log = logging.getLogger(__name__)
+_LOG_EVERY = 0.1  # a line per tenth of a download pulled for a request
 
 
 class NotPulled(LookupError):
@@ -65,3 +74,35 @@ class Catalog:
                 stored = await self.ensure(entry.path, report)
                 entries[name] = entry.model_copy(update={"path": stored.blob})
         return config.model_copy(update={**update, "models": entries})
+
+    async def pull_on_use(self, config: EngineConfig, name: str) -> ModelSpec | None:
+        """A request's ``model`` that names a Hub source not pulled yet, pulled now when
+        ``pull = "missing"`` (the request waits; the server log shows the progress);
+        None when it may not be pulled. A failed pull is 404 ``model_not_found`` saying
+        why."""
+        if not self.pull_missing or not looks_pullable(name):
+            return None
+        _log.info("pulling %s for a request (pull = missing)", name)
+        try:
+            stored = await self.ensure(name, _Logged(name))
+        except (RemoteError, NotEnoughDisk, SourceError, NotPulled) as exc:
+            raise ModelNotFound(f"model {name!r} could not be pulled: {exc}",
+                                param="model") from exc  # fmt: skip
+        return pulled_spec(config, name, stored.blob)
+
+
+class _Logged:
+    """A pull's progress as a log line per tenth of the file."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.logged = -1
+
+    def __call__(self, event: PullStatus) -> None:
+        if event.completed is None or not event.total:
+            return
+        tenth = int(event.completed / event.total / _LOG_EVERY)
+        if tenth > self.logged:
+            self.logged = tenth
+            _log.info("pulling %s: %d%% of %d MiB", self.name, 100 * event.completed //
+                      event.total, event.total >> 20)  # fmt: skip

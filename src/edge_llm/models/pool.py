@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -172,11 +172,13 @@ class ModelPool(Generic[M]):
         clock: Callable[[], float] = time.monotonic,
         kv: KvGate | None = None,
         find: Callable[[str], ModelSpec | None] | None = None,
+        pull: Callable[[str], Coroutine[Any, Any, ModelSpec | None]] | None = None,
     ) -> None:
         """``specs[0]`` is the default model (a request that names none gets it);
         ``slot_metrics``: registries already made for some models (the default's);
         ``kv``: the memory ledger a load reserves its KV context in (None: none);
-        ``find``: a model by a name not served yet (a pulled one), or None."""
+        ``find``: a model by a name not served yet (a pulled one), or None;
+        ``pull``: pull a model by such a name now (``pull = "missing"``), or None."""
         given = slot_metrics or {}
         self._slots: dict[str, _Slot[M]] = {
             s.name: _Slot(s, given.get(s.name) or EngineMetrics(), keep_alive_s=s.keep_alive_s)
@@ -186,6 +188,8 @@ class ModelPool(Generic[M]):
         # holders of it (the upstream router's local models) see models added later.
         self._names = list(self._slots)
         self._find = find
+        self._pull = pull
+        self._pulling: dict[str, asyncio.Task[ModelSpec | None]] = {}
         self.default = specs[0].name
         self.budget_bytes = budget_bytes
         self._loader = loader
@@ -215,6 +219,20 @@ class ModelPool(Generic[M]):
             return False
         self.add(spec)
         return True
+
+    async def discover_or_pull(self, model: str | None) -> bool:
+        """As :meth:`discover`, and a model that may be pulled on first use is pulled
+        now (once, however many requests ask for it meanwhile)."""
+        if self.discover(model) or model is None or self._pull is None:
+            return model is not None and model in self._slots
+        task = self._pulling.get(model)
+        if task is None:
+            task = self._pulling[model] = asyncio.create_task(self._pull(model))
+            task.add_done_callback(lambda _: self._pulling.pop(model, None))
+        spec = await asyncio.shield(task)
+        if spec is not None:
+            self.add(spec)
+        return spec is not None
 
     def add(self, spec: ModelSpec) -> None:
         """Serve one more model (unloaded until asked for)."""

@@ -35,6 +35,7 @@ from edge_llm.generation.pump import PumpSettings
 from edge_llm.generation.resumable import ResumableStreams
 from edge_llm.generation.service import GenerationService, Limits, ServedModel
 from edge_llm.generation.sessions import Sessions
+from edge_llm.models.catalog import Catalog
 from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
@@ -50,7 +51,6 @@ from edge_llm.models.spec import (
     pulled_spec,
     serves_several,
 )
-from edge_llm.models.store import ModelStore
 from edge_llm.observability.events import Event, EventLog, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 from edge_llm.protocol.sampling import SamplingDefaults
@@ -361,7 +361,8 @@ def build_pool(
         )
     check_kv_shares(config)
     specs = [first, *named]
-    store = ModelStore(config.model.models_dir)
+    catalog = Catalog.of(config)
+    store = catalog.store
     served = {spec.path for spec in specs}
     # Every pulled model is served (unloaded until asked for), as Ollama lists them.
     specs += [pulled_spec(config, m.name, m.blob) for m in store.list() if m.blob not in served]
@@ -378,6 +379,7 @@ def build_pool(
             lambda spec: kv_allocated_bytes(config, spec),
         ),
         find=lambda name: pulled_spec(config, name, m.blob) if (m := store.find(name)) else None,
+        pull=lambda name: catalog.pull_on_use(config, name),
     )
     pool.adopt(loaded_model(config, specs[0], engine, backend, events))
     return pool
