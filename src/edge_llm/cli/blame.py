@@ -1,6 +1,7 @@
 """``edge-llm blame ENGINE_LOG CLIENT_LOG``: who is responsible for each stall.
 
-Reads the two JSONL event logs, joins them per request and prints a verdict
+Reads the two JSONL event logs (or OTLP JSON exports of the spans, which carry the
+same lines as span events), joins them per request and prints a verdict
 (engine, client, transport, unknown or ok) with the evidence lines. Each line's
 ``source`` field decides which side it belongs to, so a swapped pair or one
 combined file works too. Exit status: 0 with a report (verdicts are information,
@@ -25,6 +26,7 @@ from edge_llm.observability.blame import (
     select,
     split_sources,
 )
+from edge_llm.observability.blame.otlp import is_otlp, otlp_event_lines
 from edge_llm.observability.events import parse_event_lines
 
 NO_LOG = "-"
@@ -49,10 +51,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="who is responsible for a stall: engine, client or transport",
         description="Join the engine's and the client's event logs by request id and say, "
         "per request, who is responsible for a stall, with the evidence lines. Either log "
-        f"may be omitted (or given as '{NO_LOG}'); the report then says what it cannot tell.",
+        f"may be omitted (or given as '{NO_LOG}'); the report then says what it cannot tell. "
+        "A log may also be an OTLP JSON export of the spans (OpenTelemetry), whose span "
+        "events carry the same lines.",
         epilog="exit status: 0 report printed, 1 --request matched nothing, 2 a log cannot be read",
     )
-    parser.add_argument("engine_pos", nargs="?", metavar="ENGINE_LOG", help="engine event log")
+    parser.add_argument(
+        "engine_pos",
+        nargs="?",
+        metavar="ENGINE_LOG",
+        help="engine event log, or an OTLP JSON export of its spans",
+    )
     parser.add_argument("client_pos", nargs="?", metavar="CLIENT_LOG", help="client event log")
     parser.add_argument("--engine-log", help="engine event log (instead of ENGINE_LOG)")
     parser.add_argument("--client-log", help="client event log (instead of CLIENT_LOG)")
@@ -132,11 +141,19 @@ def load_logs(engine_path: str | None, client_path: str | None) -> Logs:
 
 
 def read_log(path: str) -> tuple[list[dict[str, Any]], int]:
+    """A JSONL event log, or an OTLP JSON export of edge-llm's spans (read as the
+    lines their span events carry)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            events, skipped = parse_event_lines(fh)
+            text = fh.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise LogError(f"cannot read {path}: {exc}") from exc
+    if is_otlp(text):
+        events = otlp_event_lines(text)
+        if not events:
+            raise LogError(f"{path} is an OTLP export without edge-llm span events")
+        return events, 0
+    events, skipped = parse_event_lines(text.splitlines())
     if skipped and not events:
         raise LogError(f"{path} is not an event log (no JSON line with an 'event' key)")
     return events, skipped

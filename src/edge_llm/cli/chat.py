@@ -15,6 +15,12 @@ sets the request's class (lower runs first). Before the first token a spinner on
 stderr, when it is a terminal, shows where the request stands: "queued 3rd, ~2 s",
 a prefill bar, "preempted" (it asks edge-llm for progress events then; over SSE
 another server just shows "waiting"). Nothing of it reaches stdout.
+
+With OpenTelemetry configured by the standard variables (``OTEL_EXPORTER_OTLP_ENDPOINT``,
+...; see docs/observability.md) the command traces: each answer is a CLIENT span
+(service ``edge-llm-chat`` unless ``OTEL_SERVICE_NAME`` says otherwise) with the
+client's watermark and pause lines as events, and its ``traceparent`` makes the
+engine's span its child.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import IO, Any
+from dataclasses import dataclass, field, replace
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.status import Status
@@ -43,8 +50,13 @@ from edge_llm.client import (
 from edge_llm.client.address import ServerAddress, add_address_flags
 from edge_llm.client.config import load_client
 from edge_llm.observability.events import EventLog
+from edge_llm.observability.otel.settings import OtelConfigError, otel_settings
+
+if TYPE_CHECKING:
+    from edge_llm.observability.otel.sdk import Telemetry
 
 PROG = "edge-llm chat"
+CHAT_SERVICE_NAME = "edge-llm-chat"
 BAR_WIDTH = 20
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
@@ -94,12 +106,36 @@ def run(args: argparse.Namespace) -> int:
     if args.render_delay_ms < 0:
         print(f"{PROG}: --render-delay-ms must be >= 0", file=sys.stderr)
         return 2
+    try:
+        telemetry = _start_tracing()
+    except OtelConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
     event_log = EventLog(args.event_log, source="client") if args.event_log else None
     try:
         return asyncio.run(_main(args, config, address, event_log))
     finally:
         if event_log is not None:
             event_log.close()
+        if telemetry is not None:
+            telemetry.shutdown()  # exports the spans still held
+
+
+def _start_tracing() -> Telemetry | None:
+    """The process's tracer when the OTEL_* variables export traces (the client SDK then
+    sends ``traceparent``); None otherwise, with nothing of OpenTelemetry imported."""
+    settings = otel_settings(os.environ)
+    if settings is None or settings.traces is None:
+        return None
+    from opentelemetry import trace  # noqa: PLC0415 (only when tracing is configured)
+
+    from edge_llm.observability.otel.sdk import start_telemetry  # noqa: PLC0415
+
+    name = settings.default_service_name and CHAT_SERVICE_NAME
+    telemetry = start_telemetry(replace(settings, metrics=None, default_service_name=name))
+    if telemetry.tracer_provider is not None:
+        trace.set_tracer_provider(telemetry.tracer_provider)
+    return telemetry
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -32,8 +32,9 @@ from edge_llm.client.retry import RetryPolicy
 from edge_llm.client.sse_transport import SSETransport
 from edge_llm.client.stream import ChatStream, Transport
 from edge_llm.client.stream_request import StreamRequest
+from edge_llm.client.tracing import ClientSpan
 from edge_llm.client.ws_transport import WSTransport
-from edge_llm.observability.events import EventSink
+from edge_llm.observability.events import EventSink, null_sink
 
 TransportName = Literal["sse", "ws"]
 Message = Mapping[str, Any]
@@ -103,7 +104,8 @@ class StreamClient:
         heartbeats always carry them. ``priority`` is the request's class (lower runs
         first, -10..10). Must be called inside a running loop.
         """
-        log = RequestLog(self._event_log)
+        span = ClientSpan.start(self.config.model_id)  # None unless the application traces
+        log = RequestLog(span.sink(self._event_log or null_sink) if span else self._event_log)
         body = self._body(messages, max_tokens, temperature, extra_body)
         if priority is not None:
             body["priority"] = priority
@@ -112,6 +114,8 @@ class StreamClient:
         headers = request_headers(
             self.config, client_request_id=log.client_request_id, session_id=session_id
         )
+        if span is not None:
+            headers.update(span.headers)  # traceparent: the engine's span is its child
         queue: RenderQueue[str] = RenderQueue(
             self.config.render_queue_capacity,
             high_mark=self.config.high_mark,

@@ -27,6 +27,7 @@ from edge_llm.server import (
     pull_routes,
     responses_routes,
     resumable_sse,
+    telemetry,
     ws_route,
 )
 from edge_llm.server.context import CONTEXT, ServerContext, context_of
@@ -42,6 +43,8 @@ def create_app(ctx: ServerContext) -> web.Application:
     middlewares = [_errors, _limit_connections, _cors, _auth]
     if ctx.config.server.access_log:
         middlewares.insert(0, access_log.middleware)  # outermost: it sees every ending
+    if ctx.tracing is not None:
+        middlewares.insert(0, telemetry.arrival)  # a request's span starts on arrival
     app = web.Application(client_max_size=ctx.config.server.max_body_bytes, middlewares=middlewares)
     app[CONTEXT] = ctx
     app.router.add_post("/v1/chat/completions", openai_routes.chat_completions)

@@ -6,12 +6,13 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config.tree import EngineConfig
+from edge_llm.errors import EdgeLLMError
 from edge_llm.generation.background import BackgroundResponses
 from edge_llm.generation.dispatch import Answer, Dispatcher
 from edge_llm.generation.job import GenerationJob, Priority
@@ -23,7 +24,11 @@ from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.access_log import answering
 from edge_llm.server.http import ConnectionSettings, session_of
 from edge_llm.server.priority import PriorityDefaults
+from edge_llm.server.telemetry import begin_span, started
 from edge_llm.upstream.router import UpstreamRouter
+
+if TYPE_CHECKING:  # OpenTelemetry is imported only when it is on
+    from edge_llm.observability.otel.spans import RequestSpan, RequestTracer
 
 
 @dataclass
@@ -51,6 +56,8 @@ class ServerContext:
     responses: ResponseStore = field(default_factory=ResponseStore)
     # route_priority and key_priority: the class of a request that names none.
     priorities: PriorityDefaults = field(default_factory=PriorityDefaults)
+    # OpenTelemetry's request spans (None: off, see edge_llm.server.telemetry).
+    tracing: RequestTracer | None = None
 
     def default_model(self) -> ServedModel | None:
         """The default model, if loaded (it is, unless unloaded on purpose)."""
@@ -86,10 +93,36 @@ async def answer_to(request: web.Request, job: GenerationJob) -> AsyncIterator[A
     the handler ends (a stream still running is cancelled; a resumable one's
     stream closes it when it ends); its facts go into the
     request's access-log line."""
-    answer = await context_of(request).dispatcher.start(job)
+    answer, span = await dispatch(request, job)
     with answering(request, answer):
         try:
             yield answer
         finally:
             if not answer.handed_over:  # else its resumable stream closes it
                 answer.close()
+                if span is not None:
+                    span.close()
+
+
+async def dispatch(
+    request: web.Request, job: GenerationJob, *, start_ns: int | None = None
+) -> tuple[Answer, RequestSpan | None]:
+    """Start ``job`` where the dispatcher sends it. With OpenTelemetry on, the request's
+    span (from ``start_ns``, else the request's arrival) learns its id and facts, or
+    ends with the refusal; the request's ``end`` line ends it."""
+    ctx = context_of(request)
+    if ctx.tracing is None:
+        return await ctx.dispatcher.start(job), None
+    tracer = ctx.tracing
+    span = begin_span(tracer, request, job, start_ns)
+    try:
+        with tracer.admitting(span):
+            answer = await ctx.dispatcher.start(job)
+    except EdgeLLMError as refused:
+        span.fail(refused.code, refused.message)
+        raise
+    except BaseException as failed:
+        span.fail(type(failed).__name__, str(failed))
+        raise
+    started(span, answer)
+    return answer, span

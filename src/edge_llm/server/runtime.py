@@ -10,15 +10,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import os
 import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from edge_llm import __version__
 from edge_llm.config.tree import EngineConfig
 from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
 from edge_llm.engine.kv.ledger import (
@@ -58,10 +60,14 @@ from edge_llm.server.app import create_app
 from edge_llm.server.context import ServerContext
 from edge_llm.server.http import ConnectionSettings
 from edge_llm.server.priority import PriorityDefaults
+from edge_llm.server.telemetry import start_otel, tee
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
 from edge_llm.upstream.router import LOCAL, UpstreamRouter
 from edge_llm.upstream.stream import StreamSettings
+
+if TYPE_CHECKING:  # imported only when OpenTelemetry is on
+    from edge_llm.observability.otel.sdk import Telemetry
 
 _log = logging.getLogger("edge_llm.server")
 
@@ -236,6 +242,7 @@ class RunningServer:
     host: str
     port: int
     sized: Fit = field(default_factory=Fit)  # the keys sized for the model, and why
+    telemetry: Telemetry | None = None  # OpenTelemetry's providers, when it is on
 
     @property
     def url(self) -> str:
@@ -255,6 +262,8 @@ class RunningServer:
         await self.ctx.pool.unload_all()
         if self.event_log is not None:
             self.event_log.close()
+        if self.telemetry is not None:
+            await asyncio.to_thread(self.telemetry.shutdown)  # exports what is held
 
 
 async def start_server(config: EngineConfig, backend: Backend | None = None) -> RunningServer:
@@ -270,6 +279,9 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
             server.event_log, source="engine", on_drop=metrics.count_event_log_drop
         )
     events: EventSink = event_log.emit if event_log else null_sink
+    otel = start_otel(os.environ, __version__, {n: u.url for n, u in config.upstream.items()})
+    if otel is not None:
+        events = tee(events, otel[1])
     sized = Fit()
     if backend is None:  # defaults that fit the model: before its load, then its prefill rate
         available = psutil.virtual_memory().available
@@ -280,6 +292,7 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     engine = Engine(backend, engine_settings(config), metrics=metrics, events=engine_events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
+    ctx.tracing = otel[1] if otel is not None else None
     await ctx.router.registry.start()
     runner = web.AppRunner(
         create_app(ctx),
@@ -298,7 +311,8 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     await web.SockSite(runner, sock).start()
     host, port = sock.getsockname()[:2]
     _warn_if_exposed(config)
-    return RunningServer(ctx, runner, event_log, host, port, sized)
+    telemetry = otel[0] if otel is not None else None
+    return RunningServer(ctx, runner, event_log, host, port, sized, telemetry)
 
 
 def model_events(config: EngineConfig, name: str, events: EventSink) -> EventSink:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,7 +29,7 @@ from edge_llm.protocol.ws import (
     StreamProtocol,
 )
 from edge_llm.server import access_log
-from edge_llm.server.context import ServerContext, context_of
+from edge_llm.server.context import ServerContext, context_of, dispatch
 from edge_llm.server.http import presented_key, tune_connection
 from edge_llm.server.openai_routes import openai_job
 from edge_llm.upstream.translate import CHAT_PATH
@@ -145,8 +146,8 @@ class _Connection:
             self.answer.cancel("client")
 
     async def _start(self, body: dict[str, Any], resumable: bool) -> None:
-        try:
-            answer = await self.ctx.dispatcher.start(self._job(body))
+        try:  # with OpenTelemetry on, the stream's span starts now (not at the upgrade)
+            answer, _ = await dispatch(self.request, self._job(body), start_ns=time.time_ns())
         except EdgeLLMError as exc:
             self.protocol.on_rejected(exc.code, exc.message, **_details(exc))
             access_log.refused(self.request, exc)
