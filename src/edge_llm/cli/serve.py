@@ -26,6 +26,7 @@ from edge_llm.models.catalog import Catalog, NotPulled
 from edge_llm.models.download import NotEnoughDisk
 from edge_llm.models.hub import RemoteError
 from edge_llm.models.sizing import ModelShape, kv_mb_for
+from edge_llm.observability.otel.settings import OtelConfigError
 from edge_llm.observability.units import mib
 from edge_llm.server.runtime import ListenError, start_server
 
@@ -64,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except ListenError as exc:
         print(f"edge-llm serve: {listen_problem(exc)}", file=sys.stderr)
+        return 2
+    except OtelConfigError as exc:
+        print(f"edge-llm serve: {exc}", file=sys.stderr)
         return 2
     except BackendError as exc:
         print(f"edge-llm serve: {exc}", file=sys.stderr)

@@ -270,6 +270,8 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
     """Listen, load the model (unless given a backend), start the engine. Raises
     :class:`ListenError` before loading anything when the address cannot be bound."""
     server = config.server
+    # A bad OTEL_* value (OtelConfigError) is refused before anything starts.
+    otel = start_otel(os.environ, __version__, {n: u.url for n, u in config.upstream.items()})
     # Bound first (a taken port fails before the model loads); listens once ready.
     sock = _bound_socket(server.host, server.port, server.socket_send_buffer_bytes)
     metrics = EngineMetrics()
@@ -279,7 +281,6 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
             server.event_log, source="engine", on_drop=metrics.count_event_log_drop
         )
     events: EventSink = event_log.emit if event_log else null_sink
-    otel = start_otel(os.environ, __version__, {n: u.url for n, u in config.upstream.items()})
     if otel is not None:
         events = tee(events, otel[1])
     sized = Fit()
