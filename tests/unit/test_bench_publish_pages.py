@@ -74,13 +74,29 @@ def test_the_readme_keeps_one_line_of_median_ratios(tmp_path: Path) -> None:
     line = part.splitlines()[1]
     assert len(part.splitlines()) == 3
     assert line == (
-        "Against llama.cpp's llama-server, same GGUF and threads (median ratio edge-llm / "
+        "On the embedded SmolLM2-135M Q4_1, against llama.cpp's llama-server, same GGUF "
+        "and threads (median ratio edge-llm / "
         "llama-server, [the run of 2026-12-06](docs/benchmarks/2026-12-06-vs-llama-server.md)): "
         "single-stream decode 0.93 (goal >= 1.0x); 4 streams, aggregate decode 0.91 "
         "(goal >= 1.2x)."
     )
     (repo / "README.md").write_text(readme.replace("0.93 (goal", "0.99 (goal"))
     assert check(repo) == ["README.md: the generated part is stale"]
+
+
+def test_the_readme_gives_the_15b_models_line_beside_the_135m_ones(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    publish(document(), root=repo)
+    publish(document("vs_llama_server_qwen2_5_coder_1_5b"), root=repo)
+    publish(document("vs_llama_server_deterministic"), root=repo)  # not a matrix model
+    readme = (repo / "README.md").read_text()
+    part = readme[readme.index(SUMMARY_BEGIN) : readme.index(SUMMARY_END)]
+    lines = [line for line in part.splitlines()[1:] if line]
+    assert [line.split(",")[0] for line in lines] == [
+        "On the embedded SmolLM2-135M Q4_1", "On Qwen2.5-Coder-1.5B-Instruct Q4_K_M",
+    ]  # fmt: skip
+    assert "(docs/benchmarks/2026-12-06-vs-llama-server-qwen2-5-coder-1-5b.md)" in lines[1]
+    assert check(repo) == []
 
 
 def test_the_repositorys_readme_has_the_summary_and_no_headline_table() -> None:

@@ -4,7 +4,7 @@ batch; beside decoding streams the budget follows the measured step costs."""
 from __future__ import annotations
 
 from edge_llm.engine.kv.unified import KvCache
-from edge_llm.engine.scheduling.prefill_budget import MIN_PREFILL_TOKENS, PrefillBudget, StepCosts
+from edge_llm.engine.scheduling.prefill_budget import PrefillBudget, StepCosts
 from edge_llm.engine.scheduling.scheduler import Scheduler, SchedulerLimits
 from edge_llm.engine.sequence import GenerationRequest, Sequence
 
@@ -51,15 +51,35 @@ def test_beside_decoding_streams_the_budget_fills_the_target_step() -> None:
     assert budget.tokens(n_decode_tokens=3) == int((0.1 - step_s) / 0.002)
 
 
-def test_a_target_below_the_decode_step_still_prefills_the_minimum() -> None:
-    budget = PrefillBudget(512, itl_target_s=0.01, costs=measured(0.02, 0.003))
-    assert budget.tokens(n_decode_tokens=1) == MIN_PREFILL_TOKENS
+def test_a_target_below_the_decode_step_still_prefills_a_decode_steps_worth() -> None:
+    budget = PrefillBudget(512, itl_target_s=0.01, costs=measured(0.02, 0.003, 0.002))
+    assert budget.tokens(n_decode_tokens=1) == int(budget.costs.decode_step_s(1) / 0.002) == 11
 
 
 def test_on_a_loaded_machine_a_step_may_take_two_decode_steps() -> None:
     costs = measured(0.15, 0.01, prefill_token_s=0.005)  # a decode step of 3: 0.18 s
     budget = PrefillBudget(512, itl_target_s=0.1, costs=costs)
     assert abs(budget.tokens(n_decode_tokens=3) - 0.18 / 0.005) <= 2
+
+
+def test_the_target_holds_when_prompt_tokens_cost_ten_times_more() -> None:
+    """Issue 60: beside 4 decoding streams of a 1.5B model a step of 4 rows costs ~3x
+    and a prompt token ~10x what they cost on the 135M model: a step with prompt tokens
+    stays within the target or two decode steps, the floor of 32 tokens included."""
+    for step_scale, token_scale in ((1.0, 1.0), (3.0, 10.0), (10.0, 10.0)):
+        costs = measured(0.01 * step_scale, 0.004 * step_scale, 0.0008 * token_scale)
+        for target_s in (0.02, 0.1, 0.3):
+            budget = PrefillBudget(512, itl_target_s=target_s, costs=costs)
+            decode_s = costs.decode_step_s(4)
+            tokens = budget.tokens(n_decode_tokens=4)
+            step_s = decode_s + tokens * costs.prefill_token_s
+            assert tokens >= 1
+            assert step_s <= max(target_s, 2 * decode_s) + costs.prefill_token_s, (
+                step_scale,
+                token_scale,
+                target_s,
+                tokens,
+            )
 
 
 def test_without_a_target_every_step_gets_the_fixed_chunk() -> None:

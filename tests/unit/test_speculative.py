@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 
 from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
+from edge_llm.engine.speculation.edits import EditTracker
+from edge_llm.engine.speculation.history import DraftHistory
 from edge_llm.engine.speculation.prompt_lookup import PromptLookup, verify
 from edge_llm.protocol.sampling import SamplingParams
 
@@ -40,19 +43,38 @@ def test_draft_length_follows_acceptance_and_cost() -> None:
     tokens = list(range(30)) * 2
     assert lookup.draft_length(threshold=0.0) == 8  # extra tokens are free: draft all
     assert lookup.draft_length(threshold=0.3) == 2  # the prior 0.6: 0.36 > 0.3 > 0.216
+    assert lookup.draft_length(threshold=0.3, long=True) == 5  # a long match's prior, 0.8
+    assert len(lookup.propose(tokens[:40], limit=99, threshold=0.3)) == 5  # an 8-token match
     for _ in range(10):
         lookup.feedback(8, 8)
-    assert lookup.draft_length(threshold=0.3) == 8
+    assert lookup.draft_length(threshold=0.3, long=True) == 8
     assert len(lookup.propose(tokens[:40], limit=99, threshold=0.3)) == 8
     lookup.feedback(8, 0)  # the copying stopped: the next draft is shorter at once
-    assert lookup.draft_length(threshold=0.3) < 8
+    assert lookup.draft_length(threshold=0.3, long=True) < 8
+    assert lookup.draft_length(threshold=0.3) == 2  # a short match: its own rate and cap
     for _ in range(20):
         lookup.feedback(1, 0)  # nothing accepted: drafts no longer pay
-    assert lookup.acceptance < 0.3
+    assert lookup.draft_length(threshold=0.3, long=True) == 0
     drafts = [lookup.propose(tokens[: 41 + i], limit=99, threshold=0.3) for i in range(32)]
     probes = [i for i, draft in enumerate(drafts) if draft]
     assert probes == [15, 31] and all(len(drafts[i]) == 1 for i in probes)
     assert (lookup.num_drafted, lookup.num_accepted) == (108, 80)
+
+
+def test_short_and_long_matches_keep_their_own_acceptance() -> None:
+    lookup = PromptLookup(max_draft=32)
+    tokens = [1, 2, 9, 1, 2]
+    for _ in range(10):
+        lookup.propose(tokens, limit=99, threshold=0.3)  # a 2-token match
+        lookup.feedback(2, 0)  # coincidences: rejected
+    assert lookup.acceptance < 0.1
+    assert lookup.propose(tokens, limit=99, threshold=0.3) == []
+    copy = list(range(100, 140))
+    tokens += [*copy, 7, *copy[:10]]
+    assert lookup.propose(tokens, limit=99, threshold=0.3) == copy[10:15]  # the prior 0.8
+    for _ in range(10):
+        lookup.feedback(5, 5)  # the long match copies: its drafts grow to the cap
+    assert lookup.propose(tokens, limit=99, threshold=0.3) == [*copy[10:], 7, 100]
 
 
 def test_where_drafts_do_not_pay_a_probe_comes_every_probe_every_proposals() -> None:
@@ -64,9 +86,90 @@ def test_where_drafts_do_not_pay_a_probe_comes_every_probe_every_proposals() -> 
     for _ in range(20):
         lookup.feedback(1, 0)
     assert lookup.draft_length(0.67, probe_every=64) == 0
-    tokens = list(range(30)) * 2
-    drafts = [len(lookup.propose(tokens[: 41 + i], 99, 0.67, 64)) for i in range(64)]
+    tokens = [t % 3 for t in range(60)]  # only short matches
+    drafts = [len(lookup.propose(tokens[: 41 + i][-7:], 99, 0.67, 64)) for i in range(64)]
     assert drafts == [0] * 63 + [1]  # a probe only every 64 proposals
+
+
+def test_the_longest_match_wins_and_a_repeating_text_drafts_whole_periods() -> None:
+    lookup = PromptLookup(max_draft=16)
+    # (5, 6) last followed by 1, but the 4-token suffix (3, 4, 5, 6) by 7, 8.
+    tokens = [3, 4, 5, 6, 7, 8, 0, 5, 6, 1, 2, 3, 4, 5, 6]
+    assert lookup.propose(tokens, limit=2) == [7, 8]
+    # A period of 3 repeating: the draft runs on past the end of the text.
+    assert PromptLookup(max_draft=16).propose([1, 2, 3, 1, 2, 3, 1], limit=7) == [
+        2, 3, 1, 2, 3, 1, 2,
+    ]  # fmt: skip
+
+
+def test_drafts_come_from_finished_sequences_and_own_text_wins_ties() -> None:
+    history = DraftHistory()
+    answer = list(range(200, 240))
+    history.retire([1, 2, 3, *answer])  # an earlier request and its answer
+    lookup = PromptLookup(max_draft=64, history=history)
+    assert lookup.propose([9, 9, 1, 2, 3], limit=8) == answer[:8]
+    # Its own text has (2, 3) followed by 5; the history has the longer (1, 2, 3).
+    assert lookup.propose([2, 3, 5, 9, 1, 2, 3], limit=3) == answer[:3]
+    # At equal length its own text wins.
+    assert PromptLookup(64, history).propose([1, 2, 3, 6, 1, 2, 3], limit=2) == [6, 1]
+    # A sequence that ends is kept for the next one.
+    lookup.retire([7, 7, 7, 8, *range(300, 310)])
+    assert PromptLookup(64, history).propose([0, 7, 8], limit=3) == [300, 301, 302]
+
+
+def copy_steps(lookup: PromptLookup, prompt: list[int], answer: list[int]) -> list[list[int]]:
+    """The drafts of a sequence whose model emits ``answer`` after ``prompt``, one
+    decode step each (verification as the engine does it: the draft's agreeing prefix
+    and the model's own next token)."""
+    tokens, drafts = list(prompt), []
+    while len(tokens) < len(prompt) + len(answer):
+        draft = lookup.propose(tokens, limit=99)
+        target = answer[len(tokens) - len(prompt) :]
+        accepted = next((i for i, t in enumerate(draft) if i >= len(target) or t != target[i]),
+                        len(draft))  # fmt: skip
+        lookup.feedback(len(draft), accepted)
+        tokens += target[: accepted + 1]
+        drafts.append(draft)
+    return drafts
+
+
+def test_a_renamed_variable_is_drafted_renamed_after_its_first_occurrence() -> None:
+    total, running_total = [50], [60, 61]  # " total" -> " running", "_total"
+    function = [1, 2, 3, *total, 4, 5, 6, 7, *total, 8, 9, 10, 11, *total, 12, 13, 14]
+    renamed = [1, 2, 3, *running_total, 4, 5, 6, 7, *running_total, 8, 9, 10, 11,
+               *running_total, 12, 13, 14]  # fmt: skip
+    prompt = [90, 91, *function, 92, 93]
+    lookup = PromptLookup(max_draft=64)
+    drafts = copy_steps(lookup, prompt, renamed)
+    assert lookup.edits == {(50,): (60, 61)}
+    # From the edit on, a draft carries the rest of the answer renamed.
+    assert [6, 7, 60, 61, 8, 9, 10, 11, 60, 61, 12, 13, 14] in [d[:13] for d in drafts]
+    plain = copy_steps(PlainLookup(max_draft=64), prompt, renamed)
+    assert len(drafts) < len(plain)
+
+
+class PlainLookup(PromptLookup):
+    """Prompt lookup without the edit tracker: n-gram matches alone."""
+
+    def __init__(self, max_draft: int) -> None:
+        super().__init__(max_draft)
+        self._edits = _NoEdits()
+
+
+class _NoEdits(EditTracker):
+    def diverged(self, source: Sequence[int], at_source: int, at_output: int) -> None:
+        return None
+
+
+def test_the_history_is_bounded() -> None:
+    history = DraftHistory(max_tokens=100)
+    for run in range(10):
+        history.retire([1000 + run, *range(run * 100, run * 100 + 60)])
+    assert history.num_tokens <= 100
+    assert history.find((900, 901)) == ((1009, *range(900, 960)), 3)
+    assert history.find((0, 1)) is None  # retired long ago: gone
+    history.retire([1, 2])  # too short to teach anything
+    assert history.num_tokens <= 100
 
 
 def test_verify_stops_at_the_first_sample_that_differs() -> None:

@@ -13,8 +13,11 @@ llama-server does. While streams decode or other prompts wait for their first
 token, every prompt token in a step delays them all, so the step gets only the
 prompt tokens that keep it near ``itl_target_s``
 (token-budget scheduling as in Sarathi-Serve), or near twice a decode step when
-that is longer (a loaded machine), and at least ``min_tokens``, so that a long
-prompt still makes progress.
+that is longer (a loaded machine, a big model), so that a long prompt still makes
+progress: at least a decode step's worth of prompt tokens, and at least one. Until
+2026-12-07 the floor was 32 tokens, whatever they cost: on a model whose prompt
+tokens cost ten times more (the 1.5B model against the 135M one) that tripled every
+step beside decoding streams, and the streams stuttered (issue 60).
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ DECAY = 0.97
 DEFAULT_PREFILL_TOKEN_S = 1.0 / 300.0
 EWMA_WEIGHT = 0.3
 SERVICE_WEIGHT = 0.2
-MIN_PREFILL_TOKENS = 32
 # A step with prompt tokens may take this many decode steps, whatever the target: on
 # a loaded machine, where a decode step alone exceeds the target, a long prompt still
 # prefills in a bounded number of steps.
@@ -128,7 +130,6 @@ class PrefillBudget:
     max_tokens: int
     itl_target_s: float | None  # None: always ``max_tokens`` (a fixed chunk)
     costs: StepCosts = field(default_factory=StepCosts)
-    min_tokens: int = MIN_PREFILL_TOKENS
 
     def tokens(self, n_decode_tokens: int, n_prefilling: int = 1) -> int:
         """Prompt tokens for a step that also carries ``n_decode_tokens`` (drafts
@@ -138,5 +139,7 @@ class PrefillBudget:
             return self.max_tokens
         decode_s = self.costs.decode_step_s(n_decode_tokens)
         spare_s = max(self.itl_target_s, MIN_STEP_IN_DECODE_STEPS * decode_s) - decode_s
-        budget = int(spare_s / self.costs.prefill_token_s) if spare_s > 0 else 0
-        return max(min(self.min_tokens, self.max_tokens), min(budget, self.max_tokens))
+        # spare_s >= decode_s: the step stays within max(itl_target_s, two decode
+        # steps) whatever a prompt token costs.
+        budget = int(spare_s / self.costs.prefill_token_s)
+        return max(1, min(budget, self.max_tokens))
