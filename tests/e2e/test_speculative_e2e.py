@@ -178,7 +178,7 @@ async def test_gemma_k_quants_answer_a_copy_with_drafts_accepted(
     the default configuration continues a passage it has seen, drafting from it, and
     the model accepts the drafts."""
     engine = engine_factory("--model", gemma_path(), "--ttft-timeout-ms", "0")
-    head = PASSAGE[:90]
+    head = PASSAGE[: PASSAGE.index(" the keeper")]  # ends with a whole word
     body = {"prompt": f"{PASSAGE}\n\n{PASSAGE}\n\n{head}", "max_tokens": 40, "temperature": 0}
     async with (
         aiohttp.ClientSession() as session,
@@ -187,6 +187,6 @@ async def test_gemma_k_quants_answer_a_copy_with_drafts_accepted(
         assert reply.status == 200
         answer = await reply.json()
     text = answer["choices"][0]["text"]
-    assert PASSAGE.startswith(head + text[:60].rstrip()), text  # it copies the passage
+    assert PASSAGE.startswith(head + text[:40]), text  # it copies the passage
     drafted, accepted = engine.metric(DRAFTED), engine.metric(ACCEPTED)
     assert accepted >= 10 and accepted > drafted / 2, (drafted, accepted)
