@@ -271,3 +271,22 @@ def test_one_id_shares_nothing_so_every_request_is_admitted() -> None:
         d.prefill(seq, len(prompt))
         d.generate(seq, 5)
         d.release(seq)
+
+
+def test_an_attachment_takes_the_whole_prompt_only_with_its_kept_logits() -> None:
+    """Issue 59: a prompt that waited for an identical one's prefill attaches every
+    cell only with the logits of the last token (they give its first token); without
+    them it stops one token short and computes that token again."""
+    d = Driver()
+    prompt = [*SYSTEM, *range(10, 30)]
+    a, _ = d.admit(prompt)
+    b, _ = d.admit(prompt)
+    c, _ = d.admit(prompt)
+    d.prefill(a, len(prompt))
+    short = d.kv.attach_published(b, prompt)
+    d.apply(short.ops)
+    assert (short.gained, short.first_logits) == (len(prompt) - 1, None)
+    d.kv.keep_logits(prompt, "logits")
+    whole = d.kv.attach_published(c, prompt)
+    d.apply(whole.ops)
+    assert (whole.gained, whole.first_logits) == (len(prompt), "logits")

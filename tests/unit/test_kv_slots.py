@@ -259,8 +259,9 @@ def test_a_prefix_in_flight_is_copied_once_computed() -> None:
     b, cached = d.admit(second)
     assert cached == 0  # nothing computed yet
     d.prefill(a, len(first) - 1)
-    gained, ops = d.kv.attach_published(b, second)
-    d.apply(ops)
+    attachment = d.kv.attach_published(b, second)
+    gained = attachment.gained
+    d.apply(attachment.ops)
     assert gained == len(first) - 1  # all that a computed
     assert len(d.backend.kv[b]) == gained
 
@@ -282,3 +283,29 @@ def test_random_traffic_keeps_the_books_equal_to_the_cells(seed: int) -> None:
         d.prefill(seq, len(prompt) - 1, chunk=rng.choice((64, 128)))
         d.generate(seq, rng.randrange(1, 10))
         live.append(seq)
+
+
+def test_a_whole_prompt_attached_from_a_prefill_in_flight_carries_its_logits() -> None:
+    """Issue 59: two identical prompts together; the second waited for the first's
+    prefill, then attached every cell of it, the last token's included. Without the
+    logits of that token no step would sample its first token."""
+    d = Driver()
+    prompt = [*SYSTEM, *LONG]
+    a, _ = d.admit(prompt)
+    b, _ = d.admit(prompt)
+    d.prefill(a, len(prompt))
+    d.kv.keep_logits(prompt, "logits")  # the chunk that ended the prompt sampled
+    attachment = d.kv.attach_published(b, prompt)
+    d.apply(attachment.ops)
+    assert attachment.gained == len(prompt)
+    assert attachment.first_logits == "logits"
+
+
+def test_without_kept_logits_an_attachment_stops_one_token_short() -> None:
+    d = Driver()
+    prompt = [*SYSTEM, *LONG]
+    a, _ = d.admit(prompt)
+    b, _ = d.admit(prompt)
+    d.prefill(a, len(prompt))
+    attachment = d.kv.attach_published(b, prompt)
+    assert attachment.gained == len(prompt) - 1 and attachment.first_logits is None

@@ -81,6 +81,18 @@ class Admission:
 
 
 @dataclass
+class Attachment:
+    """What a waiting sequence gained from a prefill that ran since its admission."""
+
+    gained: int  # cells
+    ops: list[KvOp]
+    first_logits: Any = None  # it now holds the whole prompt: its first token's logits
+
+
+NO_ATTACHMENT = Attachment(0, [])
+
+
+@dataclass
 class KvCacheStats:
     used_tokens: int  # cells live streams hold (shared ones once)
     cached_tokens: int  # cells only the cache holds (evictable)
@@ -98,6 +110,13 @@ def common_prefix(run: Sequence[int], tokens: Sequence[int], pos: int = 0) -> in
 
 class KvBook(Protocol):
     """Who holds which KV cells, what a new request may reuse, what the budget allows.
+
+    A sequence is never given the cell of its prompt's last token without the logits
+    of that token (``Admission.first_logits``, ``Attachment.first_logits``): they give
+    its first token, and without them no step would ever sample it (issue 59: identical
+    prompts arriving together waited for their TTFT time-out). Without kept logits a
+    hit stops one token short and that token is computed again, as llama-server and
+    vLLM do.
 
     ``per_slot`` is the layout's one fact the step needs besides: each sequence id
     has a slot of its own (llama.cpp's ``kv_unified = false``), so llama.cpp splits a
@@ -148,7 +167,7 @@ class KvBook(Protocol):
         (none without ``reuse``)."""
         ...
 
-    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
+    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> Attachment:
         """Attach what running sequences have computed of ``tokens`` since admission."""
         ...
 

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.engine.kv.book import (
+    NO_ATTACHMENT,
     Admission,
+    Attachment,
     CopyPrefix,
     KvCacheStats,
     KvOp,
@@ -190,25 +192,27 @@ class KvSlots:
         tier = source.entry.origin if source.entry is not None else "device"
         return Admission(target.seq_id, source.usable, ops, logits, tier)
 
-    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
+    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> Attachment:
         """A running sequence that has computed nothing of its own yet takes the
         longer prefix another sequence computed since its admission (it waited for
-        that prefill); returns (cells gained, operations)."""
+        that prefill); the whole prompt only with the logits of its last token, which
+        the attachment carries (as an admission's)."""
         slot = self._slots[seq_id]
         if not self.prefix_cache or slot.n_cells != slot.n_attached:
-            return 0, []
+            return NO_ATTACHMENT
         source = self._best_source(tokens, slot)
         gained = source.usable - slot.n_cells
         if gained <= 0:
-            return 0, []
+            return NO_ATTACHMENT
         ops: list[KvOp] = []
         if slot.n_cells:
             ops.append(Truncate(seq_id, 0, slot.n_cells, "drop"))
         ops.extend(self._copy(source, slot))
         slot.n_cells = slot.n_attached = source.usable
         slot.reserved -= gained
+        slot.first_logits = self._logits_of(source)  # the next regenerate's too
         self._touch(slot)
-        return gained, ops
+        return Attachment(gained, ops, slot.first_logits)
 
     def restore(
         self,

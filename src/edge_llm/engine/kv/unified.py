@@ -32,7 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.engine.kv.book import (
+    NO_ATTACHMENT,
     Admission,
+    Attachment,
     CopyPrefix,
     KvCacheStats,
     KvOp,
@@ -234,15 +236,17 @@ class KvCache:
         ops.extend(self._drop_redundant(end, keep=seq_id))
         return Admission(seq_id, matched, ops)
 
-    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> tuple[int, list[KvOp]]:
+    def attach_published(self, seq_id: int, tokens: Sequence[int]) -> Attachment:
         """Attach to a running sequence that has computed nothing of its own yet the
         longer prefix of ``tokens`` published since its admission (another sequence
-        was prefilling it then); its reservation shrinks by the cells it gained.
-        Returns (cells gained, operations)."""
+        was prefilling it then); its reservation shrinks by the cells it gained. The
+        whole prompt only when the logits of its last token were kept (the attachment
+        carries them), else all but that token, computed again."""
         holder = self._holders[seq_id]
-        matched = self.cached_length(tokens)
+        logits = self._first_logits.get(tokens) if self.share else None
+        matched = self.cached_length(tokens, whole=logits is not None)
         if not self.share or holder.private or matched <= holder.attached:
-            return 0, []
+            return NO_ATTACHMENT
         had = set(map(id, holder.node.path()))
         end = self._attach_point(tokens, matched)
         for node in end.path():
@@ -256,7 +260,7 @@ class KvCache:
         self._touch(holder)
         ops: list[KvOp] = [CopyPrefix(min(end.holders - {seq_id}), seq_id, matched)]
         ops.extend(self._drop_redundant(end, keep=seq_id))
-        return gained, ops
+        return Attachment(gained, ops, logits if matched == len(tokens) else None)
 
     def restore(
         self,

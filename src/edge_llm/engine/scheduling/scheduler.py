@@ -282,8 +282,11 @@ class Scheduler:
             if _prefilling(wait.source, wait.n_tokens):
                 continue
             seq = self._awaiting.pop(wait.seq.id).seq
-            gained, ops = self.kv.attach_published(seq.require_slot(), seq.request.prompt_tokens)
-            self._kv_ops.extend(ops)
+            attachment = self.kv.attach_published(seq.require_slot(), seq.request.prompt_tokens)
+            gained = attachment.gained
+            self._kv_ops.extend(attachment.ops)
+            if attachment.first_logits is not None:  # the whole prompt: no decode before it
+                seq.first_logits = attachment.first_logits
             seq.kv_reserved_tokens -= gained
             seq.num_cached += gained
             seq.num_computed += gained
