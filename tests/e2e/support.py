@@ -182,6 +182,15 @@ class RawSseClient:
             self.received += data
         return self.received
 
+    def read_some(self, n_bytes: int, timeout: float = 120.0) -> bytes:
+        """At most ``n_bytes`` more of the answer (a slow reader's read)."""
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(n_bytes)
+        if not data:
+            raise ConnectionError("the server closed the connection")
+        self.received += data
+        return data
+
     def request_id(self) -> str:
         head = self.read_until(b"\r\n\r\n").split(b"\r\n\r\n")[0].decode()
         for line in head.split("\r\n"):

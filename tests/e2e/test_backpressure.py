@@ -5,6 +5,11 @@ that really fills its socket is paused alone."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -20,6 +25,19 @@ pytestmark = pytest.mark.e2e
 def busy(engine: EngineProcess) -> Any:
     """Another request run to its end while a stream is paused: the engine steps on."""
     return lambda: complete(engine.url, chat_body(STORY, max_tokens=40))
+
+
+@contextlib.contextmanager
+def busy_loops(n: int = 2) -> Iterator[None]:
+    """Processes that take CPU from the engine and the test: the load of a shared
+    2-core CI machine, under which the writer runs behind the engine."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
 
 
 async def test_ws_pause_stops_generation_within_one_token(engine_server) -> None:
@@ -125,3 +143,66 @@ async def test_heartbeats_report_prefill_progress(engine_factory) -> None:
     assert heartbeat["state"] in ("queued", "prefill")
     assert heartbeat["prefill_total"] > 900
     assert heartbeat["prefill_done"] < heartbeat["prefill_total"]
+
+
+async def test_pause_bound_holds_on_the_client_with_the_writer_batching(engine_factory) -> None:
+    """SPEC section 25: after the ``paused`` frame the client receives at most the token
+    of the step in flight, however the writer batches (chunks of 4 tokens held up to
+    300 ms) and beside two busy loops. Tokens generated before the pause and not sent
+    yet go out before the frame (they used to follow it: 2 tokens after ``paused``)."""
+    engine = engine_factory(
+        "--chunk-size-tokens", "4", "--flush-interval-ms", "300", "--max-pause-ms", "600000"
+    )
+    body = {**chat_body(STORY, max_tokens=400), "ignore_eos": True}
+    url = engine.base_url.replace("http", "ws") + "/stream"
+    with busy_loops(2):
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            await ws.send_json({"type": "start", "request": body})
+            stream_id = (await next_frame(ws, "started"))["id"]
+            pauses = []
+            steps = lambda: complete(engine.url, chat_body(STORY, max_tokens=8))  # noqa: E731
+            for _ in range(3):
+                await next_frame(ws, "delta")  # decoding (again)
+                pauses.append(await pause_stream(engine, ws, stream_id, steps))
+            await ws.send_json({"type": "cancel"})
+            await next_frame(ws, "error")
+    for pause in pauses:
+        pause.assert_within_one_token()
+
+
+def progress_and_tokens(received: bytes) -> list[str | None]:
+    """An SSE body in order: each progress chunk's state, and None for each token's
+    chunk (one token a chunk: chunk_size_tokens 1)."""
+    order: list[str | None] = []
+    for line in received.split(b"\n"):
+        if line.startswith(b"data: {"):
+            chunk = json.loads(line[6:])
+            if "progress" in chunk:
+                order.append(chunk["progress"]["state"])
+            elif any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                order.append(None)
+    return order
+
+
+async def test_pause_bound_holds_for_a_slow_sse_reader(engine_server) -> None:
+    """A reader whose socket fills (socket_full), with progress events: after one that
+    says ``paused``, at most one token's chunk comes before the next progress event."""
+    body = {**chat_body(STORY, max_tokens=200), "return_progress": True}
+    slow = RawSseClient(engine_server.url, body)
+    try:
+        stream_id = slow.request_id()
+        await wait_until(
+            lambda: engine_server.stream(stream_id)["pauses"] > 0, what="a socket-full pause"
+        )
+        while b"data: [DONE]" not in slow.received:  # a slow reader: 256 bytes at a time
+            await asyncio.to_thread(slow.read_some, 256)
+            await asyncio.sleep(0.01)
+    finally:
+        slow.close()
+    order = progress_and_tokens(slow.received)
+    assert order.count(None) > 100
+    for i, state in enumerate(order):
+        if state == "paused":
+            following = order[i + 1 :]
+            end = next((j for j, s in enumerate(following) if s is not None), len(following))
+            assert end <= 1, f"{end} tokens after a paused progress event"

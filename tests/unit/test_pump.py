@@ -59,19 +59,39 @@ async def test_heartbeat_while_no_token_flows(engine) -> None:
     await stream.aclose()
 
 
-async def test_with_progress_a_pause_is_reported_before_the_tokens_still_in_the_ring(
-    engine,
-) -> None:
+async def test_a_pause_is_reported_after_the_tokens_generated_before_it(engine) -> None:
+    """SPEC section 25: after the ``paused`` event at most the token in flight; two
+    tokens that waited unsent in the ring when the pause landed go out first, then
+    the pause and (with progress) its heartbeat, and nothing more while it lasts."""
     gate = engine.backend.gate = threading.Semaphore(0)  # type: ignore[attr-defined]
     handle = engine.submit(GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=50))
-    while len(handle.ring.peek(2)) < 2:  # two tokens wait, unsent, when the pause lands
+    while len(handle.ring.peek(3)) < 3:  # three tokens wait, unsent, when the pause lands
         gate.release()
         await handle.wait_changed(None)
     assert engine.pause(handle, PauseCause.PREEMPTED)
-    stream = pump(engine, handle, PumpSettings(heartbeat_interval_s=60.0), progress=True)
+    settings = PumpSettings(chunk_tokens=4, flush_interval_s=60.0, heartbeat_interval_s=60.0)
+    stream = pump(engine, handle, settings, progress=True)
     events = [await anext(stream) for _ in range(3)]
-    assert events[0] == PauseChanged("preempted")
-    assert isinstance(events[1], Heartbeat) and events[1].state == "preempted"
-    assert isinstance(events[2], Delta)
+    assert [type(e) for e in events] == [Delta, PauseChanged, Heartbeat]
+    assert events[0] == Delta("t10 中", 3, 0)  # a partial chunk, not held back
+    assert events[1] == PauseChanged("preempted")
+    assert isinstance(events[2], Heartbeat) and events[2].state == "preempted"
     gate.release(100)
     await stream.aclose()
+
+
+async def test_a_pause_that_ended_while_its_tokens_went_out_is_still_reported(engine) -> None:
+    gate = engine.backend.gate = threading.Semaphore(0)  # type: ignore[attr-defined]
+    handle = engine.submit(GenerationRequest(prompt_tokens=[1, 2, 3], max_tokens=4))
+    while len(handle.ring.peek(1)) < 1:
+        gate.release()
+        await handle.wait_changed(None)
+    assert engine.pause(handle)
+    stream = pump(engine, handle, PumpSettings(heartbeat_interval_s=60.0))
+    first = await anext(stream)
+    assert isinstance(first, Delta)  # the token generated before the pause
+    assert engine.resume(handle)  # while the pump had not reported the pause yet
+    gate.release(100)
+    rest = [event async for event in stream]
+    assert rest[:2] == [PauseChanged("client"), PauseChanged(None)]
+    assert isinstance(rest[-1], Finished)

@@ -8,8 +8,9 @@ stops the pump, the ring fills, and the engine pauses that sequence alone.
 While no token flows a :class:`Heartbeat` carries the stream's progress
 (``Engine.progress``) every ``heartbeat_interval_s``; with ``progress`` on, one
 also comes whenever the stream's state or prefill count changes (queued, prefill
-chunk by chunk, preempted, decoding again), so a client can show each step; a pause
-is reported at once, even while earlier tokens are still being written.
+chunk by chunk, preempted, decoding again), so a client can show each step. A pause
+is reported after the tokens generated before it (``pause_order.py``): after it, at
+most the token of the step in flight.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.generation.pause_order import Pause, PauseOrder
 from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged, StreamEvent
 
@@ -35,7 +37,7 @@ async def pump(
     engine: Engine, handle: StreamHandle, settings: PumpSettings, *, progress: bool = False
 ) -> AsyncIterator[StreamEvent]:
     """Yield the stream's events until (and including) :class:`Finished`."""
-    reported_cause: str | None = None
+    pauses = PauseOrder()  # a pause goes after the tokens generated before it
     reported_step: tuple[str, int] | None = None
     last_sent = time.monotonic()
     held_since: float | None = None
@@ -43,22 +45,19 @@ async def pump(
     carried = _Carried()
     wants_logprobs = handle.seq.request.sampling.n_logprobs is not None
     while True:
-        cause = None if handle.finished else _cause(handle)
-        if cause != reported_cause:
-            reported_cause = cause
+        for cause in pauses.update(_pause(handle), len(handle.ring), ended=handle.finished):
             yield PauseChanged(cause)
             if progress and not handle.finished:
-                # Tokens may still wait in the ring: a short preemption would pass unseen
-                # if its progress event waited for them to drain.
                 beat = _heartbeat(engine, handle)
                 reported_step = _step(beat.state, beat.prefill_done)
                 yield beat
                 last_sent = time.monotonic()
-        pieces = handle.ring.peek(settings.chunk_tokens)
+        pieces = handle.ring.peek(pauses.limit(settings.chunk_tokens))
         if pieces:
             now = time.monotonic()
             held_since = held_since or now
             partial = len(pieces) < settings.chunk_tokens and not handle.finished
+            partial = partial and not pauses.flushing
             if partial and now - held_since < settings.flush_interval_s:
                 await handle.wait_changed(held_since + settings.flush_interval_s - now)
                 continue
@@ -68,6 +67,7 @@ async def pump(
                 yield delta
                 last_sent = time.monotonic()
             engine.consumed(handle, len(pieces))
+            pauses.sent(len(pieces))
             continue
         if handle.outcome is not None:
             if handle.outcome.tail or carried.logprobs:
@@ -126,6 +126,7 @@ def _heartbeat(engine: Engine, handle: StreamHandle) -> Heartbeat:
     )
 
 
-def _cause(handle: StreamHandle) -> str | None:
-    cause = handle.seq.pause_cause
-    return cause.value if cause else None
+def _pause(handle: StreamHandle) -> Pause | None:
+    seq = handle.seq
+    cause = None if handle.finished else seq.pause_cause
+    return Pause(cause.value, seq.paused_since) if cause else None
