@@ -106,6 +106,10 @@ BASE_BODIES: dict[str, dict[str, Any]] = {
     },
     "/api/embed": {"model": "fake", "input": ["Hi", "there"], "truncate": True},
     "/api/show": {"model": "fake"},
+    # An Ollama library name, refused up front (400): a valid name would reach the Hub, which
+    # here is a closed port (tests/conftest.py); tests/e2e/test_pull_e2e.py pulls through a
+    # local stand-in of the Hub instead.
+    "/api/pull": {"model": "llama3.2", "insecure": False, "stream": True},
 }
 WS_BASE_FRAME: dict[str, Any] = {"type": "start", "request": BASE_BODIES["/v1/chat/completions"]}
 NORMAL_CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}

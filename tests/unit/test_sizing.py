@@ -3,8 +3,10 @@ time-out sized from its shape, explicit values kept, and a warning with a number
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
+import edge_llm
 from edge_llm.cli.serve import prompt_limit_warning
 from edge_llm.config.tree import load_config
 from edge_llm.models.sizing import ModelShape, fit, kv_mb_for, sequence_tokens, ttft_fit
@@ -70,3 +72,11 @@ def test_the_warning_names_the_budget_that_would_hold_the_prompt() -> None:
     assert "the model's context is 2048 tokens" in (
         prompt_limit_warning(config, kv, small) or ""  # type: ignore[arg-type]
     )
+
+
+def test_the_seeds_toml_keeps_its_values() -> None:
+    seed = Path(edge_llm.__file__).parent / "configs" / "engine.toml"
+    config = load_config(seed, env={})
+    sized = fit(config, QWEN, available_bytes=8 * GIB)
+    ttft_fit(config, 512, 10.0, sized)
+    assert sized.values == {}

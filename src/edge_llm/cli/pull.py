@@ -76,7 +76,7 @@ def run_pull(args: argparse.Namespace) -> int:
     progress = ProgressLine(sys.stderr)
     try:
         model = asyncio.run(Puller(store).pull(source, progress, sha256))
-    except (RemoteError, NotEnoughDisk) as exc:
+    except (RemoteError, NotEnoughDisk, OSError) as exc:
         progress.clear()
         print(f"edge-llm pull: {exc}", file=sys.stderr)
         return 1

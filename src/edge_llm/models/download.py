@@ -77,8 +77,9 @@ async def fetch(remote: RemoteFile, partial: Path, on_bytes: OnBytes, retry: Ret
                 if await _attempt(session, remote, state, on_bytes):
                     return str(state.hasher.hexdigest())
                 problem = f"the connection ended at byte {state.length}"
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError,
-                    _Transient) as exc:  # fmt: skip
+            except aiohttp.InvalidURL as exc:
+                raise RemoteError(f"{remote.source}: not a URL to download from: {exc}") from exc
+            except (aiohttp.ClientError, TimeoutError, _Transient) as exc:
                 problem = f"{type(exc).__name__}: {exc}".rstrip(": ")
             left = retry.attempts if state.length > before else left - 1
             if left <= 0:

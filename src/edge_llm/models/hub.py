@@ -14,10 +14,12 @@ Blocking calls: run them in a thread.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpx2  # huggingface_hub's HTTP client: its transport errors reach us unwrapped
 from huggingface_hub import (
     HfApi,
     get_hf_file_metadata,
@@ -69,6 +71,7 @@ def resolve(source: HubFile | UrlFile, endpoint: str | None = None) -> RemoteFil
     if isinstance(source, UrlFile):
         name = urlsplit(source.url).path.rsplit("/", 1)[-1] or source.name
         return RemoteFile(source.url, source.url, name, None, None, None, None, {})
+    endpoint = endpoint or _env_endpoint()
     try:
         filename = source.filename or pick_file(source, endpoint)
         url = hf_hub_url(source.repo, filename, revision=source.revision, endpoint=endpoint)
@@ -77,7 +80,7 @@ def resolve(source: HubFile | UrlFile, endpoint: str | None = None) -> RemoteFil
         raise RemoteError(f"{source.name}: {_first_line(exc)}") from exc
     except EntryNotFoundError as exc:
         raise RemoteError(f"{source.name}: no such file in {source.repo}") from exc
-    except (HfHubHTTPError, OSError) as exc:
+    except (HfHubHTTPError, httpx2.HTTPError, OSError, ValueError) as exc:
         raise RemoteError(f"{source.name}: the Hub did not answer: {_first_line(exc)}") from exc
     etag = (meta.etag or "").lower()
     return RemoteFile(
@@ -99,6 +102,12 @@ def in_hf_cache(remote: RemoteFile) -> str | None:
         return None
     found = try_to_load_from_cache(remote.repo, remote.filename, revision=remote.revision)
     return found if isinstance(found, str) else None
+
+
+def _env_endpoint() -> str | None:
+    """``HF_ENDPOINT`` as it is now (the library reads it once, at import)."""
+    value = os.environ.get("HF_ENDPOINT", "").strip().rstrip("/")
+    return value or None
 
 
 def pick_file(source: HubFile, endpoint: str | None) -> str:

@@ -23,7 +23,6 @@ from typing import Any
 from aiohttp import web
 
 from edge_llm.errors import EdgeLLMError, InvalidRequest, ModelNotFound
-from edge_llm.models.download import NotEnoughDisk
 from edge_llm.models.hub import RemoteError
 from edge_llm.models.pull import DigestMismatch, Puller, PullStatus
 from edge_llm.models.sources import HubFile, SourceError, parse_hub
@@ -125,8 +124,8 @@ async def _outcome(task: asyncio.Task[StoredModel]) -> StoredModel:
         return await task
     except (DigestMismatch, RemoteError) as exc:
         raise PullFailed(str(exc)) from exc
-    except NotEnoughDisk as exc:
-        raise NoDiskRoom(str(exc)) from exc
+    except OSError as exc:  # NotEnoughDisk, or the store cannot be written
+        raise NoDiskRoom(f"the model store cannot take it: {exc}") from exc
     except SourceError as exc:
         raise InvalidRequest(str(exc), param="model") from exc
 
