@@ -70,3 +70,23 @@ async def test_prompts_that_prefix_one_another_all_answer(engine_of, backend_kw,
     longer = [PROMPT, [*PROMPT, 7, 8], [*PROMPT, 7, 8, 9, 10]]
     await run_together(engine_of, backend_kw, settings, longer)
     await run_together(engine_of, backend_kw, settings, longer[::-1])
+
+
+@pytest.mark.parametrize(("backend_kw", "settings"), LAYOUTS)
+async def test_identical_short_prompts_after_a_cached_start_wait_for_one_prefill(
+    engine_of, backend_kw, settings
+) -> None:
+    """The template's system prompt is cached; the rest of identical prompts is short
+    (under HOLD_FOR_PREFIX_TOKENS): one computes it, the others wait and attach it
+    (the whole prompt, with the kept logits), instead of each computing its own copy."""
+    system = list(range(500, 540))
+    backend = FakeBackend(**backend_kw, max_sequences=8)
+    engine = engine_of(backend, ttft_timeout_s=30.0, **settings)
+    await drain(engine, engine.submit(request([*system, 1, 2])))  # caches the start
+    backend.gate = threading.Semaphore(0)
+    prompt = [*system, *range(600, 620)]
+    handles = [engine.submit(request(prompt)) for _ in range(4)]
+    backend.gate.release(10_000)
+    await asyncio.wait_for(asyncio.gather(*(drain(engine, h) for h in handles)), timeout=10)
+    computed = sum(h.seq.n_prompt - h.seq.num_cached for h in handles)
+    assert computed <= len(prompt) - len(system) + 1, [h.seq.num_cached for h in handles]

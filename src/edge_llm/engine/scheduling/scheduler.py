@@ -41,7 +41,10 @@ from edge_llm.engine.speculation.prompt_lookup import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
 # An admitted sequence waits for a prompt start another sequence is prefilling right
-# now when it would otherwise compute at least this many of those tokens again itself.
+# now when it would otherwise compute at least this many of those tokens again itself,
+# or at least half of all it would compute (identical prompts after a cached system
+# prompt: each computing its own 27 tokens beside the others' decodes took 2-5 s on a
+# loaded machine; waiting, each samples its first token from the kept logits).
 HOLD_FOR_PREFIX_TOKENS = 32
 
 
@@ -267,9 +270,12 @@ class Scheduler:
         if not reuses or seq.state is not SequenceState.PREFILL:
             return
         prompt = seq.request.prompt_tokens[:-1]
+        own_work = len(prompt) - seq.num_cached  # what it would compute before its last
         for other in self.running:
             shared = common_prefix(other.request.prompt_tokens, prompt)
-            if _prefilling(other, shared) and shared - seq.num_cached >= HOLD_FOR_PREFIX_TOKENS:
+            gain = shared - seq.num_cached
+            worth = gain >= HOLD_FOR_PREFIX_TOKENS or (gain > 0 and 2 * gain >= own_work)
+            if worth and _prefilling(other, shared):
                 self._awaiting[seq.id] = _AwaitedPrefix(seq, other, shared)
                 return
 
