@@ -199,6 +199,7 @@ class Pane {
       progress: true, // a heartbeat at each change of state too (queued, prefill, preempted)
       onEvent: (event) => this.onEvent(run, event),
       onHeartbeat: (beat) => this.onHeartbeat(run, beat),
+      onTtftWarn: (ms) => this.log(run, "no first token after " + ms + " ms (ttft_warn_ms)"),
     });
     this.renderLoop(run);
   }

@@ -107,7 +107,11 @@ export class SSETransport extends ResumingTransport {
 
   protected async read(attempt: Attempt): Promise<void> {
     const body = this.response?.body;
-    if (!body) throw new ReadError("no response body to read");
+    if (!body) {
+      throw new NotStreamingError(
+        "this runtime's fetch does not stream response bodies (React Native's does not): use transport \"ws\"",
+      );
+    }
     const reader = body.getReader();
     const parser = new SSEParser();
     try {

@@ -351,3 +351,9 @@ test("SSE: after a ping, silence for three heartbeat intervals is a dead connect
   await assert.rejects(done, (e) => e.code === "dead_connection");
   assert.equal(beats.length, 1);
 });
+
+test("SSE: a fetch without streamed bodies (React Native) says to use the WebSocket", async () => {
+  const fetch = async () => ({ status: 200, headers: new Headers({ "Content-Type": "text/event-stream" }), body: null });
+  const client = new StreamClient(config(), { fetch });
+  await assert.rejects(client.complete(HI), (e) => e.code === "not_streaming" && /use transport "ws"/.test(e.message));
+});

@@ -819,7 +819,11 @@
     }
     async read(attempt) {
       const body = this.response?.body;
-      if (!body) throw new ReadError("no response body to read");
+      if (!body) {
+        throw new NotStreamingError(
+          `this runtime's fetch does not stream response bodies (React Native's does not): use transport "ws"`
+        );
+      }
       const reader = body.getReader();
       const parser = new SSEParser();
       try {
@@ -1673,7 +1677,8 @@
         progress: true,
         // a heartbeat at each change of state too (queued, prefill, preempted)
         onEvent: (event) => this.onEvent(run, event),
-        onHeartbeat: (beat) => this.onHeartbeat(run, beat)
+        onHeartbeat: (beat) => this.onHeartbeat(run, beat),
+        onTtftWarn: (ms2) => this.log(run, "no first token after " + ms2 + " ms (ttft_warn_ms)")
       });
       this.renderLoop(run);
     }
