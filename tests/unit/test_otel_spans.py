@@ -8,6 +8,7 @@ real OTLP receiver: tests/e2e/test_otel_e2e.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import textwrap
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from google.protobuf import json_format
 from opentelemetry import trace
@@ -38,7 +40,7 @@ from edge_llm.observability.otel.genai_metrics import TTFT_BUCKETS, GenAiMetrics
 from edge_llm.observability.otel.settings import OtelConfigError, otel_settings
 from edge_llm.observability.otel.spans import RequestTracer
 from edge_llm.server.context import CONTEXT
-from edge_llm.server.telemetry import tee
+from edge_llm.server.telemetry import address_of, tee
 
 from conftest import app_engine, app_over, stop_app_engine
 from fakes import FakeBackend, text_script
@@ -91,11 +93,17 @@ async def traced() -> AsyncIterator[Callable[..., Any]]:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
         reader = InMemoryMetricReader()
         meter = MeterProvider(metric_readers=[reader]).get_meter("test")
-        tracer = RequestTracer(provider.get_tracer("test"), GenAiMetrics(meter))
-        recorder = Recorder()
         config = load_config(None, env={}, overrides=overrides)
+        urls = {name: upstream.url for name, upstream in config.upstream.items()}
+        tracer = RequestTracer(
+            provider.get_tracer("test"),
+            GenAiMetrics(meter),
+            upstream_address=lambda name: address_of(urls.get(name)),
+        )
+        recorder = Recorder()
         app = app_over(backend or FakeBackend(text_script(ANSWER)), config, tee(recorder, tracer))
         app[CONTEXT].tracing = tracer
+        await app[CONTEXT].router.registry.start()
         client = TestClient(TestServer(app))
         await client.start_server()
         made.append(client)
@@ -367,3 +375,49 @@ async def test_a_websocket_stream_is_a_span_too(traced) -> None:
     assert f"{span.context.trace_id:032x}" == APP_TRACE
     assert (span.attributes or {})["gen_ai.response.id"] == frame["id"]
     assert (span.attributes or {})["http.route"] == "/v1/stream"
+
+
+async def _upstream_chat(request: web.Request) -> web.StreamResponse:
+    """An OpenAI-compatible upstream's streamed answer: three words, usage, [DONE]."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for text in ("from", " the", " upstream"):
+        choice = {"index": 0, "delta": {"content": text}, "finish_reason": None}
+        chunk = {"id": "u", "object": "chat.completion.chunk", "model": "m", "choices": [choice]}
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+    last = {"id": "u", "object": "chat.completion.chunk", "model": "m",
+            "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}  # fmt: skip
+    await response.write(b"data: " + json.dumps(last).encode() + b"\n\ndata: [DONE]\n\n")
+    return response
+
+
+async def test_a_relayed_request_shows_the_upstream_call_as_a_client_span(traced) -> None:
+    upstream = web.Application()
+    upstream.router.add_post("/v1/chat/completions", _upstream_chat)
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
+    upstream.router.add_get("/v1/models", models)
+    async with TestServer(upstream) as server:
+        url = str(server.make_url("")).rstrip("/")
+        t = await traced(upstream=[f"up={url}"])
+        response = await t.client.post(
+            "/v1/chat/completions",
+            json={**CHAT, "model": "m"},
+            headers={"traceparent": TRACEPARENT},
+        )
+        assert (await response.json())["choices"][0]["message"]["content"] == "from the upstream"
+    span = t.server_span()
+    (client,) = [s for s in t.spans() if s.kind is SpanKind.CLIENT]
+    assert client.parent is not None and client.parent.span_id == span.context.span_id
+    assert client.name == "chat up"
+    attributes = dict(client.attributes or {})
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["server.address"] == "127.0.0.1"
+    assert url.endswith(f":{attributes['server.port']}")
+    assert attributes["gen_ai.usage.output_tokens"] == 3
+    assert (span.attributes or {})["edge_llm.backend"] == "up"
+    usage = t.histograms()["gen_ai.client.token.usage"]
+    assert [p.attributes["gen_ai.token.type"] for p in usage] == ["output"]

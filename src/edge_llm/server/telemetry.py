@@ -55,7 +55,7 @@ def start_otel(
     tracer = RequestTracer(
         telemetry.tracer(version) or NoOpTracer(),
         GenAiMetrics(meter) if meter is not None else None,
-        upstream_address=lambda name: _address(upstream_urls.get(name)),
+        upstream_address=lambda name: address_of(upstream_urls.get(name)),
     )
     return telemetry, tracer
 
@@ -116,7 +116,8 @@ def started(span: RequestSpan, answer: Answer) -> None:
     span.set(facts)
 
 
-def _address(url: str | None) -> tuple[str, int] | None:
+def address_of(url: str | None) -> tuple[str, int] | None:
+    """The host and port of an upstream's base URL (server.address, server.port)."""
     if not url:
         return None
     parts = urlsplit(url)
