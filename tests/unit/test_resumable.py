@@ -509,3 +509,50 @@ async def test_detached_streams_are_offloaded_for_waiting_ones_and_resume_token_
     for handle in detached:
         assert await drain(engine, handle) == expected
     assert engine.metrics.stream_resumes._value.get() == 2
+
+
+async def test_the_stream_id_comes_at_once_and_delete_cancels_the_stream(served: Served) -> None:
+    """Before any token (the model is held), the response headers name the stream;
+    ``DELETE /v1/streams/{id}`` cancels it (reason client, KV freed, no detach), and
+    only for the key that opened it."""
+    client, backend, recorder = await served(api_key=["k1", "k2"])
+    backend.gate = threading.Semaphore(0)
+    mine, theirs = {"Authorization": "Bearer k1"}, {"Authorization": "Bearer k2"}
+    response = await client.post("/v1/chat/completions", json=BODY, headers=mine)
+    assert response.status == 200
+    stream_id = response.headers["X-Stream-Id"]
+    other = await client.delete(f"/v1/streams/{stream_id}", headers=theirs)
+    assert other.status == 404
+    deleted = await client.delete(f"/v1/streams/{stream_id}", headers=mine)
+    assert deleted.status == 200 and (await deleted.json())["deleted"] is True
+    backend.gate.release(10_000)
+    await recorder.wait_for(Event.END)
+    (cancel,) = recorder.of(Event.CANCEL)
+    assert cancel["reason"] == "client" and not recorder.of(Event.DETACHED)
+    response.close()
+    gone = await client.get(f"/v1/streams/{stream_id}", headers=mine)
+    assert gone.status == 404
+
+
+async def test_the_sdk_cancels_a_resumable_stream_it_gives_up(served: Served) -> None:
+    """The TTFT hard time-out of a resumable SSE stream: the SDK deletes the stream
+    (closing the connection would only detach it and keep its KV)."""
+    client, backend, recorder = await served()
+    backend.gate = threading.Semaphore(0)
+    config = ClientConfig(
+        base_url=str(client.make_url("/v1")), api_key="", ttft_hard_timeout_ms=300,
+        retry={"max_attempts": 1},
+    )  # fmt: skip
+    events = Recorder()
+    async with StreamClient(config, event_log=events) as sdk:
+        with pytest.raises(Exception) as failed:
+            await sdk.complete(BODY["messages"], max_tokens=400)
+    assert getattr(failed.value, "code", None) == "ttft_timeout"
+    (sent,) = events.of(Event.CANCEL_SENT)
+    assert (sent["reason"], sent["method"]) == ("ttft_timeout", "delete")
+    backend.gate.release(10_000)
+    await recorder.wait_for(Event.END)
+    assert [c["reason"] for c in recorder.of(Event.CANCEL)] == ["client"]
+    assert not recorder.of(Event.DETACHED)
+    await recorder.wait_for(Event.KV_FREED)
+    assert (await (await client.get("/debug/streams")).json())["kv_used_bytes"] == 0

@@ -17,7 +17,9 @@ configuration) carries ``X-Stream-Id`` and an id on every event. When its connec
 drops (a read error, the body ending before ``[DONE]``, a dead connection), the
 transport resumes it: ``GET {base}/streams/{id}`` with ``Last-Event-ID``, at once,
 then with the retry backoff, up to ``resume_attempts`` tries in a row without an event. An event
-whose number it already took is skipped, so no text is rendered twice or lost.
+whose number it already took is skipped, so no text is rendered twice or lost. Giving a
+resumable stream up (the TTFT hard time-out, a cancelled task) sends
+``DELETE {base}/streams/{id}``: closing the connection alone would only detach it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ RESUMABLE_FIELD = "resumable"
 STREAM_ID_HEADER = "X-Stream-Id"
 CHAT_PATH = "/chat/completions"
 NOT_STREAMING_PREVIEW_BYTES = 4096
+CANCEL_TIMEOUT_S = 2.0  # a resumable stream's DELETE when the client gives it up
 
 
 class ReadPause:
@@ -96,10 +99,10 @@ class SSETransport(ResumingTransport):
             attempt.flow = ReadPause(attempt, self._request.queue)
             await self._read_resuming(attempt)
         except TtftTimeoutError:
-            attempt.cancelled("ttft_timeout", method="close")
+            attempt.cancelled("ttft_timeout", method=await self._give_up())
             raise
         except asyncio.CancelledError:
-            attempt.cancelled("client", method="close")
+            attempt.cancelled("client", method=await self._give_up())
             raise
         except (aiohttp.ClientError, OSError) as exc:
             raise transport_error(exc, url=self._request.url) from exc
@@ -107,6 +110,25 @@ class SSETransport(ResumingTransport):
             attempt.flow = None
             if self._response is not None:
                 self._response.close()
+
+    async def _give_up(self) -> str:
+        """Cancel the stream: closing the connection does, unless it is resumable
+        (that only detaches it, keeping its KV): then ``DELETE {base}/streams/{id}``
+        too, within ``CANCEL_TIMEOUT_S``. Returns how (``close`` or ``delete``)."""
+        if self._stream_id is None:
+            return "close"
+        try:
+            async with asyncio.timeout(CANCEL_TIMEOUT_S):
+                url = f"{self._base()}/streams/{self._stream_id}"
+                response = await self._request.session.delete(url, headers=self._request.headers)
+                response.release()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            return "close"  # the server forgets it after resume_grace_ms anyway
+        return "delete"
+
+    def _base(self) -> str:
+        url = self._request.url
+        return url[: url.rfind(CHAT_PATH)] if CHAT_PATH in url else url.rsplit("/", 1)[0]
 
     async def _read(self, attempt: Attempt) -> None:
         await self._read_events(self._require_response(), attempt)
@@ -119,10 +141,9 @@ class SSETransport(ResumingTransport):
         await self._check(self._response, attempt)
 
     async def _get_resumed(self) -> aiohttp.ClientResponse:
-        url = self._request.url
-        base = url[: url.rfind(CHAT_PATH)] if CHAT_PATH in url else url.rsplit("/", 1)[0]
         headers = {**self._request.headers, "Last-Event-ID": f"{self._stream_id}.{self._last_n}"}
-        return await self._request.session.get(f"{base}/streams/{self._stream_id}", headers=headers)
+        url = f"{self._base()}/streams/{self._stream_id}"
+        return await self._request.session.get(url, headers=headers)
 
     def _require_response(self) -> aiohttp.ClientResponse:
         if self._response is None:

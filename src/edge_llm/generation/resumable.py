@@ -386,6 +386,11 @@ class ResumableStreams:
             raise StreamNotFound(f"no resumable stream {stream_id!r} (unknown or expired)")
         return stream
 
+    def find_any(self, stream_id: str, key: str | None) -> Detachable[Any]:
+        """The stream ``stream_id`` of the caller with API ``key``, on either transport."""
+        stream = self._streams.get(stream_id)
+        return self.find(stream_id, key, stream.kind if stream is not None else "sse")
+
     def detach(self, stream: Detachable[F]) -> None:
         if self.num_detached >= self.max_detached:
             stream.drop("disconnect")

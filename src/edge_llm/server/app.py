@@ -71,6 +71,7 @@ def create_app(ctx: ServerContext) -> web.Application:
     app.router.add_delete("/api/delete", pull_routes.delete)
     app.router.add_get("/v1/stream", ws_route.stream_socket)
     app.router.add_get("/v1/streams/{stream_id}", resumable_sse.resume_stream)
+    app.router.add_delete("/v1/streams/{stream_id}", resumable_sse.cancel_stream)
     app.router.add_get("/health", debug_routes.health)
     app.router.add_get("/metrics", debug_routes.metrics)
     app.router.add_get("/debug/streams", debug_routes.streams)

@@ -6,6 +6,7 @@ A route whose request opted in (``stream_options.resumable``, or ``resumable`` o
 of its own that a dropped connection leaves waiting. ``GET /v1/streams/{stream_id}``
 (:func:`resume_stream`) or the same POST, each with ``Last-Event-ID``, attaches a new
 connection: the events after ``n`` are replayed, then the stream goes on live.
+``DELETE /v1/streams/{stream_id}`` (:func:`cancel_stream`) cancels it.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ async def stream_resumable(
     stream = book.open(answer, presented_key(request), book.new_log(), SSE)
     writer = SseWriter(request, ctx, answer.id, {**headers, STREAM_ID_HEADER: stream.id})
     sink = SseSink(writer, request.path)
-    await stream.attach(sink, 0, resume=False)
+    # The headers go out now: a client that gives up before the first token knows
+    # the stream's id, to cancel it (DELETE /v1/streams/{id}) rather than leave it
+    # detached. A failure after admission is then an error event, not a status.
+    await stream.attach(sink, 0, resume=True)
     stream.start(produce(ResumableSseWriter(stream, opening, writer.response)))
     return await sink.served(stream)
 
@@ -151,6 +155,16 @@ async def resume_stream(request: web.Request) -> web.StreamResponse:
     first without it, as ``EventSource`` connects), then the stream live."""
     stream_id = request.match_info["stream_id"]
     return await _resume(request, stream_id, _after(request, stream_id))
+
+
+async def cancel_stream(request: web.Request) -> web.Response:
+    """``DELETE /v1/streams/{stream_id}``: the client gives the stream up (its TTFT
+    time-out, an abort): cancelled now (reason ``client``, its KV freed at the
+    engine's next step) and forgotten, whether a connection is attached or not."""
+    ctx = context_of(request)
+    stream = ctx.resumable.find_any(request.match_info["stream_id"], presented_key(request))
+    stream.drop("client")
+    return web.json_response({"id": stream.id, "object": "stream.deleted", "deleted": True})
 
 
 async def resume_posted(request: web.Request) -> web.StreamResponse | None:
