@@ -421,3 +421,63 @@ async def test_a_relayed_request_shows_the_upstream_call_as_a_client_span(traced
     assert (span.attributes or {})["edge_llm.backend"] == "up"
     usage = t.histograms()["gen_ai.client.token.usage"]
     assert [p.attributes["gen_ai.token.type"] for p in usage] == ["output"]
+
+
+def test_grpc_is_a_protocol_that_works(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc: the SDK's gRPC exporters, to a real gRPC
+    receiver (opentelemetry-proto's service) on 127.0.0.1."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as metrics_pb
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc as metrics_rpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as trace_pb
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc as trace_rpc
+
+    from edge_llm.observability.otel.sdk import start_telemetry
+
+    received: dict[str, list[str]] = {"spans": [], "metrics": []}
+
+    class Traces(trace_rpc.TraceServiceServicer):  # type: ignore[misc]
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC's name
+            for resource in request.resource_spans:
+                for scope in resource.scope_spans:
+                    received["spans"] += [span.name for span in scope.spans]
+            return trace_pb.ExportTraceServiceResponse()
+
+    class Metrics(metrics_rpc.MetricsServiceServicer):  # type: ignore[misc]
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802
+            for resource in request.resource_metrics:
+                for scope in resource.scope_metrics:
+                    received["metrics"] += [metric.name for metric in scope.metrics]
+            return metrics_pb.ExportMetricsServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_rpc.add_TraceServiceServicer_to_server(Traces(), server)
+    metrics_rpc.add_MetricsServiceServicer_to_server(Metrics(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        environ = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+            "OTEL_EXPORTER_OTLP_INSECURE": "true",
+        }
+        for name, value in environ.items():
+            monkeypatch.setenv(name, value)
+        settings = otel_settings(environ)
+        assert settings is not None and settings.traces == settings.metrics == "grpc"
+        telemetry = start_telemetry(settings)
+        tracer = RequestTracer(telemetry.tracer("0") or trace.NoOpTracer(), None)
+        meter = telemetry.meter("0")
+        assert meter is not None
+        metrics = GenAiMetrics(meter)
+        span = tracer.begin({}, operation="chat", start_ns=time.time_ns(), attributes={})
+        span.close()
+        metrics.record_server({"gen_ai.operation.name": "chat"}, duration_s=0.5, ttft_s=0.1,
+                              tpot_s=0.01, error_type=None)  # fmt: skip
+        telemetry.shutdown()  # exports what is held
+    finally:
+        server.stop(None)
+    assert received["spans"] == ["chat"]
+    assert "gen_ai.server.request.duration" in received["metrics"]
