@@ -163,6 +163,23 @@ async def test_a_cut_at_any_byte_costs_only_the_bytes_after_it(
         assert model.sha256 == entry.sha256
 
 
+async def test_a_file_the_hub_changed_is_pulled_again_and_the_old_bytes_go(
+    fresh: HubStandIn, tmp_path: Path
+) -> None:
+    fresh.add(
+        "test/changing-GGUF", "m-Q4_K_M.gguf", tiny_gguf(tmp_path / "v1.gguf", padding=1 << 16)
+    )
+    store = ModelStore(tmp_path / "store")
+    puller = Puller(store, endpoint=fresh.url, retry=Retry(attempts=2, backoff_s=0.0))
+    source = parse_source("hf.co/test/changing-GGUF:Q4_K_M")
+    first = await puller.pull(source, lambda _: None)
+    fresh.add("test/changing-GGUF", "m-Q4_K_M.gguf",
+              tiny_gguf(tmp_path / "v2.gguf", padding=1 << 17))  # fmt: skip
+    second = await puller.pull(source, lambda _: None)
+    assert second.sha256 != first.sha256 and second.size > first.size
+    assert [p.name for p in store.blobs.iterdir()] == [f"sha256-{second.sha256}"]
+
+
 def test_a_sha256_mismatch_leaves_nothing_under_the_name(fresh: HubStandIn, tmp_path: Path) -> None:
     store = tmp_path / "store"
     sha256 = fresh.repos["test/tiny-GGUF"]["tiny-Q4_K_M.gguf"].sha256

@@ -50,3 +50,12 @@ def test_the_free_disk_is_checked_before_a_download(tmp_path: Path) -> None:
     check_disk(tmp_path, 1024)
     with pytest.raises(NotEnoughDisk, match=r"needs .* MiB more"):
         check_disk(tmp_path, 1 << 60)
+
+
+def test_a_name_given_other_bytes_releases_the_old_ones(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    old = stored(store, "m", b"old bytes")
+    new = stored(store, "m", b"new bytes")
+    store.release(old.sha256)
+    assert not Path(old.blob).exists() and Path(new.blob).is_file()
+    assert store.find("m") == new

@@ -78,6 +78,8 @@ class Puller:
             blob = await asyncio.to_thread(self._adopt, remote, actual)
         report(PullStatus("writing manifest"))
         model = self.store.write_manifest(_manifest(source.name, remote, actual, blob))
+        if current is not None and current.sha256 != actual:
+            self.store.release(current.sha256)  # the name's old bytes, unless shared
         report(PullStatus("success"))
         return model
 

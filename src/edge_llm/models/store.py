@@ -158,9 +158,14 @@ class ModelStore:
         if model is None:
             return None
         self._manifest_path(model.name).unlink(missing_ok=True)
-        if not any(other.sha256 == model.sha256 for other in self.list()):
-            self.blob_path(model.sha256).unlink(missing_ok=True)
+        self.release(model.sha256)
         return model
+
+    def release(self, sha256: str) -> None:
+        """Delete the blob unless a name still holds it (after a name was removed or
+        given other bytes: a re-pull of a file the Hub changed)."""
+        if not any(other.sha256 == sha256 for other in self.list()):
+            self.blob_path(sha256).unlink(missing_ok=True)
 
     def _manifest_path(self, name: str) -> Path:
         return self.manifests / (quote(name, safe="") + ".json")
