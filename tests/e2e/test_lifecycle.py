@@ -96,7 +96,10 @@ async def test_ws_cancel_frees_kv_before_the_next_step(engine_factory) -> None:
 async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
     """The stream is paused by its client while its prompt is prefilled (a heartbeat
     showed the first chunks done), so no token will ever come: the engine must notice
-    the closed socket by itself, not at the next token as Ollama does."""
+    the closed socket by itself, not at the next token as Ollama does. Between the
+    PAUSE and the end the engine may finish the step in flight (one prompt chunk),
+    nothing more: this once compared the prefill count read after the ``paused``
+    frame, which the chunk in flight could still raise (``64 == 32`` under load)."""
     engine = engine_factory(
         "--max-prompt-tokens", "2048", "--prefill-chunk-tokens", "32", "--ttft-timeout-ms", "0",
         "--heartbeat-interval-ms", "50", "--max-pause-ms", "600000",
@@ -117,7 +120,7 @@ async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
         what="the stream to be cancelled",
     )
     assert stream["cancel_reason"] == "disconnect"
-    assert stream["prefill_done"] == held["prefill_done"]  # nothing prefilled meanwhile
+    assert stream["prefill_done"] >= held["prefill_done"]
     events = await wait_until(
         lambda: (events := engine.events()) and freed_after(events, stream_id) is not None
         and events,
@@ -128,6 +131,12 @@ async def test_disconnect_during_prefill_frees_kv(engine_factory) -> None:
     assert events[freed_after(events, stream_id)]["kv_used_bytes"] == 0
     assert kv_idle(engine)
     assert engine.metric("edge_llm_cancellations_total", reason="disconnect") == 1
+    # Prefilled after the engine took the PAUSE: at most the chunk in flight.
+    mine = [e for e in events if e.get("request_id") == stream_id]
+    received = next(i for i, e in enumerate(mine) if e["event"] == "pause_received")
+    after = [e for e in mine[received:] if e["event"] == "prefill_progress"]
+    assert len(after) <= 1, after
+    assert stream["prefill_done"] == (after[-1]["prefill_done"] if after else held["prefill_done"])
 
 
 async def test_ttft_timeout_is_504_before_any_byte_and_an_sse_error_after(engine_factory) -> None:
