@@ -493,9 +493,9 @@ def test_invariant_kernels_give_a_row_the_same_bits_in_any_batch_and_on_any_thre
     default) computed in one batch (two ubatches: 512 and 88 rows, the last in tiles),
     alone after the rest, in a 7-row batch after the rest, in 100-row chunks, on 1 or 2
     threads: the same logits, bit for bit, with the embedded model's Q4_1 weights and
-    with Gemma's K-quants (which ggml repacks unless the mode is on). The fast kernels
-    (the default) round the lone row differently from the tiled one: the comparison
-    can fail."""
+    with Gemma's K-quants (repacked; the mode computes their rows as lone rows). The
+    fast kernels (the default) round the lone row differently from the tiled one: the
+    comparison can fail."""
     backend = LlamaBackend(
         None if model.startswith("smollm2") else gemma_path(), kv_budget_bytes=64 << 20,
         max_sequences=2, max_batch_tokens=768, n_threads=THREADS, kv_unified=False,

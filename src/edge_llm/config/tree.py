@@ -199,8 +199,9 @@ class SchedulerConfig(_Section):
         False,
         description="A request's greedy text (or seeded sample) is a function of the request "
         "alone: not of the cache tiers, drafts, other streams, pauses, offloads or the thread "
-        "count (llama.cpp's invariant kernels, scripts/patches/, and weights left unpacked: "
-        "a model of Q4_0 or Q4_K weights prefills slower); needs kv_unified = false",
+        "count (llama.cpp's invariant kernels, scripts/patches/: a repacked weight type's "
+        "rows are computed as lone rows, so a model of Q4_0 weights prefills slower); needs "
+        "kv_unified = false",
     )
     max_preemptions: int = Field(
         3,

@@ -63,6 +63,7 @@ _NO_SEED = 0xFFFFFFFF
 # Read by ggml's CPU backend when a context is created (scripts/patches/): the kernels
 # whose rounding depends neither on the thread count nor on the rows of a batch.
 _INVARIANT_ENV = "GGML_CPU_USE_REF"
+_ROW_KERNELS_ENV = "EDGE_LLM_ROW_KERNELS"  # in builds whose use_ref takes repacked rows alone
 # GGUF keys of a model's recommended sampling (llama.cpp names them), and our names.
 _RECOMMENDED_SAMPLING = (
     (llama.LLAMA_MODEL_META_KEY_SAMPLING_TEMP, "temperature"),
@@ -185,7 +186,7 @@ class LlamaBackend:
         path = Path(model_path) if model_path else default_model_path()
         if not path.is_file():
             raise BackendError(f"model file not found: {path}")
-        self._model = self._load_model(path, repack=not invariant_kernels)
+        self._model = self._load_model(path)
         self._vocab = llama.llama_model_get_vocab(self._model)
         self.max_sequences = max_sequences
         self.n_threads = n_threads
@@ -208,9 +209,9 @@ class LlamaBackend:
         self.kv_sequence_tokens = int(llama.llama_n_ctx_seq(self._ctx))
         layout = "unified" if kv_unified else f"slots{max_sequences}"
         # Cells computed by other kernels (the other mode, or the invariant kernels before
-        # they folded 256-cell chunks and left weights unpacked) would change an invariant
-        # stream's text.
-        kernels = "invariant-chunks256-unpacked" if invariant_kernels else "fast"
+        # they folded 256-cell chunks and computed repacked weights' rows as lone rows)
+        # would change an invariant stream's text.
+        kernels = "invariant-chunks256-lone-rows" if invariant_kernels else "fast"
         self.state_fingerprint = fingerprint(
             self.info.path, f"{kv_cache_type}|{layout}|{kernels}", llama.__version__
         )
@@ -225,14 +226,13 @@ class LlamaBackend:
     # -- set-up -------------------------------------------------------------
 
     @staticmethod
-    def _load_model(path: Path, *, repack: bool) -> ctypes.c_void_p:
+    def _load_model(path: Path) -> ctypes.c_void_p:
         params = llama.llama_model_default_params()
         params.n_gpu_layers = 0
         # ggml repacks some weight types for its CPU kernels (on x86 Q4_0, Q4_K, Q2_K,
-        # IQ4_NL, MXFP4), and the repacked Q4_K product rounds a batch's rows otherwise
-        # than a lone row (a Q4_K_M model's logits moved by up to 0.85), so the
-        # invariant kernels read the weights as stored.
-        params.use_extra_bufts = repack
+        # IQ4_NL, MXFP4) in both modes: its repacked products round a batch's rows
+        # otherwise than a lone row, but the project's build computes every row of them as
+        # a lone row under the invariant kernels (scripts/patches/, the row kernels).
         model = llama.llama_model_load_from_file(str(path).encode(), params)
         if not model:
             raise BackendError(f"llama.cpp could not load {path} (not a GGUF model?)")
@@ -775,15 +775,19 @@ class _kernels:  # noqa: N801 (used as a context manager, like a function)
 
 
 def _require_invariant_kernels() -> None:
-    """Invariant kernels need llama.cpp built with the project's patch; an unpatched
-    build ignores the switch, so its text would silently depend on threads and batch."""
+    """Invariant kernels need llama.cpp built with the project's patches; an unpatched
+    build ignores the switch, and one built before the row kernels' switch computes
+    repacked weights' rows in fours, so its text would silently depend on threads and
+    batch."""
     lib_dir = Path(os.environ.get("LLAMA_CPP_LIB_PATH") or Path(llama.__file__).parent / "lib")
     for lib in lib_dir.glob("libggml-cpu*"):
-        if _INVARIANT_ENV.encode() in lib.read_bytes():
+        data = lib.read_bytes()
+        if _INVARIANT_ENV.encode() in data and _ROW_KERNELS_ENV.encode() in data:
             return
     raise BackendError(
         "deterministic = true needs llama.cpp built with scripts/patches/ "
-        f"(no {_INVARIANT_ENV} switch in {lib_dir}/libggml-cpu*): run `make install`, "
+        f"(no {_INVARIANT_ENV} and {_ROW_KERNELS_ENV} switches in {lib_dir}/libggml-cpu*): "
+        "run `make install`, "
         "or serve without it (--no-deterministic)"
     )
 
