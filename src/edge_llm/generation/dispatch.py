@@ -278,7 +278,8 @@ class Dispatcher:
     async def start(self, job: GenerationJob) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
         error the client must get (a refusal no upstream takes, a bad request)."""
-        await self.pool.discover_or_pull(job.model)  # pulled since the start, or pulled now
+        if job.model is not None and not self.router.registry.serving(job.model):
+            await self.pool.discover_or_pull(job.model)  # pulled since the start, or now
         upstreams = self.router.upstreams_for(job.model, any_model_local=job.any_model_runs_locally)
         if upstreams is not None:
             return self._relay(job, job.relayed(), upstreams, route="model")
