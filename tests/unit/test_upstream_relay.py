@@ -918,3 +918,17 @@ def test_chat_chunks_read_as_parser_events() -> None:
         "total_tokens": 3,
         "prompt_tokens_details": {"cached_tokens": 0},
     }
+
+
+async def test_an_upstream_model_id_is_relayed_never_pulled(
+    servers, front_of, tmp_path: Path
+) -> None:
+    """With ``pull = "missing"`` a Hub-like id (``OWNER/REPO:TAG``) an upstream serves
+    goes to that upstream; pulling it (from the tests' closed Hub port) would be a 404."""
+    fake = await servers(["from", " upstream"])
+    path = tmp_path / "engine.toml"
+    path.write_text(f'[upstream.u]\nurl = "{fake.url}"\nmodels = ["o/r:Q4_K_M"]\n', "utf-8")
+    client = await front_of(path, pull="missing", models_dir=str(tmp_path / "store"))
+    reply = await client.post("/v1/chat/completions", json=_body("hi", model="o/r:Q4_K_M"))
+    assert reply.status == 200, await reply.text()
+    assert (await reply.json())["choices"][0]["message"]["content"] == "from upstream"
