@@ -307,6 +307,9 @@ class Engine:
         with self._lock:
             plan = self._plan(self.clock())  # time-outs, memory, offloads, the schedule
         self._apply(plan.kv_ops, plan.ended_samplers)  # its KV plan, before the decode
+        # Samplers of the sequences it admitted, decoded now or not (one paused before
+        # its first step is decoded after its resume: issue 59's harness found it).
+        self.runner.start(plan.started)
         if not plan:
             return self._idle()
         guard = RunGuard(self._lock, self.streams)
@@ -337,9 +340,7 @@ class Engine:
         return self.scheduler.take_kv_ops(), self.streams.take_ended_samplers()
 
     def _decode(self, plan: StepPlan, guard: RunGuard) -> list[ChunkResult]:
-        """Start the new sequences' samplers and decode, timing the step for the cost
-        model."""
-        self.runner.start(plan.started)
+        """Decode, timing the step for the cost model."""
         if self.threads is not None:
             self.threads.before_step()
         began = self.clock()
