@@ -5,7 +5,9 @@
  * back on the server. Cancel = abort the request (the connection closes). `: ping`
  * comments arm the dead-connection deadline. A resumable stream (`X-Stream-Id`, event
  * ids `<stream_id>.<n>`) is resumed after a drop with `GET {base}/streams/{id}` and
- * `Last-Event-ID`. A server that refuses our optional fields (a 400 naming
+ * `Last-Event-ID`. Giving a resumable stream up (the TTFT hard time-out, an abort,
+ * `break`) also sends `DELETE {base}/streams/{id}`: closing alone would only detach it,
+ * keeping its KV. A server that refuses our optional fields (a 400 naming
  * `resumable` or `return_progress`) is asked again without them.
  */
 import { Attempt, heartbeatOf } from "./attempt.js";
@@ -13,15 +15,18 @@ import {
   ConnectError, HTTPStatusError, NotStreamingError, OverloadedError, ReadError, TtftTimeoutError, type ClientError,
 } from "./errors.js";
 import { ResumingTransport, asClientError } from "./resuming.js";
+import type { Clock } from "./clock.js";
 import { SSEParser, isObject, parseChunk, parseEventId, type SSEEvent } from "./sse.js";
 
 const MAX_ERROR_BODY = 64 * 1024;
 const OPTIONAL_FIELDS = ["resumable", "return_progress"];
+const CANCEL_TIMEOUT_MS = 2000; // a resumable stream's DELETE when the client gives it up
 
 export class SSETransport extends ResumingTransport {
   readonly name = "sse";
   private controller: AbortController | null = null;
   private response: Response | null = null;
+  private posted: Promise<Response> | null = null; // the POST whose headers may not be here yet
   private readPaused = false;
 
   async run(attempt: Attempt): Promise<void> {
@@ -34,12 +39,67 @@ export class SSETransport extends ResumingTransport {
       await this.readResuming(attempt);
     } catch (error) {
       const reason = error instanceof TtftTimeoutError ? "ttft_timeout" : attempt.host.signal.aborted ? "client" : null;
-      if (reason) attempt.host.emit("cancel_sent", { reason, method: "close", elapsed_ms: Math.round(attempt.elapsedMs()) });
+      if (reason) {
+        const method = await this.giveUp(attempt.host.clock);
+        attempt.host.emit("cancel_sent", { reason, method, elapsed_ms: Math.round(attempt.elapsedMs()) });
+      }
       throw error;
     } finally {
       this.controller?.abort();
       this.controller = null;
+      this.posted = null;
     }
+  }
+
+  /**
+   * Cancel the stream: closing the connection does, unless it is resumable; then
+   * `DELETE {base}/streams/{id}` too, within CANCEL_TIMEOUT_MS. The id comes with the
+   * headers at admission: a resumable POST still waiting for them is kept open (as
+   * long) and deleted when they come, without holding up the error or a retry.
+   * Returns how (`close` or `delete`); a stream not deleted is forgotten after
+   * resume_grace_ms anyway.
+   */
+  private async giveUp(clock: Clock): Promise<"close" | "delete"> {
+    if (this.streamId !== null) return this.deleteStream(this.streamId, clock);
+    const options = this.spec.body.stream_options;
+    const posted = this.posted;
+    const controller = this.controller;
+    if (posted === null || controller === null || !isObject(options) || options.resumable !== true) return "close";
+    this.controller = null; // not aborted by run(): its headers bring the id
+    const timer = clock.setTimeout(() => controller.abort(), CANCEL_TIMEOUT_MS);
+    posted
+      .then((response) => {
+        const id = response.headers.get("X-Stream-Id");
+        return id === null ? "close" : this.deleteStream(id, clock);
+      })
+      .catch(() => "close")
+      .finally(() => {
+        clock.clearTimeout(timer);
+        controller.abort();
+      });
+    return "delete";
+  }
+
+  private async deleteStream(id: string, clock: Clock): Promise<"close" | "delete"> {
+    const bound = new AbortController();
+    const timer = clock.setTimeout(() => bound.abort(), CANCEL_TIMEOUT_MS);
+    try {
+      const response = await this.spec.fetch()(`${this.base()}/streams/${encodeURIComponent(id)}`, {
+        method: "DELETE", headers: this.spec.headers, signal: bound.signal,
+      });
+      await response.body?.cancel().catch(() => undefined);
+      return response.ok ? "delete" : "close";
+    } catch {
+      return "close";
+    } finally {
+      clock.clearTimeout(timer);
+    }
+  }
+
+  private base(): string {
+    const url = this.spec.url;
+    const at = url.lastIndexOf("/chat/completions");
+    return at >= 0 ? url.slice(0, at) : url.slice(0, url.lastIndexOf("/"));
   }
 
   pause(attempt: Attempt | null): void {
@@ -61,8 +121,12 @@ export class SSETransport extends ResumingTransport {
     this.controller = new AbortController();
     const fetch = this.spec.fetch();
     const headers = { ...this.spec.headers, ...(init.headers as Record<string, string>) };
+    const sent = fetch(url, { ...init, headers, signal: this.controller.signal });
+    if (init.method === "POST") this.posted = sent;
     try {
-      return await attempt.wait(fetch(url, { ...init, headers, signal: this.controller.signal }));
+      const response = await attempt.wait(sent);
+      this.posted = null; // its headers are here: X-Stream-Id or not resumable
+      return response;
     } catch (error) {
       throw asClientError(error, attempt.host.signal, (m) => new ConnectError(`cannot connect to ${url}: ${m}`));
     }
@@ -145,8 +209,7 @@ export class SSETransport extends ResumingTransport {
   }
 
   protected async reopen(attempt: Attempt): Promise<void> {
-    const base = this.spec.url.slice(0, this.spec.url.lastIndexOf("/chat/completions"));
-    const response = await this.request(attempt, `${base}/streams/${this.streamId}`, {
+    const response = await this.request(attempt, `${this.base()}/streams/${this.streamId}`, {
       method: "GET", headers: { "Last-Event-ID": `${this.streamId}.${this.lastN}` },
     });
     await this.check(response, attempt);

@@ -165,7 +165,8 @@ test("WS: the app's pause and the queue's are one hold; abort sends CANCEL and i
 });
 
 test("WS: a drop resumes on a new socket from the last frame taken, the pause told again", async () => {
-  const { client, log } = wsClient({}, { resumeDelayMs: 0 });
+  const clock = new FakeClock();
+  const { client, log } = wsClient({}, { resumeDelayMs: 50, clock });
   const stream = client.stream(HI, { transport: "ws" });
   stream.start();
   await flush();
@@ -174,8 +175,9 @@ test("WS: a drop resumes on a new socket from the last frame taken, the pause to
   first.serve({ type: "delta", text: "A", n_tokens: 1, n: 2 });
   stream.pause();
   first.close(1006); // the network dropped it
-  await new Promise((r) => setTimeout(r, 10)); // the first resume try: after 0 ms, a real timer
-  await flush();
+  await clock.advance(49);
+  assert.equal(FakeSocket.last, first); // the first resume try comes after resumeDelayMs
+  await clock.advance(1);
   const second = FakeSocket.last;
   assert.notEqual(second, first);
   assert.deepEqual(second.sent, [{ type: "resume", stream_id: "s1", last_event_id: 2 }, { type: "pause" }]);
@@ -257,6 +259,42 @@ test("SSE: the body is not read while held; a break cancels the request", async 
   assert.deepEqual(log.of("cancel_sent").map((e) => [e.reason, e.method]), [["client", "close"]]);
 });
 
+test("SSE: giving up a resumable stream (break, the TTFT time-out before its headers) DELETEs it", async () => {
+  const clock = new FakeClock();
+  const requests = [];
+  let answer;
+  let headers; // the POST's response, held back until the test lets it go
+  const fetch = (url, init) => {
+    requests.push([init.method, url, init.headers.Authorization ?? null]);
+    if (init.method === "DELETE") return Promise.resolve(new Response("{}", { status: 200 }));
+    answer = sseResponse({ headers: { "X-Stream-Id": `s${requests.length}` } });
+    return new Promise((resolve) => (headers = () => resolve(answer.response)));
+  };
+  const log = recorder();
+  const client = new StreamClient(config({ api_key: "k", ttft_hard_timeout_ms: 100, retry: { max_attempts: 1 } }), { fetch, clock, onEvent: log.onEvent });
+  const stream = client.stream(HI);
+  stream.start();
+  await clock.advance(1);
+  headers();
+  answer.push(`id: s1.1\n${chunk("A")}`);
+  for await (const t of stream) if (t === "A") break;
+  await clock.advance(1);
+  const late = client.complete(HI);
+  late.catch(() => undefined);
+  await clock.advance(100); // the hard time-out: no headers yet, so no id yet
+  await assert.rejects(late, TtftTimeoutError); // at once: the DELETE waits for the id, not the caller
+  assert.equal(requests.length, 3);
+  headers(); // admission: the id arrives, the DELETE follows
+  await flush();
+  assert.deepEqual(requests, [
+    ["POST", "http://engine:1/v1/chat/completions", "Bearer k"],
+    ["DELETE", "http://engine:1/v1/streams/s1", "Bearer k"],
+    ["POST", "http://engine:1/v1/chat/completions", "Bearer k"],
+    ["DELETE", "http://engine:1/v1/streams/s3", "Bearer k"],
+  ]);
+  assert.deepEqual(log.of("cancel_sent").map((e) => [e.reason, e.method]), [["client", "delete"], ["ttft_timeout", "delete"]]);
+});
+
 test("SSE: a drop mid-stream resumes with Last-Event-ID; replayed events are skipped", async () => {
   const first = sseResponse({ headers: { "X-Stream-Id": "s9" } });
   const second = sseResponse();
@@ -321,12 +359,15 @@ test("SSE: dropConnection() aborts the body and the stream resumes from the last
     }
     return second.response;
   };
-  const client = new StreamClient(config(), { fetch });
+  const clock = new FakeClock();
+  const client = new StreamClient(config(), { fetch, clock, resumeDelayMs: 50 });
   const stream = client.stream(HI);
   first.push(`id: s5.1\n${chunk("A")}`);
   assert.equal((await stream.next()).value, "A");
   stream.dropConnection();
-  await new Promise((r) => setTimeout(r, 10));
+  await clock.advance(49);
+  assert.deepEqual(requests, [null]);
+  await clock.advance(1);
   second.push(`id: s5.2\n${chunk("B", { finish_reason: "stop" })}id: s5.3\ndata: [DONE]\n\n`);
   second.end();
   const rest = [];

@@ -7,46 +7,47 @@ import { StreamClient, TtftTimeoutError, loadClientConfig } from "@edge-llm/clie
 const STORY = [{ role: "user", content: "Write a long story about a dragon who learns to bake." }];
 const [name, argText] = process.argv.slice(2);
 const args = JSON.parse(argText);
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? 0;
 
-function client(fields, events = []) {
+function client(fields, events = [], notify = () => undefined) {
   const config = loadClientConfig({
     edge_llm_client: { base_url: args.base_url, model_id: args.model_id, api_key: "", ttft_warn_ms: 0, ttft_hard_timeout_ms: 120000, ...fields },
   });
-  return new StreamClient(config, { onEvent: (e) => events.push(e) });
+  return new StreamClient(config, { onEvent: (e) => (events.push(e), notify(e)) });
 }
 
 const scenarios = {
-  // A renderer 3x slower than decode: the queue fills, the SDK holds the stream (PAUSE
-  // over WS, reading stopped over SSE) and lets it go at the low mark.
+  // A renderer that does not take a token until the SDK reports the high watermark,
+  // then drains: the queue fills whatever the machine's speed, so the SDK must hold the
+  // stream (PAUSE over WS, reading stopped over SSE) and let it go at the low mark.
   async slow() {
     const request = { max_tokens: args.max_tokens, temperature: 0, extra_body: { ignore_eos: true } };
     const reference = await client({}).complete(STORY, { ...request, transport: args.transport });
-    const delayMs = 3 * median(reference.itlMs);
     const events = [];
-    const stream = client({ render_queue_capacity: args.capacity }, events).stream(STORY, { ...request, transport: args.transport });
+    let highReached;
+    const high = new Promise((resolve) => (highReached = resolve)); // or the stream ended without it
+    const notify = (e) => ["watermark_high", "end", "error"].includes(e.event) && highReached();
+    const stream = client({ render_queue_capacity: args.capacity }, events, notify)
+      .stream(STORY, { ...request, transport: args.transport });
+    stream.start();
+    await high;
     const texts = [];
-    for await (const text of stream) {
-      texts.push(text);
-      await sleep(delayMs);
-    }
+    for await (const text of stream) texts.push(text);
     const queueAtPause = events.filter((e) => e.event === "watermark_high").map((e) => e.queue_len);
     return {
       text: texts.join(""), reference: reference.text, n_tokens: stream.result.nTokens,
       pauses: stream.result.pauses, server_stats: stream.result.serverStats,
       server_pauses: stream.result.serverPauses, queue_at_pause: queueAtPause,
-      high_mark: stream.queue.highMark, decode_itl_ms: median(reference.itlMs), render_delay_ms: delayMs,
-      events: [...new Set(events.map((e) => e.event))],
+      high_mark: stream.queue.highMark, events: [...new Set(events.map((e) => e.event))],
     };
   },
 
-  // A 1 ms hard TTFT time-out: CANCEL goes out, the attempt fails with TtftTimeoutError.
+  // A 1 ms hard TTFT time-out: the stream is cancelled (WS: a CANCEL frame; SSE: the
+  // resumable stream DELETEd), the attempt fails with TtftTimeoutError.
   async ttft() {
     const events = [];
     try {
       await client({ ttft_hard_timeout_ms: 1, retry: { max_attempts: 1 } }, events)
-        .complete(STORY, { transport: "ws", max_tokens: 64, session: args.session });
+        .complete(STORY, { transport: args.transport, max_tokens: 64, session: args.session });
       return { error: null };
     } catch (error) {
       return {

@@ -737,10 +737,13 @@
   // src/sseTransport.ts
   var MAX_ERROR_BODY = 64 * 1024;
   var OPTIONAL_FIELDS = ["resumable", "return_progress"];
+  var CANCEL_TIMEOUT_MS = 2e3;
   var SSETransport = class extends ResumingTransport {
     name = "sse";
     controller = null;
     response = null;
+    posted = null;
+    // the POST whose headers may not be here yet
     readPaused = false;
     async run(attempt) {
       attempt.host.emit("request_sent", { transport: this.name, attempt: attempt.number, url: this.spec.url });
@@ -752,12 +755,63 @@
         await this.readResuming(attempt);
       } catch (error) {
         const reason = error instanceof TtftTimeoutError ? "ttft_timeout" : attempt.host.signal.aborted ? "client" : null;
-        if (reason) attempt.host.emit("cancel_sent", { reason, method: "close", elapsed_ms: Math.round(attempt.elapsedMs()) });
+        if (reason) {
+          const method = await this.giveUp(attempt.host.clock);
+          attempt.host.emit("cancel_sent", { reason, method, elapsed_ms: Math.round(attempt.elapsedMs()) });
+        }
         throw error;
       } finally {
         this.controller?.abort();
         this.controller = null;
+        this.posted = null;
       }
+    }
+    /**
+     * Cancel the stream: closing the connection does, unless it is resumable; then
+     * `DELETE {base}/streams/{id}` too, within CANCEL_TIMEOUT_MS. The id comes with the
+     * headers at admission: a resumable POST still waiting for them is kept open (as
+     * long) and deleted when they come, without holding up the error or a retry.
+     * Returns how (`close` or `delete`); a stream not deleted is forgotten after
+     * resume_grace_ms anyway.
+     */
+    async giveUp(clock) {
+      if (this.streamId !== null) return this.deleteStream(this.streamId, clock);
+      const options = this.spec.body.stream_options;
+      const posted = this.posted;
+      const controller = this.controller;
+      if (posted === null || controller === null || !isObject(options) || options.resumable !== true) return "close";
+      this.controller = null;
+      const timer = clock.setTimeout(() => controller.abort(), CANCEL_TIMEOUT_MS);
+      posted.then((response) => {
+        const id = response.headers.get("X-Stream-Id");
+        return id === null ? "close" : this.deleteStream(id, clock);
+      }).catch(() => "close").finally(() => {
+        clock.clearTimeout(timer);
+        controller.abort();
+      });
+      return "delete";
+    }
+    async deleteStream(id, clock) {
+      const bound = new AbortController();
+      const timer = clock.setTimeout(() => bound.abort(), CANCEL_TIMEOUT_MS);
+      try {
+        const response = await this.spec.fetch()(`${this.base()}/streams/${encodeURIComponent(id)}`, {
+          method: "DELETE",
+          headers: this.spec.headers,
+          signal: bound.signal
+        });
+        await response.body?.cancel().catch(() => void 0);
+        return response.ok ? "delete" : "close";
+      } catch {
+        return "close";
+      } finally {
+        clock.clearTimeout(timer);
+      }
+    }
+    base() {
+      const url = this.spec.url;
+      const at = url.lastIndexOf("/chat/completions");
+      return at >= 0 ? url.slice(0, at) : url.slice(0, url.lastIndexOf("/"));
     }
     pause(attempt) {
       if (attempt && !this.readPaused) attempt.host.emit("read_paused", {});
@@ -775,8 +829,12 @@
       this.controller = new AbortController();
       const fetch2 = this.spec.fetch();
       const headers = { ...this.spec.headers, ...init.headers };
+      const sent = fetch2(url, { ...init, headers, signal: this.controller.signal });
+      if (init.method === "POST") this.posted = sent;
       try {
-        return await attempt.wait(fetch2(url, { ...init, headers, signal: this.controller.signal }));
+        const response = await attempt.wait(sent);
+        this.posted = null;
+        return response;
       } catch (error) {
         throw asClientError(error, attempt.host.signal, (m) => new ConnectError(`cannot connect to ${url}: ${m}`));
       }
@@ -855,8 +913,7 @@
       }
     }
     async reopen(attempt) {
-      const base = this.spec.url.slice(0, this.spec.url.lastIndexOf("/chat/completions"));
-      const response = await this.request(attempt, `${base}/streams/${this.streamId}`, {
+      const response = await this.request(attempt, `${this.base()}/streams/${this.streamId}`, {
         method: "GET",
         headers: { "Last-Event-ID": `${this.streamId}.${this.lastN}` }
       });
