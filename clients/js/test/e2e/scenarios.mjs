@@ -16,16 +16,18 @@ function client(fields, events = [], notify = () => undefined) {
 }
 
 const scenarios = {
-  // A renderer that does not take a token until the SDK reports the high watermark,
-  // then drains: the queue fills whatever the machine's speed, so the SDK must hold the
-  // stream (PAUSE over WS, reading stopped over SSE) and let it go at the low mark.
+  // A renderer that does not take a token until the SDK reports the hold (SSE: the high
+  // watermark, reading stopped; WS: the server's `paused` answer to the PAUSE), then
+  // drains: the queue fills whatever the machine's speed, so the SDK must hold the
+  // stream and let it go at the low mark.
   async slow() {
     const request = { max_tokens: args.max_tokens, temperature: 0, extra_body: { ignore_eos: true } };
     const reference = await client({}).complete(STORY, { ...request, transport: args.transport });
     const events = [];
     let highReached;
     const high = new Promise((resolve) => (highReached = resolve)); // or the stream ended without it
-    const notify = (e) => ["watermark_high", "end", "error"].includes(e.event) && highReached();
+    const held = args.transport === "ws" ? "server_paused" : "watermark_high";
+    const notify = (e) => [held, "end", "error"].includes(e.event) && highReached();
     const stream = client({ render_queue_capacity: args.capacity }, events, notify)
       .stream(STORY, { ...request, transport: args.transport });
     stream.start();
