@@ -571,8 +571,11 @@ def benchmark_name(args: argparse.Namespace, model_slug: str = "") -> str:
     """``vs_llama_server`` for make run's configuration on the default model; another
     model or other edge-llm flags make a name of its own
     (``vs_llama_server_qwen2_5_coder_1_5b``, ``vs_llama_server_deterministic``), so that
-    publishing such a run lists it beside the default one, with its own headline."""
+    publishing such a run lists it beside the default one, with its own headline; a
+    run without llama-server (``--no-llama``) ends in ``_edge_only``."""
     words = [model_slug, *EDGE_LAYOUTS[args.edge_layout], *args.edge_flags.split()]
+    if not args.llama:  # no comparison: never a model's headline
+        words.append("edge_only")
     slug = "_".join(
         "".join(c if c.isalnum() else "_" for c in word.lstrip("-")).strip("_")
         for word in words
