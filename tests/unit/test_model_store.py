@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from edge_llm.models.download import NotEnoughDisk, check_disk
+from edge_llm.models.sources import SourceError, check_name
 from edge_llm.models.store import ModelStore, StoredModel
 
 
@@ -59,3 +60,11 @@ def test_a_name_given_other_bytes_releases_the_old_ones(tmp_path: Path) -> None:
     store.release(old.sha256)
     assert not Path(old.blob).exists() and Path(new.blob).is_file()
     assert store.find("m") == new
+
+
+def test_a_name_too_long_for_a_file_is_not_found_and_cannot_be_stored(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    stored(store, "a", b"bytes")  # manifests/ exists: the lookups reach the file system
+    assert store.find("a" * 300) is None and store.find("a/" * 90 + "a") is None
+    with pytest.raises(SourceError, match="too long"):
+        check_name("a/" * 90 + "a")

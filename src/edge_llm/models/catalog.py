@@ -12,7 +12,6 @@ import os
 
 from edge_llm.config.tree import EngineConfig
 from edge_llm.errors import ModelNotFound
-from edge_llm.models.download import NotEnoughDisk
 from edge_llm.models.hub import RemoteError
 from edge_llm.models.pull import Puller, PullStatus, Report
 from edge_llm.models.sources import SourceError, looks_pullable, parse_hub
@@ -85,7 +84,7 @@ class Catalog:
         _log.info("pulling %s for a request (pull = missing)", name)
         try:
             stored = await self.ensure(name, _Logged(name))
-        except (RemoteError, NotEnoughDisk, SourceError, NotPulled) as exc:
+        except (RemoteError, OSError, SourceError, NotPulled) as exc:  # OSError: the store
             raise ModelNotFound(f"model {name!r} could not be pulled: {exc}",
                                 param="model") from exc  # fmt: skip
         return pulled_spec(config, name, stored.blob)

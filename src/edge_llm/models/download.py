@@ -111,6 +111,8 @@ async def _attempt(
         on_bytes(state.length, total)
         with state.path.open("ab", buffering=0) as out:
             async for chunk in response.content.iter_any():
+                if total is not None and state.length + len(chunk) > total:
+                    raise RemoteError(f"{remote.source}: the server sent more than {total} bytes")
                 out.write(chunk)
                 state.hasher.update(chunk)
                 state.length += len(chunk)
@@ -122,15 +124,24 @@ def _open_partial(path: Path, size: int | None) -> _Partial:
     """The partial file as far as it goes, with the sha256 of its bytes so far."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.touch()
-    hasher = hashlib.sha256()
     length = path.stat().st_size
     if size is not None and length > size:  # not this file's: start over
         path.write_bytes(b"")
         length = 0
+    return _Partial(path, length, _hasher_of(path))
+
+
+def _hasher_of(path: Path) -> Any:
+    hasher = hashlib.sha256()
     with path.open("rb") as fh:
         while block := fh.read(_READ_CHUNK):
             hasher.update(block)
-    return _Partial(path, length, hasher)
+    return hasher
+
+
+def sha256_of(path: Path) -> str:
+    """The file's sha256, read in 1 MiB blocks."""
+    return str(_hasher_of(path).hexdigest())
 
 
 def _starts_at(response: aiohttp.ClientResponse, offset: int) -> bool:

@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
-import hashlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from edge_llm.models.download import Retry, check_disk, fetch
+from edge_llm.models.download import Retry, check_disk, fetch, sha256_of
 from edge_llm.models.gguf import FILE_TYPES, GgufError, read_metadata
 from edge_llm.models.hub import RemoteError, RemoteFile, in_hf_cache, resolve
 from edge_llm.models.sources import Source
@@ -98,7 +97,7 @@ class Puller:
 
         if await asyncio.to_thread(_copy_from_hf_cache, remote, partial):
             on_bytes(remote.size or 0, remote.size)  # no byte from the network
-            return await asyncio.to_thread(_sha256_of, partial)
+            return await asyncio.to_thread(sha256_of, partial)
         return await fetch(remote, partial, on_bytes, self.retry)
 
     def _adopt(self, remote: RemoteFile, sha256: str) -> Path:
@@ -124,15 +123,19 @@ class Puller:
         path = self.store.partial / f"{key}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return _unlock(fd)
-            except BlockingIOError:
-                if not told:
-                    report(PullStatus(f"waiting for another pull of {name}"))
-                    told = True
-                await asyncio.sleep(_LOCK_POLL_S)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return _unlock(fd)
+                except BlockingIOError:
+                    if not told:
+                        report(PullStatus(f"waiting for another pull of {name}"))
+                        told = True
+                    await asyncio.sleep(_LOCK_POLL_S)
+        except BaseException:  # cancelled while waiting (the reader went away)
+            os.close(fd)
+            raise
 
 
 @contextlib.contextmanager
@@ -157,14 +160,6 @@ def _copy_from_hf_cache(remote: RemoteFile, partial: Path) -> bool:
     except OSError:
         shutil.copyfile(cached, partial)
     return True
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _expected(name: str, remote: RemoteFile, given: str | None) -> str | None:

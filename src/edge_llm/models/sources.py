@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 HUB_PREFIXES = ("hf.co/", "huggingface.co/")
 DEFAULT_QUANT = "Q4_K_M"  # Ollama's pick for a Hub repo named without a quant
@@ -134,6 +134,9 @@ def check_name(name: str) -> str:
         )
     if any(part in ("", ".", "..") for part in name.split("/")):
         raise SourceError(f"{name!r}: a model name has no empty, '.' or '..' part")
+    if len(quote(name, safe="")) > _MAX_NAME:  # its manifest's file name, '/' as %2F
+        raise SourceError(f"{name!r}: too long for a model name (at most {_MAX_NAME} "
+                          "characters, each '/' or ':' counting three)")  # fmt: skip
     return name
 
 

@@ -79,9 +79,12 @@ class ModelStore:
         """The model pulled under ``name`` (or under its canonical spelling:
         ``owner/repo:q4_k_m`` is ``hf.co/owner/repo:Q4_K_M``); None if not pulled."""
         for candidate in self.spellings(name):
-            manifest = self._manifest_path(candidate)
-            if manifest.is_file():
-                return self._read(manifest)
+            try:
+                manifest = self._manifest_path(candidate)
+                if manifest.is_file():
+                    return self._read(manifest)
+            except OSError:  # a name longer than a file name may be: never stored
+                continue
         return None
 
     @staticmethod
