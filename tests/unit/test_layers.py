@@ -40,6 +40,9 @@ Inside ``engine`` the same rule holds between its rooms, lowest first::
     snapshot        the /debug/streams document
     engine          the inference thread (``engine.py``, and the package itself)
 
+Other rooms import the engine through its face, ``edge_llm.engine`` (``ENGINE_INSIDE``
+lists the few that reach inside, each with its reason).
+
 ``KNOWN_EXCEPTIONS`` lists the imports that break the rule today, each with its
 reason; an entry that no longer occurs fails too, so the list only shrinks.
 Imports inside functions count as much as those at the top.
@@ -88,6 +91,14 @@ ENGINE_ROOMS = (
 )
 # (importer, imported module): why it is allowed for now.
 KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
+# Other rooms use the engine through its face (``edge_llm.engine``); these reach
+# inside it, each with its reason (at most 3).
+ENGINE_INSIDE: dict[tuple[str, str], str] = {
+    ("edge_llm.server.runtime", "edge_llm.engine.runtime.llama_backend"): (
+        "imported only when a model is served: it loads llama.cpp, which a fake "
+        "backend's tests and the CLI's help never need"
+    ),
+}
 
 
 def layer_of(module: str) -> str:
@@ -192,3 +203,26 @@ def test_the_engine_rooms_rule_reads_rooms() -> None:
     assert engine_room_of("edge_llm.engine.engine") == "engine"
     assert engine_room_of("edge_llm.engine") == "engine"
     assert engine_room_of("edge_llm.models.pool") is None
+
+
+def test_the_relay_keeps_the_stream_rules_not_the_engines() -> None:
+    """A relayed stream keeps the same rules as a local one (``protocol/stream_rules``)
+    without the engine's inner modules."""
+    found = [
+        f"{importer} imports {imported}"
+        for importer, imported in all_imports()
+        if layer_of(importer) == "upstream" and layer_of(imported) == "engine"
+    ]
+    assert not found, "upstream imports the engine:\n" + "\n".join(found)
+
+
+def test_other_rooms_use_the_engines_face() -> None:
+    inside = [
+        (importer, imported)
+        for importer, imported in all_imports()
+        if layer_of(importer) != "engine" and imported.startswith("edge_llm.engine.")
+    ]
+    unexplained = [f"{a} imports {b}" for a, b in inside if (a, b) not in ENGINE_INSIDE]
+    assert not unexplained, "import from edge_llm.engine instead:\n" + "\n".join(unexplained)
+    assert set(ENGINE_INSIDE) <= set(inside), "stale ENGINE_INSIDE entries"
+    assert len(ENGINE_INSIDE) <= 3

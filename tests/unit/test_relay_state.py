@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.streams.handle import Outcome
 from edge_llm.errors import Cancelled, UpstreamFailure
+from edge_llm.protocol.stream_rules import Outcome, PauseCause
 from edge_llm.upstream.relay_state import DONE, RelayState, StreamSettings, UpstreamChunk
 
 
@@ -47,9 +46,15 @@ def test_an_error_event_is_the_upstreams_failure_with_its_code() -> None:
 
 def test_chunks_before_content_wait_for_it_and_a_failover_drops_them() -> None:
     state = _state()
+    assert state.state == "queued"
+    state.connected()
+    assert state.state == "prefill"
     role = _chunk(state, _data())
     assert state.arrived(role, 101.0) == ([], False)
-    state.attempt("next")  # the first upstream failed before any content
+    state.gave_up()  # the first upstream failed before any content
+    assert state.state == "queued"
+    state.attempt("next")
+    state.connected()
     assert state.backend == "next"
     again = _chunk(state, _data())
     assert state.arrived(again, 102.0) == ([], False)
@@ -68,7 +73,7 @@ def test_a_pause_lasts_while_any_cause_holds_it() -> None:
     assert state.resume(PauseCause.CLIENT, 12.0) is False  # the buffer still holds it
     assert state.pause_cause == "socket_full"
     assert state.resume(PauseCause.SOCKET_FULL, 14.0) is True
-    assert (state.progress.pauses, state.paused_ms(20.0), state.pause_cause) == (1, 4000.0, None)
+    assert (state.pauses.count, state.paused_ms(20.0), state.pause_cause) == (2, 4000.0, None)
 
 
 def test_a_full_buffer_reads_again_at_the_resume_threshold() -> None:
@@ -90,3 +95,22 @@ def test_the_end_is_told_once_and_closes_a_pause() -> None:
     assert state.finish(Outcome("stop", None), 13.0) is False
     assert (state.state, state.finished_at, state.paused_ms(50.0)) == ("cancelled", 12.0, 2000.0)
     assert state.describe(12.0, "sess")["cancel_reason"] == "client"
+
+
+def test_a_time_out_falls_due_by_the_rules_and_cancels() -> None:
+    state = _state(ttft_timeout_s=2.0, max_pause_s=5.0)
+    assert state.next_due() == 102.0
+    assert state.expired(101.9) is None
+    error = state.expired(102.0)
+    assert error is not None and error.code == "ttft_timeout"
+    assert error.message == "no first token within ttft_timeout_ms (2000 ms); upstream 'up'"
+    assert state.finish(Outcome(None, error), 102.0)
+    assert (state.state, state.next_due()) == ("cancelled", None)
+
+
+def test_a_full_buffer_held_too_long_times_out_as_a_clients_pause_does() -> None:
+    state = _state(ttft_timeout_s=None, max_pause_s=5.0)
+    state.pause(PauseCause.SOCKET_FULL, 110.0)
+    assert state.next_due() == 115.0
+    error = state.expired(115.0)
+    assert error is not None and error.code == "pause_timeout"

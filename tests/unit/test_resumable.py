@@ -489,7 +489,11 @@ async def test_detached_streams_are_offloaded_for_waiting_ones_and_resume_token_
     # One step at a time until both are detached: free-running, the engine can finish a
     # stream before this coroutine gets to detach it (seen in CI on a loaded machine).
     backend.gate = threading.Semaphore(0)
-    engine = engine_of(backend, offload_paused_after_s=0.0, max_pause_s=0.01)
+    # A ring that holds a whole answer: a waiting stream drained after the other never
+    # pauses for socket_full, which max_pause would end (flaky on a loaded machine).
+    engine = engine_of(
+        backend, offload_paused_after_s=0.0, max_pause_s=0.01, outbound_buffer_tokens=64
+    )
     detached = [engine.submit(GenerationRequest([1, 2, 3], max_tokens=40)) for _ in range(2)]
     for handle in detached:
         while handle.seq.n_generated < 3:

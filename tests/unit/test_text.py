@@ -62,7 +62,8 @@ def test_ring_refuses_to_overflow_and_counts_cursors() -> None:
     with pytest.raises(RingOverflow):
         ring.push("c")
     assert ring.peek(5) == ["a", "b"]
-    assert ring.commit(1) == 0.5
+    ring.commit(1)
+    assert ring.fill() == 0.5
     assert (ring.write_cursor, ring.read_cursor) == (2, 1)
 
 

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from edge_llm.config.tree import ConfigError, load_config
 from edge_llm.config.upstream import UpstreamConfig
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
+from edge_llm.generation.pump import read_relayed
 from edge_llm.protocol import anthropic, responses
 from edge_llm.protocol.sse import SSEParser
 from edge_llm.protocol.stream_events import Finished
@@ -190,7 +191,7 @@ def _stream(registry: UpstreamRegistry, *candidates: Upstream, **settings: Any) 
 
 async def _drain(stream: UpstreamStream) -> tuple[str, Finished]:
     text = []
-    async for event in stream.events():
+    async for event in read_relayed(stream):
         if isinstance(event, UpstreamChunk):
             text.append(event.text)
         elif isinstance(event, Finished):
@@ -205,8 +206,8 @@ async def test_refused_connection_fails_over_to_the_next(servers, registry) -> N
     text, finished = await asyncio.wait_for(_drain(stream), 30)
     assert text == "ab"
     assert finished.outcome.error is None and finished.outcome.finish_reason == "stop"
-    assert stream.backend == "good"
-    assert stream.progress.failovers == ["dead"]
+    assert stream.relay.backend == "good"
+    assert stream.relay.progress.failovers == ["dead"]
     assert dead.healthy is False and dead.last_error
     assert good.requests[0]["stream"] is True
 
@@ -217,7 +218,7 @@ async def test_break_before_content_fails_over_without_duplicates(servers, regis
     stream = _stream(registry, _upstream("broken", broken.url), _upstream("good", good.url))
     text, _ = await asyncio.wait_for(_drain(stream), 30)
     assert text == "one two"
-    assert stream.progress.failovers == ["broken"]
+    assert stream.relay.progress.failovers == ["broken"]
 
 
 async def test_break_after_content_ends_with_an_error_and_no_retry(servers, registry) -> None:
@@ -263,12 +264,12 @@ async def test_no_upstream_left_is_503(registry) -> None:
 async def test_cancel_closes_the_upstream_connection(servers, registry) -> None:
     slow = await servers([f" {n}" for n in range(2000)])
     stream = _stream(registry, _upstream("slow", slow.url))
-    async for event in stream.events():
+    async for event in read_relayed(stream):
         if isinstance(event, UpstreamChunk) and event.has_content:
             break
     stream.cancel("client")
     await asyncio.wait_for(slow.closed_by_client.wait(), 10)
-    assert stream.state == "cancelled"
+    assert stream.relay.state == "cancelled"
 
 
 async def test_pause_stops_reading_until_resume(servers, registry) -> None:
@@ -276,27 +277,27 @@ async def test_pause_stops_reading_until_resume(servers, registry) -> None:
     source writes everything, and nothing more is read until RESUME."""
     source = await servers([f" {n}" for n in range(40)], hold_before=(1, 2))
     stream = _stream(registry, _upstream("s", source.url))
-    events = stream.events()
+    events = read_relayed(stream)
     async for event in events:
         if isinstance(event, UpstreamChunk) and event.has_content:
             break  # the reader waits in a read: the source holds the next chunk
     stream.pause()
-    received = stream.progress.n_received
+    received = stream.relay.progress.n_received
     source.go.set()  # one chunk for the read in flight
     async for event in events:
         if isinstance(event, UpstreamChunk) and event.has_content:
             break  # delivered while paused: it was read before the pause took hold
-    assert stream.progress.n_received == received + 1
+    assert stream.relay.progress.n_received == received + 1
     source.go.set()  # then all the rest
     await asyncio.wait_for(source.written_all.wait(), 30)
-    assert stream.progress.n_received == received + 1
-    assert stream.state == "paused"
+    assert stream.relay.progress.n_received == received + 1
+    assert stream.relay.state == "paused"
     stream.resume()
     async for event in events:
         if isinstance(event, Finished):
             break
-    assert stream.progress.n_content == 40
-    assert stream.progress.pauses >= 1  # the client pause (a full buffer may add one)
+    assert stream.relay.progress.n_content == 40
+    assert stream.relay.pauses.count >= 1  # the client pause (a full buffer may add one)
 
 
 async def test_ttft_timeout_closes_a_silent_upstream(registry) -> None:

@@ -18,9 +18,7 @@ from edge_llm.config.tree import (
     flag_overrides,
     load_config,
 )
-from edge_llm.engine.kv.book import KvBook
-from edge_llm.engine.kv.ledger import ledger_summary
-from edge_llm.engine.runtime.heap import unmap_large_blocks_when_freed
+from edge_llm.engine import KvBook, ledger_summary, unmap_large_blocks_when_freed
 from edge_llm.errors import BackendError
 from edge_llm.models.catalog import Catalog, NotPulled
 from edge_llm.models.download import NotEnoughDisk

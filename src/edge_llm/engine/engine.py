@@ -39,7 +39,7 @@ from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.runtime.threads import CoreReadings, thread_governor
 from edge_llm.engine.scheduling.admission import refuse_if_late
 from edge_llm.engine.scheduling.scheduler import Scheduler, StepPlan
-from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
+from edge_llm.engine.sequence import GenerationRequest, Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.snapshot import (
     bind_gauges,
@@ -65,6 +65,7 @@ from edge_llm.errors import (
 )
 from edge_llm.observability.events import Event, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
+from edge_llm.protocol.stream_rules import Marks, PauseCause
 
 __all__ = ["Engine", "EngineSettings", "scheduler_limits"]
 
@@ -214,7 +215,7 @@ class Engine:
         now = self.clock()
         seq = Sequence(request, request.request_id or self.new_request_id(), now)
         ring = TokenRing.for_stream(
-            self.settings.outbound_buffer_tokens,
+            Marks(self.settings.outbound_buffer_tokens, self.settings.resume_threshold),
             self.settings.pause_on_socket_full,
             request.max_tokens,
         )
@@ -285,9 +286,8 @@ class Engine:
     def consumed(self, handle: StreamHandle, n_tokens: int) -> None:
         """The connection sent ``n_tokens`` more; resume a socket-full pause once
         the ring has drained to ``resume_threshold``."""
-        fill = handle.ring.commit(n_tokens)
-        seq = handle.seq
-        if PauseCause.SOCKET_FULL in seq.pause_causes and fill <= self.settings.resume_threshold:
+        handle.ring.commit(n_tokens)
+        if PauseCause.SOCKET_FULL in handle.seq.pause_causes and handle.ring.drained():
             self.resume(handle, PauseCause.SOCKET_FULL)
 
     # -- the inference thread ---------------------------------------------------------------

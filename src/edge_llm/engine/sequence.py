@@ -2,31 +2,15 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.engine.speculation.prompt_lookup import PromptLookup
 from edge_llm.protocol.sampling import SamplingParams
+from edge_llm.protocol.stream_rules import PauseCause, Pauses, reported_state
+from edge_llm.protocol.stream_rules import StreamState as SequenceState
 
-
-class SequenceState(enum.Enum):
-    QUEUED = "queued"
-    PREFILL = "prefill"
-    DECODING = "decoding"
-    DONE = "done"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in (SequenceState.DONE, SequenceState.CANCELLED)
-
-
-class PauseCause(enum.Enum):
-    CLIENT = "client"
-    SOCKET_FULL = "socket_full"
-    PREEMPTED = "preempted"  # a request of a more urgent class needed its slot
-    DISCONNECTED = "disconnected"  # a resumable stream's connection dropped (detached)
+__all__ = ["GenerationRequest", "PauseCause", "Sequence", "SequenceState"]
 
 
 @dataclass
@@ -68,18 +52,12 @@ class Sequence:
     # Kept logits of its prompt's last token (kv books keep them): with the whole prompt
     # in the cache, its first token needs no decode.
     first_logits: Any = None
-    pause_causes: dict[PauseCause, float] = field(default_factory=dict)
+    pauses: Pauses = field(default_factory=Pauses)  # why it is held (stream_rules.py)
     admitted_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
     finish_reason: str | None = None
     cancel_reason: str | None = None
-    pauses: int = 0
-    paused_since: float | None = None
-    paused_seconds: dict[PauseCause, float] = field(default_factory=dict)
-    paused_total: float = 0.0
-    backpressure: int = 0
-    backpressure_peak: int = 0
     tokens_while_paused: int = 0
     preemptions: int = 0
     lookup: PromptLookup | None = None  # its prompt-lookup drafts (speculation on)
@@ -128,21 +106,34 @@ class Sequence:
 
     @property
     def paused(self) -> bool:
-        return bool(self.pause_causes)
+        return self.pauses.held
+
+    @property
+    def pause_causes(self) -> dict[PauseCause, float]:
+        return self.pauses.causes
 
     @property
     def pause_cause(self) -> PauseCause | None:
-        if PauseCause.CLIENT in self.pause_causes:
-            return PauseCause.CLIENT
-        return next(iter(self.pause_causes), None)
+        return self.pauses.cause
+
+    @property
+    def paused_since(self) -> float | None:
+        return self.pauses.since
 
     @property
     def reader_paused_since(self) -> float | None:
         """Since when its reader has held it paused (a preemption does not count, nor a
         detach: resume_grace_ms bounds that)."""
-        engine_held = (PauseCause.PREEMPTED, PauseCause.DISCONNECTED)
-        since = [t for c, t in self.pause_causes.items() if c not in engine_held]
-        return min(since, default=None)
+        return self.pauses.reader_since
+
+    @property
+    def backpressure(self) -> int:
+        """Pause causes held now (the seed's counter for this stream)."""
+        return len(self.pauses.causes)
+
+    @property
+    def backpressure_peak(self) -> int:
+        return self.pauses.peak
 
     @property
     def preempted(self) -> bool:
@@ -159,46 +150,18 @@ class Sequence:
         return live and not self.paused and not self.offloaded
 
     def public_state(self) -> str:
-        """State as /debug/streams reports it: offloaded, then paused, win over
-        prefill/decoding."""
-        if self.state.finished:
-            return self.state.value
-        if self.preempted:
-            return "preempted"
-        if self.detached:
-            return "detached"
-        if self.offloaded:
-            return "offloaded"
-        return "paused" if self.paused else self.state.value
+        """State as /debug/streams reports it: preempted, detached, offloaded, then
+        paused, win over prefill/decoding (``stream_rules.reported_state``)."""
+        return reported_state(self.state, self.pauses, offloaded=self.offloaded)
 
     def add_pause(self, cause: PauseCause, now: float) -> bool:
         """Returns True when the cause is new (the seed's counter goes +1)."""
-        if cause in self.pause_causes:
-            return False
-        if not self.pause_causes:
-            self.paused_since = now
-        self.pause_causes[cause] = now
-        self.pauses += 1
-        self.backpressure += 1
-        self.backpressure_peak = max(self.backpressure_peak, self.backpressure)
-        return True
+        return self.pauses.add(cause, now)
 
     def remove_pause(self, cause: PauseCause, now: float) -> float | None:
         """Returns the seconds paused for this cause, or None if it was not paused by it."""
-        since = self.pause_causes.pop(cause, None)
-        if since is None:
-            return None
-        self.backpressure -= 1
-        elapsed = now - since
-        self.paused_seconds[cause] = self.paused_seconds.get(cause, 0.0) + elapsed
-        if not self.pause_causes and self.paused_since is not None:
-            self.paused_total += now - self.paused_since
-            self.paused_since = None
-        return elapsed
+        return self.pauses.remove(cause, now)
 
     def paused_ms(self, now: float) -> float:
         """Wall time spent paused for any cause."""
-        total = self.paused_total
-        if self.paused_since is not None:
-            total += now - self.paused_since
-        return total * 1000.0
+        return self.pauses.held_ms(now)

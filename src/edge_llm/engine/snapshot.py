@@ -110,7 +110,7 @@ def describe(handle: StreamHandle, now: float) -> dict[str, Any]:
         "n_cached_tokens": seq.num_cached,
         "n_generated": seq.n_generated,
         "max_tokens": seq.request.max_tokens,
-        "pauses": seq.pauses,
+        "pauses": seq.pauses.count,
         "paused_ms": round(seq.paused_ms(now), 3),
         "backpressure": seq.backpressure,
         "backpressure_peak": seq.backpressure_peak,

@@ -27,16 +27,16 @@ from collections.abc import AsyncIterator, Callable
 from types import TracebackType
 from typing import Any
 
-from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
 from edge_llm.generation.events import AnswerEvent, ChunkReader, EngineReader, answer_events
 from edge_llm.generation.job import GenerationJob, Relay
-from edge_llm.generation.pump import PumpSettings, pump
+from edge_llm.generation.pump import PumpSettings, pump, read_relayed
 from edge_llm.generation.service import GenerationService, ServedModel, response_headers
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.pool import Lease, ModelPool
 from edge_llm.protocol.stream_events import Ending
+from edge_llm.protocol.stream_rules import PauseCause
 from edge_llm.protocol.tools import ToolSetup
 from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.router import FALLBACK_ERRORS, LOCAL, UpstreamRouter
@@ -225,20 +225,20 @@ class RelayedAnswer(Answer):
 
     @property
     def backend(self) -> str:
-        return self.stream.backend  # the next candidate's after a failover
+        return self.stream.relay.backend  # the next candidate's after a failover
 
     @property
     def outcome(self) -> Ending | None:
-        return self.stream.outcome
+        return self.stream.relay.outcome
 
     def events(self, new_id: Callable[[], str]) -> AsyncIterator[AnswerEvent]:
-        return answer_events(self.stream.events(), ChunkReader.of(new_id), self.usage)
+        return answer_events(read_relayed(self.stream), ChunkReader.of(new_id), self.usage)
 
     def usage(self) -> dict[str, Any]:
-        return self.stream.usage()
+        return self.stream.relay.usage()
 
     def stats(self) -> dict[str, Any]:
-        return self.stream.stats(time.monotonic())
+        return self.stream.relay.stats(time.monotonic())
 
     def pause(self) -> None:
         self.stream.pause()

@@ -1,16 +1,22 @@
-"""Turns a stream's ring into outbound events for one connection.
+"""The one reader of a stream, local or relayed: its buffer to outbound events for
+one connection, at that connection's pace.
 
-The pump is an async generator: the adapter writes each event to its socket and
-only then asks for the next one. Tokens of a delta are committed to the ring
-(``Engine.consumed``) after that write returned, so a socket that stops draining
-stops the pump, the ring fills, and the engine pauses that sequence alone.
+:func:`read` is an async generator: the adapter writes each event to its socket and
+only then asks for the next one. What was taken is committed (``sent``) after that
+write returned, so a socket that stops draining stops the reader, the buffer fills
+to its high mark and its producer pauses (the engine that sequence alone, the relay
+its upstream socket). The rules (pause causes, the buffer's marks, when a heartbeat
+is due) are :mod:`edge_llm.protocol.stream_rules`'; the two sources say where the
+events come from: :class:`_Local` (the engine's ring, :func:`pump`) and
+:class:`_Relayed` (an upstream's chunks, :func:`read_relayed`).
 
-While no token flows a :class:`Heartbeat` carries the stream's progress
-(``Engine.progress``) every ``heartbeat_interval_s``; with ``progress`` on, one
-also comes whenever the stream's state or prefill count changes (queued, prefill
-chunk by chunk, preempted, decoding again), so a client can show each step. A pause
-is reported after the tokens generated before it (``pause_order.py``): after it, at
-most the token of the step in flight.
+While nothing flows a :class:`Heartbeat` carries the stream's progress every
+``heartbeat_interval_s``; with ``progress`` on, one also comes whenever the stream's
+state or prefill count changes (queued, prefill chunk by chunk, preempted, decoding
+again), so a client can show each step. A local stream's pause is reported after the
+tokens generated before it (``pause_order.py``): after it, at most the token of the
+step in flight. A relayed stream's pause is reported at once (its source owes no
+tokens: what the relay buffered was read before the pause, as before).
 """
 
 from __future__ import annotations
@@ -18,12 +24,25 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
-from edge_llm.engine.engine import Engine
-from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine import Engine, StreamHandle
 from edge_llm.generation.pause_order import Pause, PauseOrder
 from edge_llm.protocol.sampling import TokenLogprob
-from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged, StreamEvent
+from edge_llm.protocol.stream_events import (
+    Delta,
+    Ending,
+    Finished,
+    Heartbeat,
+    PauseChanged,
+    StreamEvent,
+)
+from edge_llm.protocol.stream_rules import Heartbeats
+from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
+
+UpstreamEvent = UpstreamChunk | Heartbeat | PauseChanged | Finished
+Piece = TypeVar("Piece")
+Piece_co = TypeVar("Piece_co", covariant=True)
 
 
 @dataclass(frozen=True)
@@ -33,57 +52,194 @@ class PumpSettings:
     heartbeat_interval_s: float = 1.0
 
 
+class _Source(Protocol[Piece_co]):
+    """Where a stream's events come from."""
+
+    @property
+    def outcome(self) -> Ending | None: ...
+    def pause(self) -> Pause | None:
+        """Its pause now (None: not paused, or ended)."""
+
+    def n_unsent(self) -> int:
+        """Tokens buffered that a pause seen now is reported after."""
+
+    def take(self, now: float, order: PauseOrder) -> tuple[Piece_co, ...] | float | None:
+        """What to send now (within ``order``'s limit); seconds to wait for more (a
+        partial chunk is held); None when nothing is buffered."""
+
+    def sent(self, order: PauseOrder) -> None:
+        """What :meth:`take` returned was written: commit it."""
+
+    def tail(self) -> tuple[Piece_co, ...]:
+        """What goes out before :class:`Finished` (text released at the end)."""
+
+    def heartbeat(self) -> Heartbeat: ...
+    def step(self) -> tuple[str, int]:
+        """The state and prefill count a progress heartbeat reports a change of."""
+
+    async def wait_changed(self, timeout: float) -> None: ...
+
+
 async def pump(
     engine: Engine, handle: StreamHandle, settings: PumpSettings, *, progress: bool = False
 ) -> AsyncIterator[StreamEvent]:
-    """Yield the stream's events until (and including) :class:`Finished`."""
-    pauses = PauseOrder()  # a pause goes after the tokens generated before it
+    """A local stream's events until (and including) :class:`Finished`."""
+    source = _Local(engine, handle, settings)
+    async for event in read(source, settings.heartbeat_interval_s, progress=progress):
+        yield event
+
+
+def read_relayed(stream: UpstreamStream) -> AsyncIterator[UpstreamEvent]:
+    """A relayed stream's chunks, heartbeats and pause changes until (and including)
+    :class:`Finished`."""
+    return read(_Relayed(stream), stream.settings.heartbeat_interval_s)
+
+
+async def read(
+    source: _Source[Piece], heartbeat_interval_s: float, *, progress: bool = False
+) -> AsyncIterator[Piece | Heartbeat | PauseChanged | Finished]:
+    """The events of ``source`` until (and including) :class:`Finished`."""
+    order = PauseOrder()  # a pause goes after the tokens generated before it
     reported_step: tuple[str, int] | None = None
-    last_sent = time.monotonic()
-    held_since: float | None = None
-    tokens_flowed = False  # past the first token, a change of state is a pause's, above
-    carried = _Carried()
-    wants_logprobs = handle.seq.request.sampling.n_logprobs is not None
+    beats = Heartbeats(heartbeat_interval_s, time.monotonic())
+    pieces_flowed = False  # past the first token, a change of state is a pause's, above
     while True:
-        for cause in pauses.update(_pause(handle), len(handle.ring), ended=handle.finished):
+        ended = source.outcome is not None
+        for cause in order.update(source.pause(), source.n_unsent(), ended=ended):
             yield PauseChanged(cause)
-            if progress and not handle.finished:
-                beat = _heartbeat(engine, handle)
-                reported_step = _step(beat.state, beat.prefill_done)
+            if progress and source.outcome is None:
+                beat = source.heartbeat()
+                reported_step = _step(beat)
                 yield beat
-                last_sent = time.monotonic()
-        pieces = handle.ring.peek(pauses.limit(settings.chunk_tokens))
-        if pieces:
-            now = time.monotonic()
-            held_since = held_since or now
-            partial = len(pieces) < settings.chunk_tokens and not handle.finished
-            partial = partial and not pauses.flushing
-            if partial and now - held_since < settings.flush_interval_s:
-                await handle.wait_changed(held_since + settings.flush_interval_s - now)
-                continue
-            held_since, tokens_flowed = None, True
-            logprobs = handle.ring.peek_logprobs(len(pieces)) if wants_logprobs else []
-            if delta := carried.delta("".join(pieces), len(pieces), logprobs):
-                yield delta
-                last_sent = time.monotonic()
-            engine.consumed(handle, len(pieces))
-            pauses.sent(len(pieces))
+                beats.sent(time.monotonic())
+        taken = source.take(time.monotonic(), order)
+        if isinstance(taken, float):
+            await source.wait_changed(taken)
             continue
-        if handle.outcome is not None:
-            if handle.outcome.tail or carried.logprobs:
-                yield carried.last(handle.outcome.tail)
-            yield Finished(handle.outcome)
+        if taken is not None:
+            pieces_flowed = True
+            for piece in taken:
+                yield piece
+                beats.sent(time.monotonic())
+            source.sent(order)
+            continue
+        if source.outcome is not None:
+            for piece in source.tail():
+                yield piece
+            yield Finished(source.outcome)
             return
-        step = _step(handle.seq.public_state(), handle.seq.n_prefilled)
-        idle = time.monotonic() - last_sent
-        changed = progress and not tokens_flowed and step != reported_step
-        if idle >= settings.heartbeat_interval_s or changed:
-            beat = _heartbeat(engine, handle)
-            reported_step = _step(beat.state, beat.prefill_done)  # as read under the lock
+        wait_s = beats.wait_s(time.monotonic())
+        if wait_s <= 0 or (progress and not pieces_flowed and source.step() != reported_step):
+            beat = source.heartbeat()
+            reported_step = _step(beat)  # as read under the lock
             yield beat
-            last_sent = time.monotonic()
+            beats.sent(time.monotonic())
             continue
-        await handle.wait_changed(settings.heartbeat_interval_s - idle)
+        await source.wait_changed(wait_s)
+
+
+class _Local:
+    """The engine's ring: up to ``chunk_tokens`` tokens a delta, a partial one held
+    for ``flush_interval_s``; committed through ``Engine.consumed``."""
+
+    def __init__(self, engine: Engine, handle: StreamHandle, settings: PumpSettings) -> None:
+        self.engine = engine
+        self.handle = handle
+        self.settings = settings
+        self.wants_logprobs = handle.seq.request.sampling.n_logprobs is not None
+        self.carried = _Carried()
+        self.held_since: float | None = None
+        self.n_taken = 0
+
+    @property
+    def outcome(self) -> Ending | None:
+        return self.handle.outcome
+
+    def pause(self) -> Pause | None:
+        seq = self.handle.seq
+        cause = None if self.handle.finished else seq.pause_cause
+        return Pause(cause.value, seq.paused_since) if cause else None
+
+    def n_unsent(self) -> int:
+        return len(self.handle.ring)
+
+    def take(self, now: float, order: PauseOrder) -> tuple[Delta, ...] | float | None:
+        handle, chunk = self.handle, self.settings.chunk_tokens
+        pieces = handle.ring.peek(order.limit(chunk))
+        if not pieces:
+            return None
+        self.held_since = self.held_since or now
+        partial = len(pieces) < chunk and not handle.finished and not order.flushing
+        if partial and now - self.held_since < self.settings.flush_interval_s:
+            return self.held_since + self.settings.flush_interval_s - now
+        self.held_since, self.n_taken = None, len(pieces)
+        logprobs = handle.ring.peek_logprobs(len(pieces)) if self.wants_logprobs else []
+        delta = self.carried.delta("".join(pieces), len(pieces), logprobs)
+        return (delta,) if delta else ()
+
+    def sent(self, order: PauseOrder) -> None:
+        self.engine.consumed(self.handle, self.n_taken)
+        order.sent(self.n_taken)
+
+    def tail(self) -> tuple[Delta, ...]:
+        tail = self.handle.outcome.tail if self.handle.outcome else ""
+        return (self.carried.last(tail),) if tail or self.carried.logprobs else ()
+
+    def heartbeat(self) -> Heartbeat:
+        now = self.engine.progress(self.handle)
+        return Heartbeat(
+            now["state"],
+            now["prefill_done"],
+            now["prefill_total"],
+            now["queue_position"],
+            now["predicted_wait_ms"],
+        )
+
+    def step(self) -> tuple[str, int]:
+        seq = self.handle.seq
+        return _step(Heartbeat(seq.public_state(), seq.n_prefilled, seq.n_prompt))
+
+    async def wait_changed(self, timeout: float) -> None:
+        await self.handle.wait_changed(timeout)
+
+
+class _Relayed:
+    """An upstream's chunks, one at a time; a sent one may let the upstream be read
+    again (the buffer drained)."""
+
+    def __init__(self, stream: UpstreamStream) -> None:
+        self.stream = stream
+
+    @property
+    def outcome(self) -> Ending | None:
+        return self.stream.relay.outcome
+
+    def pause(self) -> Pause | None:
+        relay = self.stream.relay
+        cause = None if relay.finished else relay.pause_cause
+        return Pause(cause, relay.pauses.since) if cause else None
+
+    def n_unsent(self) -> int:
+        return 0
+
+    def take(self, now: float, order: PauseOrder) -> tuple[UpstreamChunk, ...] | None:
+        chunk = self.stream.take()
+        return None if chunk is None else (chunk,)
+
+    def sent(self, order: PauseOrder) -> None:
+        self.stream.sent()
+
+    def tail(self) -> tuple[UpstreamChunk, ...]:
+        return ()
+
+    def heartbeat(self) -> Heartbeat:
+        return Heartbeat(self.stream.relay.state, 0, 0)
+
+    def step(self) -> tuple[str, int]:
+        return _step(self.heartbeat())
+
+    async def wait_changed(self, timeout: float) -> None:
+        await self.stream.wait_changed(timeout)
 
 
 @dataclass
@@ -109,24 +265,7 @@ class _Carried:
         return delta
 
 
-def _step(state: str, prefill_done: int) -> tuple[str, int]:
+def _step(beat: Heartbeat) -> tuple[str, int]:
     """What a progress heartbeat reports a change of: the state, and the prompt tokens
     prefilled while in prefill (the last one may be computed with the first token)."""
-    return state, prefill_done if state == "prefill" else 0
-
-
-def _heartbeat(engine: Engine, handle: StreamHandle) -> Heartbeat:
-    now = engine.progress(handle)
-    return Heartbeat(
-        now["state"],
-        now["prefill_done"],
-        now["prefill_total"],
-        now["queue_position"],
-        now["predicted_wait_ms"],
-    )
-
-
-def _pause(handle: StreamHandle) -> Pause | None:
-    seq = handle.seq
-    cause = None if handle.finished else seq.pause_cause
-    return Pause(cause.value, seq.paused_since) if cause else None
+    return beat.state, beat.prefill_done if beat.state == "prefill" else 0

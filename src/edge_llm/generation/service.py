@@ -18,10 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from edge_llm.config.tree import where_to_set
-from edge_llm.engine.engine import Engine
-from edge_llm.engine.runtime.backend import Backend
-from edge_llm.engine.sequence import GenerationRequest
-from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine import Backend, Engine, GenerationRequest, StreamHandle
 from edge_llm.errors import InvalidRequest, ModelNotFound, PromptTooLong
 from edge_llm.generation.job import ChatPrompt, GenerationJob
 from edge_llm.models.pool import LoadedModel

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from edge_llm.engine.kv.ledger import Account, MemoryLedger, context_cells
+from edge_llm.engine import Account, MemoryLedger, context_cells
 from edge_llm.errors import InvalidRequest, KvBudgetExceeded, QueueFull
 
 EmbeddingInput = str | list[int]

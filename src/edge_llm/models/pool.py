@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from edge_llm.engine.kv.ledger import MemoryLedger
+from edge_llm.engine import MemoryLedger
 from edge_llm.errors import (
     EngineUnavailable,
     InvalidRequest,
@@ -45,7 +45,7 @@ from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import KV_TIERS, LEDGER_LINES, EngineMetrics
 
 if TYPE_CHECKING:
-    from edge_llm.engine.engine import Engine
+    from edge_llm.engine import Engine
     from edge_llm.models.embeddings import Embeddings
 
 _RETRY_AFTER_S = 2

@@ -22,14 +22,17 @@ from prometheus_client import CollectorRegistry
 
 from edge_llm import __version__
 from edge_llm.config.tree import EngineConfig
-from edge_llm.engine.engine import Engine, EngineSettings, scheduler_limits
-from edge_llm.engine.kv.ledger import (
+from edge_llm.engine import (
+    Backend,
+    Engine,
+    EngineSettings,
     MemoryLedger,
     context_cells,
+    context_tokens,
     device_share_bytes,
     kv_bytes_per_token,
+    scheduler_limits,
 )
-from edge_llm.engine.runtime.backend import Backend, context_tokens
 from edge_llm.errors import BackendError
 from edge_llm.generation.background import BackgroundResponses
 from edge_llm.generation.dispatch import Dispatcher

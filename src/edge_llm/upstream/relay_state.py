@@ -5,10 +5,10 @@ happened, with the time: the upstream's SSE events (:meth:`RelayState.read`,
 :meth:`RelayState.arrived`), the client's pause and resume, the buffer taken and
 filled, the end. It answers what the driver must do next: which chunks to put in
 the buffer, whether a pause began or ended (to log it, to stop or go on reading),
-whether the buffer drained enough to read again. It speaks the engine's
-vocabulary: pause causes are :class:`~edge_llm.engine.sequence.PauseCause`, the
-end an :class:`~edge_llm.engine.streams.handle.Outcome`; tested by feeding it, without a
-network (tests/unit/test_upstream_relay.py).
+whether the buffer drained enough to read again, which time-out fell due. The
+rules are every stream's (:mod:`edge_llm.protocol.stream_rules`: pause causes,
+time-outs, the buffer's marks, the outcome), kept here for a relayed one; tested by
+feeding it, without a network (tests/unit/test_relay_state.py).
 """
 
 from __future__ import annotations
@@ -18,9 +18,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.streams.handle import Outcome
 from edge_llm.errors import Cancelled, EdgeLLMError, UpstreamFailure
+from edge_llm.protocol.stream_rules import (
+    Happening,
+    Marks,
+    Outcome,
+    PauseCause,
+    Pauses,
+    StreamState,
+    TimeLimits,
+    advance,
+    reported_state,
+)
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,14 @@ class StreamSettings:
     connect_timeout_s: float = 3.0
     ttft_timeout_s: float | None = 10.0
     max_pause_s: float | None = 60.0
+
+    @property
+    def limits(self) -> TimeLimits:
+        return TimeLimits(self.ttft_timeout_s, self.max_pause_s)
+
+    @property
+    def marks(self) -> Marks:
+        return Marks(self.buffer_chunks, self.resume_threshold)
 
 
 @dataclass(frozen=True)
@@ -56,9 +73,6 @@ class Progress:
     n_received: int = 0  # chunks put in the buffer
     n_sent: int = 0  # chunks taken by the connection
     n_content: int = 0
-    pauses: int = 0
-    paused_since: float | None = None
-    paused_s: float = 0.0
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     failovers: list[str] = field(default_factory=list)
@@ -76,8 +90,10 @@ class RelayState:
         self.backend = backend  # the candidate being tried (the last one, once ended)
         self.progress = Progress(created_at=now)
         self.buffer: deque[UpstreamChunk] = deque()
-        self.causes: set[PauseCause] = set()
-        self.connected = False
+        self.pauses = Pauses()
+        self.limits = settings.limits
+        self.marks = settings.marks
+        self.phase = StreamState.QUEUED  # its place in stream_rules.TRANSITIONS
         self.outcome: Outcome | None = None
         self.finished_at: float | None = None
         self._held: list[UpstreamChunk] = []  # before the first content: dropped on failover
@@ -90,36 +106,44 @@ class RelayState:
 
     @property
     def pause_cause(self) -> str | None:
-        for cause in (PauseCause.CLIENT, PauseCause.SOCKET_FULL):
-            if cause in self.causes:
-                return str(cause.value)
-        return None
+        cause = self.pauses.cause
+        return None if cause is None else str(cause.value)
+
+    def paused_by(self, cause: PauseCause) -> bool:
+        return cause in self.pauses.causes
 
     def pause(self, cause: PauseCause, now: float) -> bool:
         """Paused for ``cause``; True when the stream was not paused before (a pause
         began: the driver logs it)."""
-        began = not self.causes
-        self.causes.add(cause)
-        if began:
-            self.progress.pauses += 1
-            self.progress.paused_since = now
-        return began
+        began = not self.pauses.held
+        return self.pauses.add(cause, now) and began
 
     def resume(self, cause: PauseCause, now: float) -> bool:
         """``cause`` is gone; True when no other holds the stream (the pause ended)."""
-        self.causes.discard(cause)
-        since = self.progress.paused_since
-        if self.causes or since is None:
-            return False
-        self.progress.paused_s += now - since
-        self.progress.paused_since = None
-        return True
+        return self.pauses.remove(cause, now) is not None and not self.pauses.held
+
+    # -- time-outs -----------------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """When :meth:`expired` must be asked again (None: no time-out pending)."""
+        if self.finished:
+            return None
+        p = self.progress
+        return self.limits.next_due(p.created_at, p.first_token_at, self.pauses)
+
+    def expired(self, now: float) -> EdgeLLMError | None:
+        """The error that ends the stream if a time-out fell due by ``now``."""
+        p = self.progress
+        due = self.limits.expired(p.created_at, p.first_token_at, self.pauses, now)
+        if due is None or self.finished:
+            return None
+        return due.error(self.limits, f"; upstream {self.backend!r}", backend=self.backend)
 
     # -- the buffer ----------------------------------------------------------------------
 
     @property
     def full(self) -> bool:
-        return len(self.buffer) >= self.settings.buffer_chunks
+        return self.marks.full(len(self.buffer))
 
     def put(self, chunk: UpstreamChunk) -> None:
         self.buffer.append(chunk)
@@ -132,9 +156,8 @@ class RelayState:
         return self.buffer.popleft()
 
     def drained(self) -> bool:
-        """Held for a full buffer and now down to the resume threshold: read again."""
-        low = int(self.settings.buffer_chunks * self.settings.resume_threshold)
-        return PauseCause.SOCKET_FULL in self.causes and len(self.buffer) <= low
+        """Held for a full buffer and now down to the low mark: read again."""
+        return self.paused_by(PauseCause.SOCKET_FULL) and self.marks.drained(len(self.buffer))
 
     # -- the upstream's events -----------------------------------------------------------
 
@@ -142,6 +165,15 @@ class RelayState:
         """A candidate is tried: chunks held from the one before are dropped."""
         self.backend = backend
         self._held.clear()
+
+    def connected(self) -> None:
+        """The candidate answered: its stream is read."""
+        self.phase = advance(self.phase, Happening.STARTED)
+
+    def gave_up(self) -> None:
+        """The candidate failed before any content: the next one is tried."""
+        if self.phase is StreamState.PREFILL:
+            self.phase = advance(self.phase, Happening.REQUEUED)
 
     def read(self, data: str) -> UpstreamChunk | str | None:
         """One SSE event's data: :data:`DONE`, a chunk (``id`` and ``model`` ours), or
@@ -174,6 +206,7 @@ class RelayState:
                 self._held.append(chunk)
                 return [], False
             self.progress.first_token_at = now
+            self.phase = advance(self.phase, Happening.FIRST_TOKEN)
             return [*self.take_held(), chunk], True
         return [*self.take_held(), chunk], False
 
@@ -186,24 +219,17 @@ class RelayState:
         if self.outcome is not None:
             return False
         self.outcome = outcome
+        self.phase = advance(self.phase, outcome.happening)
         self.finished_at = now
-        since = self.progress.paused_since
-        if since is not None:
-            self.progress.paused_s += now - since
-            self.progress.paused_since = None
+        for cause in list(self.pauses.causes):
+            self.pauses.remove(cause, now)
         return True
 
     # -- readings for /debug/streams, usage and stats -------------------------------------
 
     @property
     def state(self) -> str:
-        if self.outcome is not None:
-            return "cancelled" if isinstance(self.outcome.error, Cancelled) else "done"
-        if self.pause_cause is not None:
-            return "paused"
-        if self.progress.first_token_at is not None:
-            return "decoding"
-        return "prefill" if self.connected else "queued"
+        return reported_state(self.phase, self.pauses)
 
     def usage(self) -> dict[str, Any]:
         usage = self.progress.usage
@@ -221,14 +247,12 @@ class RelayState:
         return None if ttft is None else round(ttft * 1000.0, 3)
 
     def paused_ms(self, now: float) -> float:
-        p = self.progress
-        current = now - p.paused_since if p.paused_since is not None else 0.0
-        return round((p.paused_s + current) * 1000.0, 3)
+        return round(self.pauses.held_ms(now), 3)
 
     def stats(self, now: float) -> dict[str, Any]:
         return {
             "ttft_ms": self.ttft_ms(),
-            "pauses": self.progress.pauses,
+            "pauses": self.pauses.count,
             "paused_ms": self.paused_ms(now),
             "backend": self.backend,
         }
@@ -247,7 +271,7 @@ class RelayState:
             "ring_capacity": self.settings.buffer_chunks,
             "kv_tokens": None,  # held by the upstream, not here
             "n_generated": p.n_content,
-            "pauses": p.pauses,
+            "pauses": self.pauses.count,
             "paused_ms": self.paused_ms(now),
             "ttft_ms": self.ttft_ms(),
             "finish_reason": self.outcome.finish_reason if self.outcome else None,
@@ -256,12 +280,6 @@ class RelayState:
             "failovers": list(p.failovers),
             "age_ms": round((now - p.created_at) * 1000.0, 3),
         }
-
-
-def ended_reason(error: EdgeLLMError | None) -> str | None:
-    """Why a stream was cut short (cancel reasons, time-outs), None for a plain end."""
-    reason = error.extra.get("reason") if error is not None else None
-    return str(reason) if reason else None
 
 
 def _read_choice(obj: dict[str, Any]) -> tuple[str, bool, str | None]:

@@ -142,8 +142,8 @@ class UpstreamRouter:
 
     def snapshot(self) -> list[dict[str, Any]]:
         now = time.monotonic()
-        recent = [s for s in self._recent if now - (s.finished_at or now) <= _RECENT_SECONDS]
-        return [s.describe(now) for s in [*self._live.values(), *recent]]
+        recent = [s for s in self._recent if now - (s.relay.finished_at or now) <= _RECENT_SECONDS]
+        return [s.relay.describe(now, s.session) for s in [*self._live.values(), *recent]]
 
     def model_entries(self) -> list[tuple[str, str]]:
         """(model id, backend) of every upstream model."""

@@ -2,14 +2,16 @@
 the I/O driver around :class:`~edge_llm.upstream.relay_state.RelayState`.
 
 A reader task reads the upstream's response and puts its chunks into a small
-bounded buffer; the connection takes them with :meth:`UpstreamStream.events`
-(the same events as the local pump, plus the upstream's chunk objects). The state
-(buffer, pauses, progress, the end) and its decisions are the sans-I/O
+bounded buffer; the connection takes them through the one reader of every stream
+(:func:`edge_llm.generation.pump.read_relayed`: the same events as the local pump,
+plus the upstream's chunk objects). The state (buffer, pauses, progress, the end)
+and the rules it keeps (:mod:`edge_llm.protocol.stream_rules`) are the sans-I/O
 ``RelayState``'s; this module holds the loop's side: the reader task, aiohttp,
-timers, failover, metrics and the event log.
+the one timer the rules ask for, failover, metrics and the event log.
 
 - PAUSE (client): the reader stops reading the upstream socket. A full buffer
-  (our client's socket stopped draining) stops it too (cause ``socket_full``).
+  (our client's socket stopped draining) stops it too (cause ``socket_full``);
+  either pause counts toward ``max_pause``, as on the local path.
   Unread, the upstream's bytes fill aiohttp's buffer and then the kernel's, and
   TCP flow control stops the upstream's writes.
 - CANCEL, disconnect, supersede, TTFT and pause time-outs end the stream and
@@ -26,44 +28,32 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import aiohttp
 
-from edge_llm.engine.sequence import PauseCause
-from edge_llm.engine.streams.handle import Outcome
 from edge_llm.errors import (
     Cancelled,
     EdgeLLMError,
-    PauseTimeout,
-    TtftTimeout,
     UpstreamFailure,
     UpstreamRejected,
     UpstreamUnavailable,
 )
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.protocol.sse import EventTooLarge, SSEParser
-from edge_llm.protocol.stream_events import Finished, Heartbeat, PauseChanged
+from edge_llm.protocol.stream_rules import Outcome, PauseCause
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.registry import Upstream, UpstreamRegistry
-from edge_llm.upstream.relay_state import (
-    DONE,
-    Progress,
-    RelayState,
-    StreamSettings,
-    UpstreamChunk,
-    ended_reason,
-)
+from edge_llm.upstream.relay_log import RelayLog
+from edge_llm.upstream.relay_state import DONE, RelayState, StreamSettings, UpstreamChunk
 
-__all__ = ["StreamSettings", "UpstreamChunk", "UpstreamEvent", "UpstreamStream", "rejected"]
+__all__ = ["StreamSettings", "UpstreamChunk", "UpstreamStream", "rejected"]
 
 _log = logging.getLogger("edge_llm.upstream")
 _MAX_ERROR_BODY = 64 * 1024
 _MAX_EVENT_BYTES = 1 << 20
 _READ_BYTES = 16 * 1024
-
-UpstreamEvent = UpstreamChunk | Heartbeat | PauseChanged | Finished
 
 
 class _GiveUp(Exception):
@@ -77,12 +67,12 @@ class _GiveUp(Exception):
 
 class UpstreamStream:
     """The loop's side of one relayed stream; its state and decisions are
-    :attr:`relay`'s (:class:`~edge_llm.upstream.relay_state.RelayState`).
+    :attr:`relay`'s (:class:`~edge_llm.upstream.relay_state.RelayState`: read the
+    state there), told by :attr:`log` (:class:`~edge_llm.upstream.relay_log.RelayLog`).
 
-    Longer than most classes (about 340 lines) because the connection's side (pause,
-    resume, cancel, the events it reads) and the reader task (connect, failover,
-    read the SSE stream into the buffer) wait on the same asyncio events and timers;
-    what is not I/O lives in the state machine."""
+    The connection's side (pause, resume, cancel, what it takes) and the reader task
+    (connect, failover, read the SSE stream into the buffer) wait on the same asyncio
+    events and the one timer; what is not I/O lives in the state machine."""
 
     def __init__(
         self,
@@ -106,192 +96,109 @@ class UpstreamStream:
         self.settings = settings
         self.client_model = client_model
         self.session = session
-        self.metrics = metrics
-        self.log_event = events
         first = self.candidates[0].name if self.candidates else "none"
         self.relay = RelayState(stream_id, client_model, settings, first, time.monotonic())
+        self.log = RelayLog(self.relay, events, metrics)
         self._unpaused = asyncio.Event()
         self._unpaused.set()
         self._room = asyncio.Event()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._timers: list[asyncio.TimerHandle] = []
-        self._pause_timer: asyncio.TimerHandle | None = None
-
-    # -- the state, as the dispatcher and /debug/streams read it ------------------------
-
-    @property
-    def backend(self) -> str:
-        return self.relay.backend
-
-    @property
-    def outcome(self) -> Outcome | None:
-        return self.relay.outcome
+        self._timer: asyncio.TimerHandle | None = None  # at the rules' next time-out
 
     @property
     def finished(self) -> bool:
         return self.relay.finished
-
-    @property
-    def finished_at(self) -> float | None:
-        return self.relay.finished_at
-
-    @property
-    def progress(self) -> Progress:
-        return self.relay.progress
-
-    @property
-    def pause_cause(self) -> str | None:
-        return self.relay.pause_cause
-
-    @property
-    def state(self) -> str:
-        return self.relay.state
-
-    def usage(self) -> dict[str, Any]:
-        return self.relay.usage()
-
-    def stats(self, now: float) -> dict[str, Any]:
-        return self.relay.stats(now)
-
-    def describe(self, now: float) -> dict[str, Any]:
-        return self.relay.describe(now, self.session)
 
     # -- control (event loop) ----------------------------------------------------------
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name=f"upstream {self.id}")
-        if self.settings.ttft_timeout_s:
-            self._timers.append(loop.call_later(self.settings.ttft_timeout_s, self._ttft_expired))
+        self._arm()
 
     def pause(self) -> None:
         """The client asked to pause: stop reading the upstream."""
-        if self.finished or PauseCause.CLIENT in self.relay.causes:
+        if self.finished or self.relay.paused_by(PauseCause.CLIENT):
             return
         self._unpaused.clear()
-        self.log_event(Event.PAUSE_RECEIVED, self.id, n_generated=self.progress.n_content)
+        self.log.received(Event.PAUSE_RECEIVED)
         self._paused(self.relay.pause(PauseCause.CLIENT, time.monotonic()))
-        if self.settings.max_pause_s:
-            loop = asyncio.get_running_loop()
-            self._pause_timer = loop.call_later(self.settings.max_pause_s, self._pause_expired)
 
     def resume(self) -> None:
-        if self.finished or PauseCause.CLIENT not in self.relay.causes:
+        if self.finished or not self.relay.paused_by(PauseCause.CLIENT):
             return
         self._unpaused.set()
-        self.log_event(Event.RESUME_RECEIVED, self.id, n_generated=self.progress.n_content)
-        if self._pause_timer is not None:
-            self._pause_timer.cancel()
+        self.log.received(Event.RESUME_RECEIVED)
         self._resumed(self.relay.resume(PauseCause.CLIENT, time.monotonic()))
 
     def cancel(self, reason: str) -> None:
         """End now; the upstream connection is closed by the reader task's cleanup."""
         self._finish(None, Cancelled(reason))
 
-    async def wait_done(self) -> None:
-        if self._task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+    # -- what the connection takes (generation/pump.py reads it) -----------------------
 
-    # -- what the connection reads ------------------------------------------------------
+    def take(self) -> UpstreamChunk | None:
+        """The next chunk to send, None while the buffer is empty."""
+        return self.relay.take() if self.relay.buffer else None
 
-    async def events(self) -> AsyncIterator[UpstreamEvent]:
-        """Chunks, heartbeats and pause changes until (and including) Finished."""
-        reported: str | None = None
-        last_sent = time.monotonic()
-        interval = self.settings.heartbeat_interval_s
-        while True:
-            cause = None if self.finished else self.pause_cause
-            if cause != reported:
-                reported = cause
-                yield PauseChanged(cause)
-            if self.relay.buffer:
-                chunk = self._take()
-                last_sent = time.monotonic()
-                yield chunk
-                continue
-            if self.outcome is not None:
-                yield Finished(self.outcome)
-                return
-            idle = time.monotonic() - last_sent
-            if idle >= interval:
-                yield Heartbeat(self.state, 0, 0)
-                last_sent = time.monotonic()
-                continue
-            await self._wait_changed(interval - idle)
-
-    def _take(self) -> UpstreamChunk:
-        chunk = self.relay.take()
+    def sent(self) -> None:
+        """A chunk was written: once the buffer drained, the upstream is read again."""
         if self.relay.drained():
             self._resumed(self.relay.resume(PauseCause.SOCKET_FULL, time.monotonic()))
             self._room.set()
-        return chunk
 
-    async def _wait_changed(self, timeout: float) -> None:
+    async def wait_changed(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._changed.wait()
         self._changed.clear()
 
-    def _signal(self) -> None:
-        self._changed.set()
-
-    # -- what the state decided: logged, signalled --------------------------------------
+    # -- what the state decided, carried out ---------------------------------------------
 
     def _paused(self, began: bool) -> None:
         if began:
-            self.log_event(Event.PAUSED, self.id, cause=self.pause_cause, backend=self.backend)
-        self._signal()
+            self.log.paused()
+        self._arm()
+        self._changed.set()
 
     def _resumed(self, ended: bool) -> None:
         if ended:
-            self.log_event(Event.RESUMED, self.id, backend=self.backend)
-        self._signal()
+            self.log.resumed()
+        self._arm()
+        self._changed.set()
 
-    def _ttft_expired(self) -> None:
-        if self.progress.first_token_at is None and not self.finished:
-            timeout_ms = round((self.settings.ttft_timeout_s or 0) * 1000)
-            error = TtftTimeout(
-                f"no first token from upstream {self.backend!r} within {timeout_ms} ms",
-                reason="ttft_timeout",
-                backend=self.backend,
-            )
+    def _arm(self) -> None:
+        """One timer, at the next time-out the rules name (re-armed on every change)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        due = self.relay.next_due()
+        self._timer = None
+        if due is not None:
+            delay = max(0.0, due - time.monotonic())
+            self._timer = asyncio.get_running_loop().call_later(delay, self._expire)
+
+    def _expire(self) -> None:
+        error = self.relay.expired(time.monotonic())
+        if error is not None:
             self._finish(None, error)
-
-    def _pause_expired(self) -> None:
-        if PauseCause.CLIENT in self.relay.causes and not self.finished:
-            limit_ms = round((self.settings.max_pause_s or 0) * 1000)
-            self._finish(None, PauseTimeout(f"paused longer than max_pause_ms ({limit_ms})"))
+        else:
+            self._arm()
 
     def _finish(self, finish_reason: str | None, error: EdgeLLMError | None = None) -> None:
         now = time.monotonic()
         if not self.relay.finish(Outcome(finish_reason, error), now):
             return
-        for timer in [*self._timers, self._pause_timer]:
-            if timer is not None:
-                timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
         self._unpaused.set()
         self._room.set()
-        reason = ended_reason(error)
-        if reason:
-            self.metrics.cancellations.labels(self.backend, reason).inc()
-            self.log_event(
-                Event.CANCEL, self.id, reason=reason, backend=self.backend, state="upstream"
-            )
-        self.log_event(
-            Event.END,
-            self.id,
-            finish_reason=finish_reason,
-            error=error.code if error else None,
-            n_generated=self.progress.n_content,
-            **self.stats(now),
-        )
+        self.log.ended(now)
         if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()  # closes the upstream connection (see _attempt)
-        self._signal()
+        self._changed.set()
 
-    # -- the reader task ------------------------------------------------------------------
+    # -- the reader task: failover, then the upstream's stream into the buffer ----------
 
     async def _run(self) -> None:
         reasons: list[str] = []
@@ -314,12 +221,11 @@ class UpstreamStream:
             self._finish(None, UpstreamFailure(f"upstream relay failed: {type(exc).__name__}"))
 
     def _give_up(self, upstream: Upstream, exc: _GiveUp) -> None:
-        self.progress.failovers.append(upstream.name)
-        self.metrics.failovers.labels(upstream.name, "unhealthy" if exc.unhealthy else "busy").inc()
+        self.relay.progress.failovers.append(upstream.name)
         if exc.unhealthy:
             self.registry.mark(upstream, False, exc.reason)
-        self.relay.connected = False
-        self.log_event(Event.UPSTREAM_FAILOVER, self.id, backend=upstream.name, reason=exc.reason)
+        self.relay.gave_up()
+        self.log.failover(upstream.name, exc.reason, exc.unhealthy)
 
     async def _attempt(self, upstream: Upstream) -> None:
         """Relay from one upstream; _GiveUp if it failed before any content."""
@@ -327,33 +233,15 @@ class UpstreamStream:
         upstream.num_open += 1
         response: aiohttp.ClientResponse | None = None
         try:
-            response = await self._open(upstream)
-            self.relay.connected = True
-            self._signal()
+            body = {**self.body, "model": upstream.upstream_model(self.client_model)}
+            response = await _post(self.registry, upstream, self.path, body, self.settings)
+            self.relay.connected()
+            self._changed.set()
             await self._relay(upstream, response)
         finally:
             upstream.num_open -= 1
             if response is not None:
                 response.close()  # not returned to the pool: the upstream sees the close
-
-    async def _open(self, upstream: Upstream) -> aiohttp.ClientResponse:
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
-        body = {**self.body, "model": upstream.upstream_model(self.client_model)}
-        try:
-            response = await self.registry.session.post(
-                upstream.url(self.path), json=body, headers=upstream.headers(), timeout=timeout
-            )
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise _GiveUp(f"{type(exc).__name__}: {exc}"[:300], unhealthy=True) from exc
-        if response.status < 400:
-            return response
-        async with response:
-            raw = await response.content.read(_MAX_ERROR_BODY)
-        if response.status in (429, 503):
-            raise _GiveUp(f"HTTP {response.status} (busy)", unhealthy=False)
-        if response.status >= 500:
-            raise _GiveUp(f"HTTP {response.status}", unhealthy=True)
-        raise rejected(response.status, raw, upstream.name)
 
     async def _relay(self, upstream: Upstream, response: aiohttp.ClientResponse) -> None:
         parser = SSEParser(max_event_bytes=_MAX_EVENT_BYTES)
@@ -371,17 +259,17 @@ class UpstreamStream:
                     break
         except (aiohttp.ClientError, OSError, EventTooLarge) as exc:
             self._broke_off(upstream, f"stream broke: {type(exc).__name__}", exc)
-        if self.progress.finish_reason is None:
+        if self.relay.progress.finish_reason is None:
             self._broke_off(upstream, "stream ended without a finish_reason or [DONE]")
         await self._push_all(self.relay.take_held())
-        self._finish(self.progress.finish_reason or "stop")
+        self._finish(self.relay.progress.finish_reason or "stop")
 
     def _broke_off(
         self, upstream: Upstream, reason: str, cause: Exception | None = None
     ) -> NoReturn:
         """The upstream's stream broke: the next upstream gets the request if no
         content was sent yet; otherwise the stream ends with an error."""
-        if self.progress.first_token_at is None:
+        if self.relay.progress.first_token_at is None:
             raise _GiveUp(reason, unhealthy=True) from cause
         self.registry.mark(upstream, False, reason)
         raise UpstreamFailure(f"upstream {upstream.name!r}: {reason}") from cause
@@ -391,22 +279,16 @@ class UpstreamStream:
         read = self.relay.read(data)
         if read == DONE:
             await self._push_all(self.relay.take_held())
-            self._finish(self.progress.finish_reason or "stop")
+            self._finish(self.relay.progress.finish_reason or "stop")
             return True
         if not isinstance(read, UpstreamChunk):
             return False
         chunks, first = self.relay.arrived(read, time.monotonic())
         if first:
-            self._first_token()
+            self._arm()  # the TTFT time-out is no longer pending
+            self.log.first_token()
         await self._push_all(chunks)
         return False
-
-    def _first_token(self) -> None:
-        ttft = self.relay.ttft_s() or 0.0
-        self.metrics.ttft.labels(self.backend).observe(ttft)
-        self.log_event(
-            Event.FIRST_TOKEN, self.id, ttft_ms=round(ttft * 1000.0, 3), backend=self.backend
-        )
 
     async def _push_all(self, chunks: list[UpstreamChunk]) -> None:
         for chunk in chunks:
@@ -415,7 +297,7 @@ class UpstreamStream:
     async def _push(self, chunk: UpstreamChunk) -> None:
         """Into the bounded buffer; while it is full, nothing more is read."""
         while self.relay.full and not self.finished:
-            if PauseCause.SOCKET_FULL not in self.relay.causes:
+            if not self.relay.paused_by(PauseCause.SOCKET_FULL):
                 self._room.clear()
                 self._paused(self.relay.pause(PauseCause.SOCKET_FULL, time.monotonic()))
             await self._room.wait()
@@ -423,8 +305,35 @@ class UpstreamStream:
             return
         self.relay.put(chunk)
         if chunk.has_content:
-            self.metrics.generated_chunks.labels(self.backend).inc()
-        self._signal()
+            self.log.chunk()
+        self._changed.set()
+
+
+async def _post(
+    registry: UpstreamRegistry,
+    upstream: Upstream,
+    path: str,
+    body: dict[str, Any],
+    settings: StreamSettings,
+) -> aiohttp.ClientResponse:
+    """The upstream's streaming response; _GiveUp when it cannot take the request now
+    (unreachable, busy, 5xx), its 4xx as :class:`UpstreamRejected`."""
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
+    try:
+        response = await registry.session.post(
+            upstream.url(path), json=body, headers=upstream.headers(), timeout=timeout
+        )
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise _GiveUp(f"{type(exc).__name__}: {exc}"[:300], unhealthy=True) from exc
+    if response.status < 400:
+        return response
+    async with response:
+        raw = await response.content.read(_MAX_ERROR_BODY)
+    if response.status in (429, 503):
+        raise _GiveUp(f"HTTP {response.status} (busy)", unhealthy=False)
+    if response.status >= 500:
+        raise _GiveUp(f"HTTP {response.status}", unhealthy=True)
+    raise rejected(response.status, raw, upstream.name)
 
 
 def rejected(status: int, raw: bytes, backend: str) -> UpstreamRejected:

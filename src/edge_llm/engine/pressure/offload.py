@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.scheduling.priorities import preemption_victim
-from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
+from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.errors import PauseTimeout
 from edge_llm.observability.events import Event
+from edge_llm.protocol.stream_rules import PauseCause
 
 if TYPE_CHECKING:
     from edge_llm.engine.streams.book import Streams

@@ -10,12 +10,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from edge_llm.engine.scheduling.scheduler import Scheduler
-from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
+from edge_llm.engine.sequence import Sequence, SequenceState
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.streams.handle import Outcome, StreamHandle
 from edge_llm.errors import EdgeLLMError
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
+from edge_llm.protocol.stream_rules import PauseCause
 
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256

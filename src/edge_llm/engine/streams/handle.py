@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 from edge_llm.engine.sequence import Sequence
 from edge_llm.engine.streams.text import IncrementalDetokenizer, StopMatcher
 from edge_llm.engine.streams.token_ring import TokenRing
-from edge_llm.errors import EdgeLLMError
+from edge_llm.protocol.stream_rules import Outcome
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a stream ended. ``tail`` is text released only at the end (held bytes
-    of an unfinished character or a partial stop string); ``stop_sequence`` is the
-    stop string that ended it, if one did."""
-
-    finish_reason: str | None
-    error: EdgeLLMError | None = None
-    tail: str = ""
-    stop_sequence: str | None = None
+__all__ = ["Outcome", "StreamHandle"]
 
 
 class StreamHandle:
@@ -90,7 +79,7 @@ class StreamHandle:
             ttft = round((seq.first_token_at - seq.created_at) * 1000.0, 3)
         return {
             "ttft_ms": ttft,
-            "pauses": seq.pauses,
+            "pauses": seq.pauses.count,
             "paused_ms": round(seq.paused_ms(now), 3),
             "backpressure_peak": seq.backpressure_peak,
             "tokens_while_paused": seq.tokens_while_paused,

@@ -13,6 +13,7 @@ import threading
 from collections import deque
 
 from edge_llm.protocol.sampling import TokenLogprob
+from edge_llm.protocol.stream_rules import Marks
 
 
 class RingOverflow(RuntimeError):
@@ -23,17 +24,22 @@ class TokenRing:
     """Thread-safe single-producer, single-consumer token ring."""
 
     @classmethod
-    def for_stream(cls, capacity: int, pause_when_full: bool, max_tokens: int) -> TokenRing:
-        """A stream's ring: ``capacity`` tokens; without pausing a slow reader's tokens
-        wait in it, at most all of them (``max_tokens``)."""
-        return cls(capacity) if pause_when_full else cls(capacity, hard_limit=max_tokens)
+    def for_stream(cls, marks: Marks, pause_when_full: bool, max_tokens: int) -> TokenRing:
+        """A stream's ring: full at ``marks.capacity`` tokens; without pausing a slow
+        reader's tokens wait in it, at most all of them (``max_tokens``)."""
+        hard_limit = None if pause_when_full else max_tokens
+        return cls(marks.capacity, hard_limit, marks.resume_threshold)
 
-    def __init__(self, capacity: int, hard_limit: int | None = None) -> None:
-        """``capacity`` is what counts as full (the engine pauses there);
-        ``hard_limit`` (default: capacity) is what the ring may ever hold — larger
-        only when pausing is off, and then bounded by the request's max_tokens."""
+    def __init__(
+        self, capacity: int, hard_limit: int | None = None, resume_threshold: float = 0.3
+    ) -> None:
+        """``capacity`` is what counts as full (the engine pauses there), the low mark
+        ``resume_threshold`` of it (a socket-full pause ends); ``hard_limit`` (default:
+        capacity) is what the ring may ever hold — larger only when pausing is off,
+        and then bounded by the request's max_tokens."""
         if capacity < 1:
             raise ValueError("ring capacity must be at least 1")
+        self.marks = Marks(capacity, resume_threshold)
         self.capacity = capacity
         self.hard_limit = max(capacity, hard_limit or capacity)
         self._pieces: deque[str] = deque()
@@ -57,7 +63,11 @@ class TokenRing:
         return (self._write - self._read) / self.capacity
 
     def is_full(self) -> bool:
-        return self._write - self._read >= self.capacity
+        return self.marks.full(len(self))
+
+    def drained(self) -> bool:
+        """Down to the low mark: a socket-full pause ends."""
+        return self.marks.drained(len(self))
 
     def push(self, text: str, logprob: TokenLogprob | None = None) -> None:
         """Engine side: append one token's text (and its logprob, if asked for)."""
@@ -81,8 +91,8 @@ class TokenRing:
             n = min(max_tokens, len(self._logprobs))
             return [lp for i in range(n) if (lp := self._logprobs[i]) is not None]
 
-    def commit(self, n_tokens: int) -> float:
-        """Connection side: mark ``n_tokens`` as sent; returns the new fill."""
+    def commit(self, n_tokens: int) -> None:
+        """Connection side: mark ``n_tokens`` as sent."""
         with self._lock:
             if n_tokens > len(self._pieces):
                 raise ValueError("cannot commit more tokens than were peeked")
@@ -90,4 +100,3 @@ class TokenRing:
                 self._pieces.popleft()
                 self._logprobs.popleft()
             self._read += n_tokens
-            return (self._write - self._read) / self.capacity
