@@ -24,7 +24,7 @@ end), and ``message_delta`` the upstream's counts.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -37,8 +37,8 @@ from edge_llm.protocol.sse import encode_event
 from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.server.context import answer_to, caller_of, context_of
 from edge_llm.server.http import read_json
-from edge_llm.server.resumable_sse import resume_posted, stream_resumable, wants_resumable
-from edge_llm.server.sse_writer import EventWriter, SseWriter
+from edge_llm.server.resumable_sse import resume_posted, send_answer
+from edge_llm.server.sse_writer import EventWriter
 from edge_llm.upstream.translate import CHAT_PATH, messages_chat_body
 
 _PING = encode_event("ping", anthropic.ping())
@@ -82,14 +82,18 @@ async def messages(request: web.Request) -> web.StreamResponse:
     async with answer_to(request, job) as answer:
         headers = _ignored_header(req, dict(answer.headers))
         events = answer.events(anthropic.new_tool_use_id)
-        if req.stream:
-            blocks, opening = _opening(answer)
-            if wants_resumable(ctx, req.resumable):
-                produce = _streamer(answer, blocks, events)
-                return await stream_resumable(request, answer, headers, produce, opening=opening)
-            writer = SseWriter(request, ctx, answer.id, headers, opening=opening)
+        blocks, opening = _opening(answer)
+
+        async def produce(writer: EventWriter) -> web.StreamResponse:
             return await _stream(writer, blocks, events)
-        return await _reply(answer, events, headers)
+
+        async def whole() -> web.StreamResponse:
+            return await _reply(answer, events, headers)
+
+        return await send_answer(
+            request, answer, headers, stream=req.stream, resumable=req.resumable,
+            produce=produce, whole=whole, opening=opening,
+        )  # fmt: skip
 
 
 def _ignored_header(req: anthropic.MessagesRequest, headers: dict[str, str]) -> dict[str, str]:
@@ -116,15 +120,6 @@ async def _reply(
             )
             return web.json_response(body, headers=headers)
     raise RuntimeError("answer ended without Ended or Failed")  # both generators end so
-
-
-def _streamer(
-    answer: Answer, blocks: anthropic.BlockStream, events: AsyncIterator[AnswerEvent]
-) -> Callable[[EventWriter], Awaitable[web.StreamResponse]]:
-    async def produce(writer: EventWriter) -> web.StreamResponse:
-        return await _stream(writer, blocks, events)
-
-    return produce
 
 
 async def _stream(

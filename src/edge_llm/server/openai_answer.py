@@ -27,8 +27,8 @@ from edge_llm.protocol.sampling import TokenLogprob
 from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.protocol.tools import OutputEvent, TextOut
 from edge_llm.server.context import ServerContext
-from edge_llm.server.resumable_sse import stream_resumable, wants_resumable
-from edge_llm.server.sse_writer import EventWriter, SseWriter
+from edge_llm.server.resumable_sse import send_answer
+from edge_llm.server.sse_writer import EventWriter
 
 _Ids = tuple[str, str, int]  # request id, model, created
 _Request = openai.ChatCompletionRequest | openai.CompletionRequest
@@ -44,15 +44,17 @@ async def respond(
         (answer.id, answer.model, int(time.time())), _Shape(chat, token_bytes), answer, req
     )
     events = answer.events(openai.new_call_id)
-    if req.stream and wants_resumable(ctx, req.resumable):
 
-        async def produce(writer: EventWriter) -> web.StreamResponse:
-            return await _stream(writer, encoder, events)
+    async def produce(writer: EventWriter) -> web.StreamResponse:
+        return await _stream(writer, encoder, events)
 
-        return await stream_resumable(request, answer, answer.headers, produce)
-    if req.stream:
-        return await _stream(SseWriter(request, ctx, answer.id, answer.headers), encoder, events)
-    return web.json_response(await encoder.whole(events), headers=answer.headers)
+    async def whole() -> web.StreamResponse:
+        return web.json_response(await encoder.whole(events), headers=answer.headers)
+
+    return await send_answer(
+        request, answer, answer.headers,
+        stream=req.stream, resumable=req.resumable, produce=produce, whole=whole,
+    )  # fmt: skip
 
 
 async def _stream(

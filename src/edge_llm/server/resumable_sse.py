@@ -128,6 +128,29 @@ def wants_resumable(ctx: ServerContext, asked: bool) -> bool:
     return asked and ctx.resumable.enabled
 
 
+async def send_answer(
+    request: web.Request,
+    answer: Answer,
+    headers: Mapping[str, str],
+    *,
+    stream: bool,
+    resumable: bool,
+    produce: Produce,
+    whole: Callable[[], Awaitable[web.StreamResponse]],
+    opening: bytes = b"",
+) -> web.StreamResponse:
+    """The one branch every streaming route takes: a resumable SSE stream (asked
+    for, and the server resumes), a plain SSE stream, or one JSON object (``whole``).
+    ``produce`` is the route's encoder, written to either stream's writer;
+    ``opening`` what that stream starts with."""
+    if not stream:
+        return await whole()
+    ctx = context_of(request)
+    if wants_resumable(ctx, resumable):
+        return await stream_resumable(request, answer, headers, produce, opening=opening)
+    return await produce(SseWriter(request, ctx, answer.id, headers, opening=opening))
+
+
 async def stream_resumable(
     request: web.Request,
     answer: Answer,
