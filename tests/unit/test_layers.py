@@ -98,6 +98,9 @@ ENGINE_INSIDE: dict[tuple[str, str], str] = {
         "imported only when a model is served: it loads llama.cpp, which a fake "
         "backend's tests and the CLI's help never need"
     ),
+    ("edge_llm.models.sizing", "edge_llm.engine.runtime.llama_backend"): (
+        "the embedded model's path, asked only when sizing it: loads llama.cpp as above"
+    ),
 }
 
 

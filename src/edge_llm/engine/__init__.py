@@ -11,7 +11,7 @@ from edge_llm.engine.kv.ledger import (
     kv_bytes_per_token,
     ledger_summary,
 )
-from edge_llm.engine.runtime.backend import Backend, context_tokens
+from edge_llm.engine.runtime.backend import Backend, BatchItem, context_tokens
 from edge_llm.engine.runtime.heap import unmap_large_blocks_when_freed
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
@@ -20,6 +20,7 @@ from edge_llm.engine.streams.handle import StreamHandle
 __all__ = [
     "Account",
     "Backend",
+    "BatchItem",
     "Engine",
     "EngineSettings",
     "GenerationRequest",

@@ -26,8 +26,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from edge_llm.config.tree import EngineConfig
-from edge_llm.engine.kv.ledger import context_cells, device_share_bytes, kv_bytes_per_token
-from edge_llm.engine.runtime.backend import Backend, BatchItem, context_tokens
+from edge_llm.engine import (
+    Backend,
+    BatchItem,
+    context_cells,
+    context_tokens,
+    device_share_bytes,
+    kv_bytes_per_token,
+)
 from edge_llm.errors import BackendError
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.store import ModelStore
