@@ -213,9 +213,12 @@ class FakeBackend:
         return Sampled(token, TokenLogprob(token, -0.25, top))
 
     def copy_prefix(self, src: int, dst: int, n_tokens: int) -> None:
-        if self.kv.get(dst):
-            raise BackendError(f"copy into slot {dst}, which is not empty")
         source = self.kv.get(src, [])
+        held = self.kv.get(dst, [])
+        # In the pool a copy tags cells: a sequence that holds a start of them already
+        # (a waiting sequence attaching more of a prefix) gains the rest, as llama.cpp.
+        if held and (self.per_slot or held != source[: len(held)]):
+            raise BackendError(f"copy into slot {dst}, which is not empty")
         if len(source) < n_tokens:
             raise BackendError(f"slot {src} has {len(source)} cells, {n_tokens} copied")
         if not self.per_slot:

@@ -344,21 +344,13 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
     return Interleavings
 
 
-POOL_BUG = pytest.mark.xfail(
-    reason="found by this harness, not fixed yet: in the unified pool (kv_unified = true) "
-    "an id is handed out again while KV cells of its last holder remain (the fake "
-    "backend: 'copy into slot N, which is not empty'); the per-slot default is clean",
-    strict=False,
-)
-
-
 @pytest.mark.parametrize(
     ("per_slot", "speculative"),
     [
         (True, False),
         (True, True),
-        pytest.param(False, False, marks=POOL_BUG),
-        pytest.param(False, True, marks=POOL_BUG),
+        (False, False),
+        (False, True),
     ],
     ids=["per-slot", "per-slot-spec", "pool", "pool-spec"],
 )
