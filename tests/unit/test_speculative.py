@@ -341,3 +341,21 @@ async def test_a_pause_cannot_land_between_a_runs_sampling_and_its_recording(
     assert handle.seq.n_generated - at_pause == 9  # its run, recorded before the pause
     assert handle.seq.paused
     assert handle.seq.tokens_while_paused == 0
+
+
+def test_a_copy_of_its_own_text_resumes_only_where_a_token_follows() -> None:
+    """Regression (engine thread died: IndexError in ``_periodic``): when a sequence's
+    draft source is its own growing text, its tail always "agrees" with itself; the
+    copy may resume only at a position that has a successor."""
+    tokens = [1, 2, 3, 4, 5, 6, 7, 8]
+    tracker = EditTracker()
+    tracker.diverged(tokens, at_source=5, at_output=6)
+    tokens.extend([9, 10, 11])
+    resumed = tracker.resume(tokens)
+    assert resumed is None or resumed[1] < len(resumed[0])
+    lookup = PromptLookup(max_draft=8)
+    story = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    for _ in range(40):  # drafting from its own repeating text never fails
+        draft = lookup.propose(story, limit=8)
+        lookup.feedback(len(draft), max(0, len(draft) - 1))
+        story.append(draft[0] if draft else 5)

@@ -65,13 +65,16 @@ class EditTracker:
                 if inserted == skipped == 0:
                     continue
                 start = d.at_source + skipped
-                if list(d.source[start : start + len(agreed)]) == list(agreed):
+                resume_at = start + len(agreed)
+                # The copy goes on only where the source has a token after the agreement
+                # (a source that is the output itself would otherwise "agree" with its tail).
+                if resume_at < len(d.source) and list(d.source[start:resume_at]) == list(agreed):
                     self._learn(
                         d.source[d.at_source : start],
                         tokens[d.at_output : d.at_output + inserted],
                     )
                     self._diverged = None
-                    return d.source, start + len(agreed)
+                    return d.source, resume_at
         return None
 
     def apply(self, source: Sequence[int], start: int, k: int) -> tuple[list[int], list[int]]:
