@@ -91,6 +91,19 @@ async def test_alone_the_copied_text_is_identical_and_drafts_are_accepted(engine
     assert engines["off"].metric(ACCEPTED) == 0
 
 
+async def test_the_same_greedy_request_again_gives_the_same_text(engines) -> None:
+    """A regenerate at temperature 0 keeps its text with drafts on: a request's drafts
+    come from its own text only. (Regression: drafts from a history shared across
+    requests changed the verify batches, and an open-ended story diverged on the
+    second send.)"""
+    body = chat_body(
+        "Write a long story about a dragon who learns to bake.", max_tokens=40, ignore_eos=True
+    )
+    texts = [text_of(await complete(engines["on"].url, body)) for _ in range(3)]
+    assert texts[1] == texts[0]
+    assert texts[2] == texts[0]
+
+
 async def test_beside_three_other_streams_every_text_is_identical(engines) -> None:
     bodies = [chat_body(COPY, max_tokens=120)] + [chat_body(p, max_tokens=60) for p in OTHERS]
     results = {}

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.speculation.edits import EditTracker
-from edge_llm.engine.speculation.history import DraftHistory
 from edge_llm.engine.speculation.prompt_lookup import PromptLookup, verify
 from edge_llm.protocol.sampling import SamplingParams
 
@@ -102,21 +101,6 @@ def test_the_longest_match_wins_and_a_repeating_text_drafts_whole_periods() -> N
     ]  # fmt: skip
 
 
-def test_drafts_come_from_finished_sequences_and_own_text_wins_ties() -> None:
-    history = DraftHistory()
-    answer = list(range(200, 240))
-    history.retire([1, 2, 3, *answer])  # an earlier request and its answer
-    lookup = PromptLookup(max_draft=64, history=history)
-    assert lookup.propose([9, 9, 1, 2, 3], limit=8) == answer[:8]
-    # Its own text has (2, 3) followed by 5; the history has the longer (1, 2, 3).
-    assert lookup.propose([2, 3, 5, 9, 1, 2, 3], limit=3) == answer[:3]
-    # At equal length its own text wins.
-    assert PromptLookup(64, history).propose([1, 2, 3, 6, 1, 2, 3], limit=2) == [6, 1]
-    # A sequence that ends is kept for the next one.
-    lookup.retire([7, 7, 7, 8, *range(300, 310)])
-    assert PromptLookup(64, history).propose([0, 7, 8], limit=3) == [300, 301, 302]
-
-
 def copy_steps(lookup: PromptLookup, prompt: list[int], answer: list[int]) -> list[list[int]]:
     """The drafts of a sequence whose model emits ``answer`` after ``prompt``, one
     decode step each (verification as the engine does it: the draft's agreeing prefix
@@ -159,17 +143,6 @@ class PlainLookup(PromptLookup):
 class _NoEdits(EditTracker):
     def diverged(self, source: Sequence[int], at_source: int, at_output: int) -> None:
         return None
-
-
-def test_the_history_is_bounded() -> None:
-    history = DraftHistory(max_tokens=100)
-    for run in range(10):
-        history.retire([1000 + run, *range(run * 100, run * 100 + 60)])
-    assert history.num_tokens <= 100
-    assert history.find((900, 901)) == ((1009, *range(900, 960)), 3)
-    assert history.find((0, 1)) is None  # retired long ago: gone
-    history.retire([1, 2])  # too short to teach anything
-    assert history.num_tokens <= 100
 
 
 def test_verify_stops_at_the_first_sample_that_differs() -> None:

@@ -36,7 +36,6 @@ from edge_llm.engine.scheduling.priorities import (
     queue_position,
 )
 from edge_llm.engine.sequence import Sequence, SequenceState
-from edge_llm.engine.speculation.history import DraftHistory
 from edge_llm.engine.speculation.prompt_lookup import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
 
@@ -133,7 +132,6 @@ class Scheduler:
         self._started: list[Sequence] = []  # admitted since the last step
         self._awaiting: dict[str, _AwaitedPrefix] = {}  # by the waiting sequence's id
         self._now = 0.0  # of the last schedule: the queue's order ages with it
-        self.draft_history = DraftHistory()  # finished sequences' tokens, for drafts
 
     @property
     def num_waiting(self) -> int:
@@ -423,7 +421,7 @@ class Scheduler:
         if max_draft <= 0:
             return []
         if seq.lookup is None:
-            seq.lookup = PromptLookup(max_draft, self.draft_history)
+            seq.lookup = PromptLookup(max_draft)
         limit = min(room, seq.request.max_tokens - seq.n_generated) - 1
         return seq.lookup.propose(seq.token_ids, limit, price.threshold, price.probe_every)
 
@@ -513,8 +511,6 @@ class Scheduler:
             self.offloaded.remove(seq)
         self._awaiting.pop(seq.id, None)
         seq.first_logits = None
-        if seq.lookup is not None:
-            seq.lookup.retire(seq.token_ids)
         if seq in self.running:
             self.running.remove(seq)
             ops = self.kv.release(seq.require_slot(), seq.token_ids, keep, seq.n_prompt)

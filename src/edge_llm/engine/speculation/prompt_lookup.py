@@ -2,10 +2,11 @@
 
 Small models mostly rewrite, summarise, edit and extract text that is already in the
 prompt, so their output copies long runs of it. :class:`PromptLookup` finds the
-longest n-gram ending the sequence (16, 8, 4, 3 or 2 tokens: ``history.NGRAMS``) that
-occurred earlier in its own prompt or output, or in a recently finished sequence (the
-engine's :class:`~edge_llm.engine.speculation.history.DraftHistory`; at equal lengths
-its own text wins), and proposes the tokens that followed its latest occurrence. A
+longest n-gram ending the sequence (16, 8, 4, 3 or 2 tokens: :data:`NGRAMS`) that
+occurred earlier in its own prompt or output, and proposes the tokens that followed its
+latest occurrence. Only the sequence's own text: drafts from other requests change a
+greedy text in the default mode (a draft changes the verify batch, and near-ties flip;
+measured 2026-12-07), so a request's drafts never depend on another's. A
 match near the end of the sequence's own text continues into the draft itself, so a
 repeating pattern drafts whole periods. The engine feeds ``[last token, *draft]`` in
 the same ``llama_decode`` as everyone else's tokens, with logits at every position;
@@ -36,12 +37,12 @@ copying; text without n-gram matches costs nothing.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from edge_llm.engine.speculation.edits import EditTracker
-from edge_llm.engine.speculation.history import NGRAMS, DraftHistory, ngram_keys
 
+NGRAMS = (16, 8, 4, 3, 2)  # suffix lengths looked up, longest first
 LONG_MATCH = 8  # a match this long continues a copy: its acceptance is kept apart
 # Before a kind of match has been drafted: short matches are often coincidences.
 PRIOR_ACCEPTANCE = {False: 0.6, True: 0.8}  # by "long match"
@@ -71,9 +72,8 @@ class _Acceptance:
 class PromptLookup:
     """One sequence's n-gram index over its tokens, and its acceptance rates."""
 
-    def __init__(self, max_draft: int, history: DraftHistory | None = None) -> None:
+    def __init__(self, max_draft: int) -> None:
         self.max_draft = max_draft
-        self.history = history
         self._index: dict[tuple[int, ...], int] = {}  # n-gram -> end of its latest occurrence
         self._indexed = 0  # n-grams ending before this position are in the index
         self._rates = {long: _Acceptance(prior) for long, prior in PRIOR_ACCEPTANCE.items()}
@@ -155,16 +155,10 @@ class PromptLookup:
         self._caps[self._last_long] = max(1, 2 * n_accepted) if rejected else self.max_draft
         self._rates[self._last_long].add(n_accepted, rejected)
 
-    def retire(self, token_ids: Sequence[int]) -> None:
-        """The sequence ended: its tokens go to the shared history for later requests."""
-        if self.history is not None:
-            self.history.retire(token_ids)
-
     def _match(self, token_ids: Sequence[int]) -> tuple[bool, Sequence[int], int] | None:
         """(long, source, start): where a copy goes on (a long match) after an edit
-        (``edits.py``), else the longest n-gram ending ``token_ids`` seen before, in its
-        own text (first, at equal n) or the shared history; ``start``: where what
-        followed it starts in ``source``."""
+        (``edits.py``), else the longest n-gram ending ``token_ids`` seen before in its
+        own text; ``start``: where what followed it starts in ``source``."""
         resumed = self._edits.resume(token_ids)
         if resumed is not None:
             return True, resumed[0], resumed[1]
@@ -176,9 +170,6 @@ class PromptLookup:
             own = self._index.get(key)
             if own is not None:
                 return n >= LONG_MATCH, token_ids, own
-            shared = self.history.find(key) if self.history is not None else None
-            if shared is not None:
-                return n >= LONG_MATCH, shared[0], shared[1]
         return None
 
     def _extend_index(self, token_ids: Sequence[int]) -> None:
@@ -188,6 +179,13 @@ class PromptLookup:
             for key in ngram_keys(token_ids, stop):
                 self._index[key] = stop
         self._indexed = max(self._indexed, last + 1)
+
+
+def ngram_keys(tokens: Sequence[int], stop: int) -> Iterator[tuple[int, ...]]:
+    """The n-grams (each of :data:`NGRAMS` that fits) ending just before ``stop``."""
+    for n in NGRAMS:
+        if stop >= n:
+            yield tuple(tokens[stop - n : stop])
 
 
 def _periodic(token_ids: Sequence[int], start: int, k: int) -> Sequence[int]:
