@@ -55,7 +55,7 @@ from edge_llm.protocol.sampling import SamplingDefaults, SamplingParams
 from edge_llm.protocol.stream_events import Heartbeat
 from edge_llm.server.context import Caller, ServerContext, answer_to, caller_of, context_of
 from edge_llm.server.http import presented_key, read_json
-from edge_llm.server.resumable_sse import resume_posted, stream_resumable, wants_resumable
+from edge_llm.server.resumable_sse import resume_posted, send_answer
 from edge_llm.server.sse_writer import EventWriter, SseWriter
 from edge_llm.upstream.translate import CHAT_PATH, responses_chat_body
 
@@ -88,34 +88,21 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         )
         events = answer.events(openai.new_call_id)
         headers = _headers(req, dict(answer.headers))
-        if req.stream and wants_resumable(ctx, req.resumable):
 
-            async def produce(writer: EventWriter) -> web.StreamResponse:
-                response = await _stream(writer, builder, events)
-                _store(ctx, req, history, builder)
-                return response
+        async def produce(writer: EventWriter) -> web.StreamResponse:
+            response = await _stream(writer, builder, events)
+            _store(ctx, req, history, builder)
+            return response
 
-            opening = _encode(builder.opening())
-            return await stream_resumable(request, answer, headers, produce, opening=opening)
-        response = await _respond(request, ctx, req, builder, events, headers=headers)
-    _store(ctx, req, history, builder)
-    return response
+        async def whole() -> web.StreamResponse:
+            response = await _reply(builder, events, headers=headers)
+            _store(ctx, req, history, builder)
+            return response
 
-
-async def _respond(
-    request: web.Request,
-    ctx: ServerContext,
-    req: responses.ResponsesRequest,
-    builder: responses.ResponseBuilder,
-    answer: AsyncIterator[AnswerEvent],
-    *,
-    headers: dict[str, str],
-) -> web.StreamResponse:
-    if req.stream:
-        opening = _encode(builder.opening())
-        writer = SseWriter(request, ctx, headers["X-Request-Id"], headers, opening=opening)
-        return await _stream(writer, builder, answer)
-    return await _reply(builder, answer, headers=headers)
+        return await send_answer(
+            request, answer, headers, stream=req.stream, resumable=req.resumable,
+            produce=produce, whole=whole, opening=_encode(builder.opening()),
+        )  # fmt: skip
 
 
 def _caller(request: web.Request, req: responses.ResponsesRequest) -> Caller:
