@@ -211,7 +211,7 @@ async def offload_setup(engine_of, *, host_fits_one: bool = False, **settings: o
         engine.pause(handle)
     if host_fits_one:  # room for either paused stream's state, not for both
         sizes = [backend.state_size(h.seq.slot) for h in paused]
-        engine.host.capacity_bytes = max(sizes) + min(sizes) - 1
+        engine.host_offload.capacity_bytes = max(sizes) + min(sizes) - 1
     waiting = [engine.submit(request(max_tokens=40)) for _ in range(2)]
     return backend, engine, paused, waiting
 
@@ -231,7 +231,7 @@ async def test_paused_streams_are_offloaded_for_waiting_ones_and_resume_token_ex
         assert await drain(engine, handle) == expected  # the sampler came along
     assert engine.metrics.kv_offloads._value.get() == 2
     assert engine.metrics.kv_restores._value.get() == 2
-    assert engine.host.num_bytes == 0
+    assert engine.host_offload.num_bytes == 0
 
 
 async def test_a_full_host_store_cancels_the_oldest_offloaded_stream(engine_of) -> None:

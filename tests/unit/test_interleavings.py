@@ -44,9 +44,10 @@ from hypothesis.stateful import (
 from edge_llm.engine.engine import Engine, EngineSettings
 from edge_llm.engine.pressure.memory import MemoryReading
 from edge_llm.engine.runtime.backend import BatchItem, Sampled
-from edge_llm.engine.sequence import GenerationRequest, SequenceState
+from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import BackendFailure, EdgeLLMError
+from edge_llm.protocol.stream_rules import StreamState
 
 from fakes import FakeBackend
 
@@ -193,7 +194,7 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
             self._read()
             self.cancelled = [  # since the last step: freed before this decode
                 h for h in self.handles
-                if h.seq.state is SequenceState.CANCELLED and h.id not in self.checked
+                if h.seq.state is StreamState.CANCELLED and h.id not in self.checked
             ]  # fmt: skip
             self.checked.update(h.id for h in self.cancelled)
             self.engine._step()
@@ -251,13 +252,13 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
             }
             assert len(live) == stats.used_tokens, (len(live), stats)
             offloaded = {seq.id for seq in engine.scheduler.offloaded}
-            assert {k for k in offloaded if k in engine.host} == offloaded
-            assert len(engine.host) == len(offloaded)
+            assert {k for k in offloaded if k in engine.host_offload} == offloaded
+            assert len(engine.host_offload) == len(offloaded)
 
         @invariant()
         def no_wait_without_a_reason(self) -> None:
             for seq in self.engine.scheduler.running:
-                if seq.state is SequenceState.PREFILL and not seq.prefill_remaining:
+                if seq.state is StreamState.PREFILL and not seq.prefill_remaining:
                     assert seq.first_logits is not None, f"{seq.id}: whole prompt, no logits"
 
         @invariant()
@@ -293,7 +294,7 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
                     assert isinstance(outcome.error, EdgeLLMError)
                     assert not isinstance(outcome.error, BackendFailure), outcome.error
             assert self.engine.kv.stats().used_tokens == 0
-            assert len(self.engine.host) == 0
+            assert len(self.engine.host_offload) == 0
 
         # -- helpers -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.kv.ledger import (
     MemoryLedger,
     context_cells,
@@ -18,7 +19,6 @@ from edge_llm.engine.kv.ledger import (
     ledger_summary,
     try_giver,
 )
-from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.runtime.backend import context_tokens
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import KvBudgetExceeded
@@ -84,7 +84,7 @@ def test_a_host_tier_takes_only_what_the_ledger_has_free() -> None:
 def test_the_host_cache_gives_back_first_and_nothing_passes_the_cap() -> None:
     ledger = MemoryLedger(20_000)
     cache = HostCache(1 * MIB, 10, ledger)
-    store = OffloadStore(1 * MIB, ledger)
+    store = HostOffload(1 * MIB, ledger)
     for i in range(4):
         assert cache.reserve([i] * 10, 10, None) is not None  # 4,356 bytes each
     assert ledger.free_bytes == 20_000 - 4 * 4356
@@ -110,7 +110,7 @@ def test_an_entry_a_pending_load_will_read_is_never_given_back() -> None:
 
 
 def test_an_offload_store_alone_keeps_its_own_cap() -> None:
-    store = OffloadStore(1_000)  # a ledger of its own, no common cap: as before
+    store = HostOffload(1_000)  # a ledger of its own, no common cap: as before
     assert store.fits(1_000) and not store.fits(1_001)
     store.put("a", b"x" * 600)
     assert not store.fits(401) and store.could_ever_hold(1_000)
@@ -227,7 +227,7 @@ async def test_without_room_a_paused_stream_is_not_offloaded(engine_of) -> None:
     waiting = engine.submit(prompt_request(9))
     await asyncio.sleep(0.2)  # several idle wake-ups: any offload would have run
     assert waiting.seq.public_state() == "queued"
-    assert engine.host.num_bytes == 0 and engine.metrics.kv_offloads._value.get() == 0
+    assert engine.host_offload.num_bytes == 0 and engine.metrics.kv_offloads._value.get() == 0
     engine.resume(paused[0])
     await drain(engine, paused[0])
     assert await drain(engine, waiting)  # it got the slot the finished stream left

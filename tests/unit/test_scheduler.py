@@ -8,8 +8,9 @@ from edge_llm.engine.kv.book import Truncate
 from edge_llm.engine.kv.slots import KvSlots
 from edge_llm.engine.kv.unified import KvCache
 from edge_llm.engine.scheduling.scheduler import Scheduler, SchedulerLimits, StepPlan
-from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence, SequenceState
+from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
+from edge_llm.protocol.stream_rules import StreamState
 
 
 def make_scheduler(
@@ -51,7 +52,7 @@ def test_a_sequence_reserves_prompt_plus_max_tokens_on_admission() -> None:
     scheduler.add(seq, 0.0)
     plan = scheduler.schedule(0.0)
     assert plan.started == [seq]
-    assert seq.state is SequenceState.PREFILL
+    assert seq.state is StreamState.PREFILL
     assert scheduler.kv.num_reserved == 50
 
 
@@ -81,7 +82,7 @@ def test_a_request_that_fits_later_waits_in_the_queue() -> None:
     scheduler.add(second, 0.0)
     assert scheduler.schedule(0.0).started == [first]
     assert list(scheduler.waiting) == [second]
-    scheduler.finish(first, SequenceState.DONE, 1.0, keep=False)
+    scheduler.finish(first, StreamState.DONE, 1.0, keep=False)
     assert scheduler.schedule(1.0).started == [second]
 
 
@@ -124,7 +125,7 @@ def test_decoding_sequences_get_one_token_each_and_paused_ones_none() -> None:
     scheduler.add(a, 0.0)
     scheduler.add(b, 0.0)
     run_step(scheduler)  # the prompts, each sampling its first token
-    assert a.state is b.state is SequenceState.DECODING
+    assert a.state is b.state is StreamState.DECODING
     plan = scheduler.schedule(0.0)
     assert [(c.seq.id, c.tokens, c.start_pos) for c in plan.chunks] == [
         ("a", [7], 4),
@@ -146,7 +147,7 @@ def test_finish_returns_the_reservation_and_frees_the_private_cells_once() -> No
     run_step(scheduler)  # one token fed back
     run_step(scheduler)  # another
     scheduler.take_kv_ops()
-    scheduler.finish(seq, SequenceState.CANCELLED, 2.0, keep=False)
+    scheduler.finish(seq, StreamState.CANCELLED, 2.0, keep=False)
     assert scheduler.kv.num_reserved == 0
     assert scheduler.num_running == 0
     # The prompt is in the prefix cache: only the cells after it go.
@@ -185,8 +186,8 @@ def test_the_lowest_free_slot_is_reused_first() -> None:
     for seq in seqs:
         scheduler.add(seq, 0.0)
     assert [seq.slot for seq in seqs] == [0, 1, 2, 3]
-    scheduler.finish(seqs[2], SequenceState.DONE, 1.0, keep=False)
-    scheduler.finish(seqs[1], SequenceState.DONE, 1.0, keep=False)
+    scheduler.finish(seqs[2], StreamState.DONE, 1.0, keep=False)
+    scheduler.finish(seqs[1], StreamState.DONE, 1.0, keep=False)
     again = make_seq(4, name="again")
     scheduler.add(again, 1.0)
     assert again.slot == 1
@@ -203,11 +204,11 @@ def test_a_prompt_and_its_first_token_take_one_decode() -> None:
     for chunk in plan.chunks:
         scheduler.complete(chunk)
         scheduler.record_token(chunk.seq, 7, 0.0)
-    assert first.state is SequenceState.DECODING and first.kv_tokens == 10
-    scheduler.finish(first, SequenceState.DONE, 1.0, keep=True)
+    assert first.state is StreamState.DECODING and first.kv_tokens == 10
+    scheduler.finish(first, StreamState.DONE, 1.0, keep=True)
     again = make_seq(10, name="again")
     scheduler.add(again, 1.0)
-    assert again.num_cached == 9 and again.state is SequenceState.PREFILL
+    assert again.num_cached == 9 and again.state is StreamState.PREFILL
     plan = scheduler.schedule(1.0)
     assert [(c.tokens, c.start_pos, c.sample) for c in plan.chunks] == [([9], 9, True)]
 
@@ -223,7 +224,7 @@ def test_a_request_waits_for_the_system_prompt_another_is_prefilling() -> None:
     other = Sequence(GenerationRequest(list(range(5000, 5040)), 5), "other", created_at=0.0)
     scheduler.add(first, 0.0)
     scheduler.add(second, 0.0)
-    assert second.state is SequenceState.PREFILL and scheduler.num_waiting == 0
+    assert second.state is StreamState.PREFILL and scheduler.num_waiting == 0
     reserved = second.kv_reserved_tokens
     plan = scheduler.schedule(0.0)
     assert [chunk.seq.id for chunk in plan.chunks] == ["first"]  # 64 of its 102 tokens
@@ -266,11 +267,11 @@ def test_a_request_ended_while_it_waits_for_a_prefix_attaches_nothing() -> None:
     second = Sequence(GenerationRequest([*system, 3, 4], 5), "second", created_at=0.0)
     scheduler.add(first, 0.0)
     scheduler.add(second, 0.0)
-    scheduler.finish(second, SequenceState.CANCELLED, 0.0, keep=False)
+    scheduler.finish(second, StreamState.CANCELLED, 0.0, keep=False)
     reserved = scheduler.kv.num_reserved
     for _ in range(3):
         run_step(scheduler)
-    assert first.state is SequenceState.DECODING
+    assert first.state is StreamState.DECODING
     assert second.num_computed == 0 and scheduler.kv.num_reserved == reserved
 
 

@@ -24,9 +24,9 @@ from edge_llm.engine.kv.apply import KvApplier
 from edge_llm.engine.kv.book import KvOp
 from edge_llm.engine.kv.disk_cache import disk_cache, read_back, save_kept
 from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.kv.layout import kv_book
 from edge_llm.engine.kv.ledger import MemoryLedger, try_giver
-from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.pressure.memory import (
     MemoryGuard,
     MemoryPolicy,
@@ -39,7 +39,7 @@ from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.runtime.threads import CoreReadings, thread_governor
 from edge_llm.engine.scheduling.admission import refuse_if_late
 from edge_llm.engine.scheduling.scheduler import Scheduler, StepPlan
-from edge_llm.engine.sequence import GenerationRequest, Sequence, SequenceState
+from edge_llm.engine.sequence import GenerationRequest, Sequence
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.snapshot import (
     bind_gauges,
@@ -51,9 +51,9 @@ from edge_llm.engine.snapshot import (
 )
 from edge_llm.engine.step.output import Output
 from edge_llm.engine.step.runner import ChunkResult, ModelRunner
-from edge_llm.engine.streams.book import RunGuard, Streams
 from edge_llm.engine.streams.deadlines import Deadlines
 from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine.streams.live import RunGuard, Streams
 from edge_llm.engine.streams.token_ring import TokenRing
 from edge_llm.engine.streams.waker import LoopWaker
 from edge_llm.errors import (
@@ -65,7 +65,7 @@ from edge_llm.errors import (
 )
 from edge_llm.observability.events import Event, EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
-from edge_llm.protocol.stream_rules import Marks, PauseCause
+from edge_llm.protocol.stream_rules import Marks, PauseCause, StreamState
 
 __all__ = ["Engine", "EngineSettings", "scheduler_limits"]
 
@@ -117,19 +117,24 @@ class Engine:
                 f"the KV context ({self.kv.capacity_bytes >> 20} MiB: whole blocks of 256 "
                 f"cells) does not fit max_kv_cache_mb ({(self.ledger.cap_bytes or 0) >> 20})"
             )
-        self.host = OffloadStore(settings.host_offload_bytes, self.ledger)
+        self.host_offload = HostOffload(settings.host_offload_bytes, self.ledger)
         self.scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), self.kv)
         self.streams = Streams(
-            self.scheduler, self.host, settings, metrics=self.metrics, events=events, clock=clock
+            self.scheduler,
+            self.host_offload,
+            settings,
+            metrics=self.metrics,
+            events=events,
+            clock=clock,
         )
         self.deadlines = Deadlines(settings, self.streams)
         self.offload = OffloadPolicy(
-            self.host, settings.offload_paused_after_s, self.streams, backend.state_size
+            self.host_offload, settings.offload_paused_after_s, self.streams, backend.state_size
         )
         self.preemption = PreemptionPolicy(self.offload, settings.max_preemptions)
         self.disk = disk_cache(settings.cache_dir, settings.cache_dir_bytes, backend)
         applier = KvApplier(
-            backend, self.host, self.host_cache, disk=self.disk,
+            backend, self.host_offload, self.host_cache, disk=self.disk,
             metrics=self.metrics, events=events, used_bytes=lambda: self.kv_used_bytes,
         )  # fmt: skip
         self.runner = ModelRunner(backend, applier, prefill_apart=self.kv.per_slot)
@@ -170,7 +175,7 @@ class Engine:
             save_kept(self.disk, self.kv.kept(), self.backend.save_state)
             self.disk.close()
         self.backend.close()
-        for account in (self.device, self.host_cache.account, self.host.account):
+        for account in (self.device, self.host_cache.account, self.host_offload.account):
             account.close()  # its memory is back: the other models' tiers may use it
 
     @property
@@ -250,7 +255,7 @@ class Engine:
     def cancel(self, handle: StreamHandle, reason: str) -> None:
         """End a stream now; its KV cells are freed before the next decode."""
         with self._lock:
-            self.streams.finish(handle, Cancelled(reason), SequenceState.CANCELLED)
+            self.streams.finish(handle, Cancelled(reason), StreamState.CANCELLED)
         self._wake.set()
 
     def cancel_all(self, reason: str) -> None:
@@ -376,7 +381,7 @@ class Engine:
             for key, error in failed:
                 if handle := self.streams.live.get(key):
                     error_ = BackendFailure(str(error))
-                    self.streams.finish(handle, error_, SequenceState.DONE, "error")
+                    self.streams.finish(handle, error_, StreamState.DONE, "error")
 
     # -- waking the event loop ---------------------------------------------------------------
 

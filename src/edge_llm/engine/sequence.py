@@ -7,10 +7,9 @@ from typing import Any
 
 from edge_llm.engine.speculation.prompt_lookup import PromptLookup
 from edge_llm.protocol.sampling import SamplingParams
-from edge_llm.protocol.stream_rules import PauseCause, Pauses, reported_state
-from edge_llm.protocol.stream_rules import StreamState as SequenceState
+from edge_llm.protocol.stream_rules import PauseCause, Pauses, StreamState, reported_state
 
-__all__ = ["GenerationRequest", "PauseCause", "Sequence", "SequenceState"]
+__all__ = ["GenerationRequest", "PauseCause", "Sequence"]
 
 
 @dataclass
@@ -39,7 +38,7 @@ class Sequence:
     request: GenerationRequest
     id: str
     created_at: float
-    state: SequenceState = SequenceState.QUEUED
+    state: StreamState = StreamState.QUEUED
     slot: int | None = None  # the llama seq id while its cells are in KV
     kv_reserved_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
@@ -146,7 +145,7 @@ class Sequence:
 
     @property
     def runnable(self) -> bool:
-        live = self.state in (SequenceState.PREFILL, SequenceState.DECODING)
+        live = self.state in (StreamState.PREFILL, StreamState.DECODING)
         return live and not self.paused and not self.offloaded
 
     def public_state(self) -> str:

@@ -9,18 +9,18 @@ from typing import Any, Protocol, Self
 from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.disk_cache import DiskCache
 from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.kv.ledger import Account, MemoryLedger
-from edge_llm.engine.kv.offload_store import OffloadStore
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.scheduling.admission import predict_ttft_s
 from edge_llm.engine.scheduling.scheduler import Scheduler
-from edge_llm.engine.streams.book import Streams
 from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine.streams.live import Streams
 from edge_llm.observability.metrics import EngineMetrics
 
 
-class Engine(Protocol):
+class EngineView(Protocol):
     """What these readings take of the engine (``engine.Engine``, which calls them
     with itself), read-only, so that this module does not import the engine's."""
 
@@ -36,7 +36,7 @@ class Engine(Protocol):
     @property
     def kv(self) -> KvBook: ...
     @property
-    def host(self) -> OffloadStore: ...
+    def host_offload(self) -> HostOffload: ...
     @property
     def host_cache(self) -> HostCache: ...
     @property
@@ -59,7 +59,7 @@ class Engine(Protocol):
     # fmt: on
 
 
-def snapshot(engine: Engine, now: float) -> dict[str, Any]:
+def snapshot(engine: EngineView, now: float) -> dict[str, Any]:
     """Engine lock held."""
     streams = engine.streams
     handles = [*streams.live.values(), *streams.recent(now)]
@@ -69,7 +69,7 @@ def snapshot(engine: Engine, now: float) -> dict[str, Any]:
         "streams": [describe(handle, now) for handle in handles],
         "kv_used_bytes": tiers["device_live"],
         "kv_cached_bytes": tiers["device_cached"],
-        "kv_offloaded_bytes": engine.host.num_bytes,
+        "kv_offloaded_bytes": engine.host_offload.num_bytes,
         "kv_host_cache_bytes": engine.host_cache.num_bytes,
         "kv_host_cache_budget_bytes": engine.host_cache.capacity_bytes,
         "kv_host_cache_entries": len(engine.host_cache),
@@ -124,7 +124,7 @@ def describe(handle: StreamHandle, now: float) -> dict[str, Any]:
     }
 
 
-def memory_fields(engine: Engine) -> dict[str, Any]:
+def memory_fields(engine: EngineView) -> dict[str, Any]:
     guard = engine.memory.guard
     last = guard.last
     return {
@@ -136,7 +136,7 @@ def memory_fields(engine: Engine) -> dict[str, Any]:
     }
 
 
-def ledger_fields(engine: Engine) -> dict[str, Any]:
+def ledger_fields(engine: EngineView) -> dict[str, Any]:
     """Engine lock held: the memory ledger's lines (``ledger.py``), in bytes: the KV
     context (allocated whole: live, cached and free cells), each host tier with its
     cap, the embeddings context, saves in flight, every other loaded model's lines, the
@@ -155,16 +155,16 @@ def ledger_fields(engine: Engine) -> dict[str, Any]:
         "device_free_bytes": max(0, engine.device.num_bytes - live - cached),
         "host_cache_bytes": engine.host_cache.num_bytes,
         "host_cache_cap_bytes": engine.host_cache.capacity_bytes,
-        "offload_bytes": engine.host.num_bytes,
-        "offload_cap_bytes": engine.host.capacity_bytes,
+        "offload_bytes": engine.host_offload.num_bytes,
+        "offload_cap_bytes": engine.host_offload.capacity_bytes,
         "embeddings_bytes": kinds.get("embeddings", 0),
-        "reserve_bytes": engine.host_cache.reserved_bytes + engine.host.reserved_bytes,
+        "reserve_bytes": engine.host_cache.reserved_bytes + engine.host_offload.reserved_bytes,
         "other_models_bytes": ledger.used_bytes - ledger.own_bytes,  # their every line
         "machine_bytes": engine.machine_bytes,
     }
 
 
-def ledger_lines(engine: Engine) -> dict[str, int | None]:
+def ledger_lines(engine: EngineView) -> dict[str, int | None]:
     """Engine lock held: the ledger as ``memory_ledger_bytes{line}`` exports it."""
     fields = ledger_fields(engine)
     lines = {
@@ -175,7 +175,7 @@ def ledger_lines(engine: Engine) -> dict[str, int | None]:
     return {**lines, "total": fields["total_bytes"], "cap": fields["cap_bytes"]}
 
 
-def tier_bytes(engine: Engine) -> dict[str, int]:
+def tier_bytes(engine: EngineView) -> dict[str, int]:
     """Engine lock held: bytes of KV per tier: running streams' and cached cells on the
     device (the KV context), the prefix cache's host tier."""
     stats, per_token = engine.kv.stats(), engine.kv.bytes_per_token
@@ -187,7 +187,7 @@ def tier_bytes(engine: Engine) -> dict[str, int]:
     }
 
 
-def bind_gauges(engine: Engine) -> None:
+def bind_gauges(engine: EngineView) -> None:
     """The engine's gauges read its state, under its lock, when scraped."""
     metrics = engine.metrics
     metrics.bind_gauges(
@@ -205,12 +205,12 @@ def bind_gauges(engine: Engine) -> None:
     metrics.decode_threads.set_function(lambda: engine.backend.n_threads)
 
 
-def _memory_available(engine: Engine) -> float:
+def _memory_available(engine: EngineView) -> float:
     last = engine.memory.guard.last
     return float(last.available_bytes) if last else float("nan")
 
 
-def progress(engine: Engine, handle: StreamHandle) -> dict[str, Any]:
+def progress(engine: EngineView, handle: StreamHandle) -> dict[str, Any]:
     """Engine lock held: what a client waiting for a first token can show: its state
     (queued, prefill, preempted, decoding, ...), its place in the queue, the prompt
     prefilled so far and the predicted wait for its first token."""
@@ -230,7 +230,7 @@ def progress(engine: Engine, handle: StreamHandle) -> dict[str, Any]:
     }
 
 
-def count_waiting(engine: Engine) -> None:
+def count_waiting(engine: EngineView) -> None:
     """Engine lock held: the waiting requests by priority, for the labelled gauge."""
     counts = Counter(str(seq.priority) for seq in engine.scheduler.waiting)
     engine.metrics.set_waiting_by_priority(counts)

@@ -15,7 +15,7 @@ from edge_llm.engine.kv.book import (
 )
 from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
 from edge_llm.engine.kv.host_cache import HostCache
-from edge_llm.engine.kv.offload_store import OffloadStore
+from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.errors import BackendError
 from edge_llm.observability.events import Event, EventSink
@@ -28,7 +28,7 @@ class KvApplier:
     def __init__(
         self,
         backend: Backend,
-        store: OffloadStore,
+        store: HostOffload,
         cache: HostCache,
         *,
         disk: DiskCache | None = None,

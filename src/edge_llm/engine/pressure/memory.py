@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.sequence import SequenceState
 from edge_llm.errors import MemoryPressure
 from edge_llm.observability.events import Event
+from edge_llm.protocol.stream_rules import StreamState
 
 if TYPE_CHECKING:
     from edge_llm.engine.kv.host_cache import HostCache
-    from edge_llm.engine.streams.book import Streams
+    from edge_llm.engine.streams.live import Streams
 
 RECOVERY_MARGIN = 1.1  # admission resumes above the floor plus a tenth of it
 CHECK_EVERY_S = 0.25  # reading /proc costs tens of microseconds: a few times a second
@@ -203,7 +203,7 @@ class MemoryPolicy:
         handle = min(paused, key=lambda h: (-h.seq.request.priority, h.seq.paused_since or 0.0))
         error = MemoryPressure("cancelled: device memory is short", reason="memory_pressure")
         self.streams.metrics.memory_actions.labels("stream_cancelled").inc()
-        self.streams.finish(handle, error, SequenceState.CANCELLED)
+        self.streams.finish(handle, error, StreamState.CANCELLED)
         return True
 
     def _report(self, event: Event) -> None:

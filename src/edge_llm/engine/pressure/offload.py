@@ -1,4 +1,4 @@
-"""The policies that send streams' KV to host memory (``engine/kv/offload_store.py``):
+"""The policies that send streams' KV to host memory (``engine/kv/host_offload.py``):
 paused ones while others wait (``OffloadPolicy``) and those a more urgent request
 preempts (``PreemptionPolicy``)."""
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edge_llm.engine.kv.offload_store import OffloadStore
+from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.scheduling.priorities import preemption_victim
-from edge_llm.engine.sequence import Sequence, SequenceState
+from edge_llm.engine.sequence import Sequence
 from edge_llm.errors import PauseTimeout
 from edge_llm.observability.events import Event
-from edge_llm.protocol.stream_rules import PauseCause
+from edge_llm.protocol.stream_rules import PauseCause, StreamState
 
 if TYPE_CHECKING:
-    from edge_llm.engine.streams.book import Streams
+    from edge_llm.engine.streams.live import Streams
 
 
 class OffloadPolicy:
@@ -25,19 +25,19 @@ class OffloadPolicy:
 
     def __init__(
         self,
-        host: OffloadStore,
+        host_offload: HostOffload,
         after_s: float,
         streams: Streams,
         state_size: Callable[[int], int],
     ) -> None:
-        self.host = host
+        self.host_offload = host_offload
         self.after_s = after_s
         self.streams = streams
         self.scheduler = streams.scheduler
         self.state_size = state_size
 
     def run(self, now: float) -> None:
-        if not self.host.enabled or not self.scheduler.head_blocked:
+        if not self.host_offload.enabled or not self.scheduler.head_blocked:
             return
         paused = [
             s for s in self.scheduler.running
@@ -52,7 +52,7 @@ class OffloadPolicy:
     def next_due(self, now: float) -> float | None:
         """When a paused stream becomes due for offload while requests wait (without
         this wake-up the idle thread slept until the next time-out, measured: 5 s)."""
-        if not self.host.enabled or not self.scheduler.head_blocked:
+        if not self.host_offload.enabled or not self.scheduler.head_blocked:
             return None
         # Past due and still here: it cannot be offloaded (too large), no wake-up.
         due = [
@@ -64,9 +64,9 @@ class OffloadPolicy:
 
     def _offload(self, seq: Sequence) -> None:
         size = self.state_size(seq.require_slot())
-        if not self.host.could_ever_hold(size):
+        if not self.host_offload.could_ever_hold(size):
             return
-        while not self.host.fits(size):
+        while not self.host_offload.fits(size):
             if not self._cancel_oldest_offloaded():
                 return
         self.save(seq, size)
@@ -74,7 +74,7 @@ class OffloadPolicy:
     def save(self, seq: Sequence, size: int) -> bool:
         """Save ``seq``'s KV (``size`` bytes) and give back its slot; False when the
         room for it could not be had after all (nothing changed)."""
-        if not self.host.reserve(seq.id, size):
+        if not self.host_offload.reserve(seq.id, size):
             return False
         self.save_reserved(seq, size)
         return True
@@ -95,18 +95,21 @@ class OffloadPolicy:
         pause_timeout); a preempted one is never the one (it waits on the engine).
         False when there is none."""
         preempted = {h.id for h in self.streams.live.values() if h.seq.preempted}
-        key = self.host.oldest(skip=preempted)
+        key = self.host_offload.oldest(skip=preempted)
         if key is None:
             return False
         handle = self.streams.live.get(key)
         if handle is None:
-            self.host.pop(key)
+            self.host_offload.pop(key)
             return True
         error = PauseTimeout("offloaded and host memory is full", reason="pause_timeout")
         self.streams.events(
-            Event.PAUSE_TIMEOUT, key, state="offloaded", host_offload_bytes=self.host.num_bytes
+            Event.PAUSE_TIMEOUT,
+            key,
+            state="offloaded",
+            host_offload_bytes=self.host_offload.num_bytes,
         )
-        self.streams.finish(handle, error, SequenceState.CANCELLED)
+        self.streams.finish(handle, error, StreamState.CANCELLED)
         return True
 
 
@@ -125,7 +128,7 @@ class PreemptionPolicy:
         self.max_preemptions = max_preemptions
 
     def run(self, now: float) -> None:
-        if not self.offload.host.enabled:
+        if not self.offload.host_offload.enabled:
             return
         self._give_back()
         head = self.scheduler.next_in_line(now)
@@ -137,7 +140,7 @@ class PreemptionPolicy:
     def _preempt(self, seq: Sequence) -> bool:
         handle = self.streams.live.get(seq.id)
         size = self.offload.state_size(seq.require_slot())
-        host = self.offload.host
+        host = self.offload.host_offload
         if handle is None or not host.fits(size) or not host.reserve(seq.id, size):
             return False
         seq.preemptions += 1

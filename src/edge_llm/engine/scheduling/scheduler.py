@@ -35,9 +35,10 @@ from edge_llm.engine.scheduling.priorities import (
     queue_key,
     queue_position,
 )
-from edge_llm.engine.sequence import Sequence, SequenceState
+from edge_llm.engine.sequence import Sequence
 from edge_llm.engine.speculation.prompt_lookup import PROBE_EVERY, PromptLookup
 from edge_llm.errors import KvBudgetExceeded, KvBudgetNeverFits, QueueFull
+from edge_llm.protocol.stream_rules import StreamState
 
 # An admitted sequence waits for a prompt start another sequence is prefilling right
 # now when it would otherwise compute at least this many of those tokens again itself,
@@ -62,7 +63,7 @@ class _AwaitedPrefix:
 
 def _prefilling(seq: Sequence, n_tokens: int) -> bool:
     """Whether ``seq`` is computing its first ``n_tokens`` prompt tokens right now."""
-    return seq.runnable and seq.state is SequenceState.PREFILL and seq.num_computed < n_tokens
+    return seq.runnable and seq.state is StreamState.PREFILL and seq.num_computed < n_tokens
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class Scheduler:
         seq.kv_reserved_tokens = self.reservation(seq) - admission.n_cached
         seq.slot = admission.seq_id
         seq.num_cached = seq.num_computed = admission.n_cached
-        seq.state = SequenceState.PREFILL
+        seq.state = StreamState.PREFILL
         seq.admitted_at = now
         self._await_prefix_in_flight(seq)
         self.running.append(seq)
@@ -265,7 +266,7 @@ class Scheduler:
         then attaches them, instead of computing its own copy beside them. It holds
         its slot meanwhile, as it would have anyway; the wait ends with that prefill."""
         reuses = self.kv.reuses_prefixes and seq.request.reuse_cache
-        if not reuses or seq.state is not SequenceState.PREFILL:
+        if not reuses or seq.state is not StreamState.PREFILL:
             return
         prompt = seq.request.prompt_tokens[:-1]
         own_work = len(prompt) - seq.num_cached  # what it would compute before its last
@@ -365,7 +366,7 @@ class Scheduler:
         prefilling = [
             s
             for s in self.running
-            if s.runnable and s.state is SequenceState.PREFILL and s.id not in self._awaiting
+            if s.runnable and s.state is StreamState.PREFILL and s.id not in self._awaiting
         ]
         urgent = self._urgent(prefilling, now)
         if urgent:
@@ -392,7 +393,7 @@ class Scheduler:
     def _decode_chunks(self, draft_room: Callable[[Sequence], int] | None) -> list[ScheduledChunk]:
         """One chunk per decoding sequence: its last token, its draft, and the pad rows
         that give every sequence as many rows (``_pad``)."""
-        decoding = [s for s in self.running if s.runnable and s.state is SequenceState.DECODING]
+        decoding = [s for s in self.running if s.runnable and s.state is StreamState.DECODING]
         price = _DraftPrice(
             self.prefill_budget.costs.draft_price(len(decoding), self.kv.per_slot),
             PROBE_EVERY * (len(decoding) if self.kv.per_slot else 1),
@@ -470,7 +471,7 @@ class Scheduler:
         seq.num_computed += len(chunk.tokens)
         self.kv.computed(seq.require_slot(), seq.token_ids, seq.num_computed, publish=True)
         if chunk.sample:
-            seq.state = SequenceState.DECODING
+            seq.state = StreamState.DECODING
 
     def complete_run(self, chunk: ScheduledChunk, n_kept: int, n_accepted: int) -> None:
         """A decode chunk was verified and its output recorded: the cells of its first
@@ -479,7 +480,7 @@ class Scheduler:
         the end of the stream) are dropped before the next decode. ``n_accepted``:
         the run the model accepted, for the draft's acceptance rate."""
         seq = chunk.seq
-        seq.state = SequenceState.DECODING  # a first token from kept logits ends the prompt
+        seq.state = StreamState.DECODING  # a first token from kept logits ends the prompt
         slot = seq.require_slot()
         n_cells = min(n_kept, len(chunk.tokens))  # none for kept logits
         seq.num_computed += n_cells
@@ -498,7 +499,7 @@ class Scheduler:
 
     # -- the end --------------------------------------------------------------------
 
-    def finish(self, seq: Sequence, state: SequenceState, now: float, *, keep: bool) -> None:
+    def finish(self, seq: Sequence, state: StreamState, now: float, *, keep: bool) -> None:
         """End a sequence: give back its slot and KV reservation. Its cached prefix
         stays as cache; ``keep`` keeps its other cells too, else they are freed."""
         if seq.state.finished:

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 from edge_llm.engine.runtime.backend import Backend, Sampled
 from edge_llm.engine.scheduling.scheduler import ScheduledChunk, StepPlan
-from edge_llm.engine.sequence import PauseCause, Sequence, SequenceState
+from edge_llm.engine.sequence import PauseCause, Sequence
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.step.runner import ChunkResult
-from edge_llm.engine.streams.book import Streams
 from edge_llm.engine.streams.handle import StreamHandle
+from edge_llm.engine.streams.live import Streams
 from edge_llm.errors import BackendFailure
 from edge_llm.observability.events import Event
+from edge_llm.protocol.stream_rules import StreamState
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,7 @@ class Output:
                 continue  # cancelled while the step ran: its cells are freed next step
             if result.error is not None:
                 error = BackendFailure(str(result.error))
-                self.streams.finish(handle, error, SequenceState.DONE, "error")
+                self.streams.finish(handle, error, StreamState.DONE, "error")
             elif result.chunk.prompt:
                 self._prefilled(handle, result.chunk, result.run or [], now)
             else:
@@ -92,7 +93,7 @@ class Output:
         if run:
             _, end = self._emit(handle, run, now)
             if end is not None:
-                self.streams.finish(handle, None, SequenceState.DONE, end.finish_reason)
+                self.streams.finish(handle, None, StreamState.DONE, end.finish_reason)
 
     def _decoded(
         self, handle: StreamHandle, chunk: ScheduledChunk, run: list[Sampled], now: float
@@ -105,7 +106,7 @@ class Output:
             self.metrics.spec_draft_tokens.inc(chunk.n_draft)
             self.metrics.spec_accepted_tokens.inc(max(len(run) - 1, 0))
         if end is not None:
-            self.streams.finish(handle, None, SequenceState.DONE, end.finish_reason)
+            self.streams.finish(handle, None, StreamState.DONE, end.finish_reason)
 
     def _emit(
         self, handle: StreamHandle, run: list[Sampled], now: float

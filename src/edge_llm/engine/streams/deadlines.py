@@ -4,11 +4,10 @@ whose time-out fell due is cancelled and its KV freed. Called with the engine lo
 
 from __future__ import annotations
 
-from edge_llm.engine.sequence import SequenceState
 from edge_llm.engine.settings import EngineSettings
-from edge_llm.engine.streams.book import Streams
 from edge_llm.engine.streams.handle import StreamHandle
-from edge_llm.protocol.stream_rules import TimeLimits, TimeOut
+from edge_llm.engine.streams.live import Streams
+from edge_llm.protocol.stream_rules import StreamState, TimeLimits, TimeOut
 
 
 class Deadlines:
@@ -41,4 +40,4 @@ class Deadlines:
         detail = "" if expired is TimeOut.PAUSE else (
             f"; prefilled {seq.n_prefilled}/{seq.n_prompt} prompt tokens"
         )  # fmt: skip
-        self.streams.finish(handle, expired.error(self.limits, detail), SequenceState.CANCELLED)
+        self.streams.finish(handle, expired.error(self.limits, detail), StreamState.CANCELLED)

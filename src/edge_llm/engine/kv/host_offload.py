@@ -12,7 +12,7 @@ from collections import OrderedDict
 from edge_llm.engine.kv.ledger import LedgerTier, MemoryLedger
 
 
-class OffloadStore(LedgerTier):
+class HostOffload(LedgerTier):
     """Saved sequence states by key, oldest first. The engine decides what to drop
     when a new state would not fit (:meth:`oldest`); :meth:`put` never goes over its
     cap nor the ledger's."""

@@ -10,20 +10,20 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from edge_llm.engine.scheduling.scheduler import Scheduler
-from edge_llm.engine.sequence import Sequence, SequenceState
+from edge_llm.engine.sequence import Sequence
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.streams.handle import Outcome, StreamHandle
 from edge_llm.errors import EdgeLLMError
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
-from edge_llm.protocol.stream_rules import PauseCause
+from edge_llm.protocol.stream_rules import PauseCause, StreamState
 
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
 
 
 class OffloadedStates(Protocol):
-    """Where an offloaded stream's KV waits (``kv/offload_store.py``): its state
+    """Where an offloaded stream's KV waits (``kv/host_offload.py``): its state
     is dropped when the stream ends."""
 
     def pop(self, key: str) -> bytes | None: ...
@@ -33,7 +33,7 @@ class Streams:
     def __init__(
         self,
         scheduler: Scheduler,
-        host: OffloadedStates,
+        host_offload: OffloadedStates,
         settings: EngineSettings,
         *,
         metrics: EngineMetrics,
@@ -41,7 +41,7 @@ class Streams:
         clock: Callable[[], float],
     ) -> None:
         self.scheduler = scheduler
-        self.host = host
+        self.host_offload = host_offload
         self.settings = settings
         self.metrics = metrics
         self.events = events
@@ -129,7 +129,7 @@ class Streams:
         self,
         handle: StreamHandle,
         error: EdgeLLMError | None,
-        state: SequenceState,
+        state: StreamState,
         finish_reason: str | None = None,
     ) -> None:
         """End a stream once: its pauses end, its KV is released (freed before the next
@@ -143,7 +143,7 @@ class Streams:
         seq.finish_reason = finish_reason
         seq.cancel_reason = _reason(error)
         self.scheduler.finish(seq, state, now, keep=self._keeps_cells(state))
-        self.host.pop(seq.id)
+        self.host_offload.pop(seq.id)
         self._ended_samplers.append(seq.id)
         tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
         handle.outcome = Outcome(finish_reason, error, tail, handle.stop_matcher.matched)
@@ -154,12 +154,12 @@ class Streams:
 
     def finish_all(self, error: EdgeLLMError) -> None:
         for handle in list(self.live.values()):
-            self.finish(handle, error, SequenceState.CANCELLED)
+            self.finish(handle, error, StreamState.CANCELLED)
 
-    def _keeps_cells(self, state: SequenceState) -> bool:
+    def _keeps_cells(self, state: StreamState) -> bool:
         """A finished answer stays in the cache (the next turn starts with it); a
         cancelled stream keeps only its cached prefix unless cancel_release_kv is off."""
-        if state is SequenceState.CANCELLED:
+        if state is StreamState.CANCELLED:
             return not self.settings.cancel_release_kv
         return self.scheduler.kv.reuses_prefixes
 
