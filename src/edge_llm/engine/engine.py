@@ -314,7 +314,8 @@ class Engine:
         self._apply(plan.kv_ops, plan.ended_samplers)  # its KV plan, before the decode
         # Samplers of the sequences it admitted, decoded now or not (one paused before
         # its first step is decoded after its resume: issue 59's harness found it).
-        self.runner.start(plan.started)
+        # (One cancelled since its admission gets none: nothing would end it.)
+        self.runner.start([seq for seq in plan.started if not seq.state.finished])
         if not plan:
             return self._idle()
         guard = RunGuard(self._lock, self.streams)

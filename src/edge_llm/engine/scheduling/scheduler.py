@@ -354,9 +354,7 @@ class Scheduler:
         """The next step. ``draft_room(seq)``: most tokens the sequence may emit in
         one step (room in its outbound ring); drafts stay below it."""
         self._now = now
-        # Admitted at submit; one cancelled since gets no sampler (it would outlive it).
-        started = [s for s in self._started if not s.state.finished]
-        self._started = []
+        started, self._started = self._started, []
         self._restore_resumed()
         plan = StepPlan(started=[*started, *self._admit_waiting(now)])
         started_ids = {seq.id for seq in plan.started}  # they report the whole cached prefix
