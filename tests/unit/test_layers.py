@@ -4,6 +4,7 @@ The layers of ``src/edge_llm``, lowest first; a module may import its own packag
 and any package of a lower layer::
 
     edge_llm        the package's own ``__init__`` (its version)
+    generated_section  a docs page's part generated from the code (its markers)
     errors          the server's error tree
     observability   event logs, metrics, blame, top (sinks and readers anyone may use)
     config          the configuration tree, with each feature's piece of it (the schemas
@@ -59,6 +60,7 @@ import edge_llm
 SOURCE = Path(edge_llm.__file__).parent
 STACK = (
     "edge_llm",
+    "generated_section",
     "errors",
     "observability",
     "config",

@@ -9,10 +9,9 @@ brings it up to date.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
+from edge_llm.generated_section import main, marked_part
 from edge_llm.protocol.stream_rules import REPORTED, TRANSITIONS, Happening, StreamState
 
 BEGIN = (
@@ -36,28 +35,8 @@ def render() -> str:
 
 def generated_part(page: str) -> str:
     """The text between the markers, markers included ('' when they are missing)."""
-    start, end = page.find(BEGIN), page.find(END)
-    return page[start : end + len(END)] if 0 <= start < end else ""
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
-    )
-    parser.add_argument("--write", metavar="PAGE", help="replace the tables in this page")
-    args = parser.parse_args(argv)
-    if args.write is None:
-        print(render())
-        return 0
-    path = Path(args.write)
-    page = path.read_text(encoding="utf-8")
-    old = generated_part(page)
-    if not old:
-        print(f"{path}: no '{BEGIN}' ... '{END}' markers", file=sys.stderr)
-        return 1
-    path.write_text(page.replace(old, render()), encoding="utf-8")
-    return 0
+    return marked_part(page, BEGIN, END)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(render, BEGIN, END, __doc__.splitlines()[0] if __doc__ else None))
