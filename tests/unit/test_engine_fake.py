@@ -163,6 +163,36 @@ async def test_stop_string_is_cut_and_held_text_released(engine_of) -> None:
     assert await drain(engine, handle) == "t10 t11 "
 
 
+async def test_a_cancel_between_the_plan_and_its_decode_leaves_the_engine_running(
+    engine_of,
+) -> None:
+    """A stream cancelled after the step's plan was made (the lock released) but before
+    its samplers start: its chunk still samples in that decode, so it must still get
+    its sampler. Seen in CI: a 1 ms client time-out's DELETE killed the engine thread."""
+    engine = engine_of()
+    schedule, apply = engine.scheduler.schedule, engine.runner.apply
+    planned: list[object] = []
+
+    def schedule_noting(*args: object) -> object:  # under the lock
+        plan = schedule(*args)
+        planned.extend(plan.started)
+        return plan
+
+    def cancel_then_apply(*args: object) -> object:  # the lock released, the plan made
+        if planned:  # another thread's cancel, landing in the window
+            planned.clear()
+            engine.cancel_all("cancelled between the plan and the decode")
+        return apply(*args)
+
+    engine.scheduler.schedule, engine.runner.apply = schedule_noting, cancel_then_apply
+    cancelled = engine.submit(request(max_tokens=5))
+    await drain(engine, cancelled)
+    assert cancelled.outcome is not None and isinstance(cancelled.outcome.error, Cancelled)
+    assert engine.crash is None
+    engine.scheduler.schedule, engine.runner.apply = schedule, apply
+    assert await drain(engine, engine.submit(request(max_tokens=3))) == "t10 t11 t12 "
+
+
 async def test_without_cancel_release_kv_a_cancelled_streams_cells_stay_as_cache(
     engine_of,
 ) -> None:

@@ -14,6 +14,7 @@ wait on a decode.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
@@ -302,6 +303,7 @@ class Engine:
             while not self._stopping:
                 self._step()
         except BaseException as exc:  # the thread must not die silently
+            logging.getLogger("edge_llm.engine").exception("engine thread died")
             self._crash = exc
             with self._lock:
                 self.streams.finish_all(BackendFailure(f"engine thread died: {exc!r}"))
@@ -314,8 +316,7 @@ class Engine:
         self._apply(plan.kv_ops, plan.ended_samplers)  # its KV plan, before the decode
         # Samplers of the sequences it admitted, decoded now or not (one paused before
         # its first step is decoded after its resume: issue 59's harness found it).
-        # (One cancelled since its admission gets none: nothing would end it.)
-        self.runner.start([seq for seq in plan.started if not seq.state.finished])
+        self.runner.start(plan.sampling)
         if not plan:
             return self._idle()
         guard = RunGuard(self._lock, self.streams)
@@ -337,6 +338,10 @@ class Engine:
         self.preemption.run(now)
         self.offload.run(now)
         plan = self.scheduler.schedule(now, self.streams.draft_room)
+        # One cancelled since its admission gets no sampler: nothing would end it. Decided
+        # here, under the lock: a cancel between this plan and its decode must not take
+        # the sampler of a chunk that samples (the engine thread died of it in CI).
+        plan.sampling = [seq for seq in plan.started if not seq.state.finished]
         plan.kv_ops, plan.ended_samplers = self._pending()
         count_waiting(self)
         return plan

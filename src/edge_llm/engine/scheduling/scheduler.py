@@ -100,6 +100,10 @@ class ScheduledChunk:
 class StepPlan:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     started: list[Sequence] = field(default_factory=list)
+    # The started sequences that get a sampler: those not finished when the plan was
+    # made (under the lock). One cancelled after it still gets one, for its chunk may
+    # sample in this step; its end frees the sampler after the decode.
+    sampling: list[Sequence] = field(default_factory=list)
     attached: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, cells gained)
     kv_ops: list[KvOp] = field(default_factory=list)  # applied, in order, before the decode
     ended_samplers: list[str] = field(default_factory=list)  # freed before the decode
