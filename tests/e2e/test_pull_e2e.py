@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import pty
+import shutil
 import subprocess
 import sys
 import threading
@@ -55,7 +56,12 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
     stand_in.add("test/tiny-GGUF", "tiny-Q4_K_M.gguf", tiny_gguf(folder / "q4.gguf"))
     stand_in.add("test/tiny-GGUF", "tiny-Q8_0.gguf", tiny_gguf(folder / "q8.gguf", padding=1 << 20))
     stand_in.add("test/SmolLM2-135M-Instruct-GGUF", "SmolLM2-135M-Instruct.Q4_1.gguf", smollm2())
-    stand_in.add("test/SmolLM2-copy-GGUF", "smollm2-copy.Q4_1.gguf", smollm2())
+    copy = folder / "copy.gguf"  # other bytes (padding after the tensors): another model
+    shutil.copyfile(smollm2(), copy)
+    with copy.open("ab") as out:
+        out.write(bytes(64))
+    stand_in.add("test/SmolLM2-copy-GGUF", "smollm2-copy.Q4_1.gguf", copy)
+    stand_in.add("test/SmolLM2-same-GGUF", "smollm2-same.Q4_1.gguf", smollm2())  # same bytes
     stand_in.start()
     yield stand_in
     stand_in.stop()
@@ -283,15 +289,33 @@ def test_a_request_for_a_missing_model_pulls_it_with_pull_missing(
 ) -> None:
     engine, store = served
     model = "test/SmolLM2-copy-GGUF:Q4_1"  # not pulled: --pull missing pulls it now
+    pulled = "hf.co/" + model  # the name it is served and stored under
     with openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY) as client:
-        answer = client.chat.completions.create(
-            model=model, max_tokens=8, temperature=0,
-            messages=[{"role": "user", "content": "Name the capital of France."}],
+        # Each spelling of a pulled file is one served model: loaded once, listed once.
+        for spelling in (model, "hf.co/test/SmolLM2-copy-GGUF:q4_1", pulled):
+            answer = client.chat.completions.create(
+                model=spelling, max_tokens=8, temperature=0,
+                messages=[{"role": "user", "content": "Name the capital of France."}],
+            )  # fmt: skip
+            assert answer.model == pulled
+            assert "Paris" in (answer.choices[0].message.content or "")
+        other = client.chat.completions.create(  # the default model, spelt otherwise
+            model="test/SmolLM2-135M-Instruct-GGUF:q4_1", max_tokens=1,
+            messages=[{"role": "user", "content": "Hi"}],
         )  # fmt: skip
-        assert answer.model == model
-        assert "Paris" in (answer.choices[0].message.content or "")
-        assert model in [m.id for m in client.models.list().data]
-    assert ModelStore(store).find("hf.co/" + model) is not None
+        assert other.model == SMOL
+        same = client.chat.completions.create(  # another repo's copy of the default's file
+            model="test/SmolLM2-same-GGUF:Q4_1", max_tokens=1,
+            messages=[{"role": "user", "content": "Hi"}],
+        )  # fmt: skip
+        assert same.model == SMOL
+        assert client.models.retrieve(model).id == pulled
+        ids = [m.id for m in client.models.list().data]
+        assert ids.count(pulled) == 1 and len(ids) == len(set(ids)) == 3, ids
+    assert ModelStore(store).find(pulled) is not None
+    status, running = call("GET", engine.url + "/api/ps", None, key=KEY)
+    assert status == 200
+    assert sorted(m["name"] for m in running["models"]) == sorted([SMOL, pulled]), running
     with openai.OpenAI(base_url=engine.url + "/v1", api_key=KEY) as client:
         with pytest.raises(openai.NotFoundError, match="could not be pulled"):
             client.chat.completions.create(
@@ -322,7 +346,7 @@ def test_ollama_pull_tags_show_delete(
         fresh.ranges.clear()
         assert client.pull(TINY, stream=False).status == "success"
         assert fresh.ranges == []
-        assert client.delete(TINY).status == "success"
+        assert client.delete("test/tiny-GGUF:q4_k_m").status == "success"  # any spelling
         assert TINY not in {m.model for m in client.list().models}
         assert not ModelStore(store).find(TINY)
         with pytest.raises(ollama.ResponseError) as missing:

@@ -219,6 +219,57 @@ async def test_unknown_names_are_404_naming_the_served_ones(pool_of) -> None:
         pool.resolve("z")
 
 
+# The store's names of one pulled file: its canonical name, two spellings of it, and a
+# name another pull (``--name mine``) gave the same bytes.
+BLOB = "blobs/sha256-ab.gguf"
+CANONICAL = "hf.co/o/r-GGUF:Q4_K_M"
+SPELLINGS = {"o/r-GGUF:q4_k_m": CANONICAL, "hf.co/o/r-GGUF:q4_K_M": CANONICAL, CANONICAL: CANONICAL,
+             "mine": "mine"}  # fmt: skip
+
+
+def find_pulled(name: str) -> ModelSpec | None:
+    """As the daemon's ``find``: the stored model ``name`` spells, under its own name."""
+    stored = SPELLINGS.get(name)
+    return None if stored is None else ModelSpec(stored, BLOB, SIZE, 0)
+
+
+async def test_every_name_of_one_pulled_file_is_one_served_model() -> None:
+    loads = Loads()
+    default = ModelSpec("a", "a.gguf", SIZE, 0)
+    pool = ModelPool(
+        [default], loads, budget_bytes=0, metrics=PoolMetrics(CollectorRegistry()),
+        events=Recorder(), find=find_pulled,
+    )  # fmt: skip
+    try:
+        for name in SPELLINGS:
+            with await pool.acquire(pool.resolve(name)) as lease:
+                assert lease.name == CANONICAL
+        assert loads.names == [CANONICAL]  # loaded once
+        assert pool.names == ["a", CANONICAL]  # listed once
+        assert pool.spec("mine").name == CANONICAL
+        assert await pool.forget("o/r-GGUF:q4_k_m") is True  # any spelling deletes it
+        assert pool.names == ["a"] and not pool.discover("z")
+    finally:
+        await pool.drain(0)
+        await pool.unload_all()
+
+
+async def test_a_pulled_name_of_the_default_models_file_is_the_default_model() -> None:
+    loads = Loads()
+    pool = ModelPool(  # --model hf.co/o/r-GGUF:Q4_K_M --model-id mine2
+        [ModelSpec("mine2", BLOB, SIZE, 0)], loads, budget_bytes=0,
+        metrics=PoolMetrics(CollectorRegistry()), events=Recorder(), find=find_pulled,
+    )  # fmt: skip
+    try:
+        assert pool.resolve("o/r-GGUF:q4_k_m") == "mine2"
+        assert pool.names == ["mine2"]
+        with pytest.raises(InvalidRequest, match="default model"):
+            await pool.forget(CANONICAL)
+    finally:
+        await pool.drain(0)
+        await pool.unload_all()
+
+
 # -- every model's KV in one memory ledger -------------------------------------------------
 
 KV_CONTEXT = 1024 * 10  # the fake's KV context: 1,024 cells of 10 bytes

@@ -278,9 +278,11 @@ class Dispatcher:
     async def start(self, job: GenerationJob) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
         error the client must get (a refusal no upstream takes, a bad request)."""
-        if job.model is not None and not self.router.registry.serving(job.model):
-            await self.pool.discover_or_pull(job.model)  # pulled since the start, or now
-        upstreams = self.router.upstreams_for(job.model, any_model_local=job.any_model_runs_locally)
+        model = job.model
+        if model is not None and not self.router.registry.serving(model):
+            # pulled since the start, or now; any spelling of it is its served name
+            model = await self.pool.discover_or_pull(model) or model
+        upstreams = self.router.upstreams_for(model, any_model_local=job.any_model_runs_locally)
         if upstreams is not None:
             return self._relay(job, job.relayed(), upstreams, route="model")
         name = self.local_name(job)
@@ -310,7 +312,7 @@ class Dispatcher:
 
     def local_name(self, job: GenerationJob) -> str:
         """The local model that runs ``job`` (Anthropic's unknown ids: the default)."""
-        if job.any_model_runs_locally and job.model not in self.pool.names:
+        if job.any_model_runs_locally and not self.pool.discover(job.model):
             return self.pool.default
         return self.pool.resolve(job.model)
 

@@ -87,7 +87,7 @@ class Catalog:
         except (RemoteError, OSError, SourceError, NotPulled) as exc:  # OSError: the store
             raise ModelNotFound(f"model {name!r} could not be pulled: {exc}",
                                 param="model") from exc  # fmt: skip
-        return pulled_spec(config, name, stored.blob)
+        return pulled_spec(config, stored.name, stored.blob)
 
 
 class _Logged:

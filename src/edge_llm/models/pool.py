@@ -187,6 +187,9 @@ class ModelPool(Generic[M]):
         # The served names, default first: one list kept current in place, so that
         # holders of it (the upstream router's local models) see models added later.
         self._names = list(self._slots)
+        # Other names of a served file (another pulled name of the same blob, the
+        # pulled name of a file served under its model_id): one slot, one load.
+        self._aliases: dict[str, str] = {}
         self._find = find
         self._pull = pull
         self._pulling: dict[str, asyncio.Task[ModelSpec | None]] = {}
@@ -212,67 +215,98 @@ class ModelPool(Generic[M]):
     def discover(self, model: str | None) -> bool:
         """Serve ``model`` if it is not served yet but ``find`` knows it (a model pulled
         since the start); True when it is served now."""
-        if model is None or model in self._slots:
-            return model is not None
-        spec = self._find(model) if self._find is not None else None
-        if spec is None:
-            return False
-        self.add(spec)
-        return True
+        return self.served_name(model) is not None
 
-    async def discover_or_pull(self, model: str | None) -> bool:
-        """As :meth:`discover`, and a model that may be pulled on first use is pulled
-        now (once, however many requests ask for it meanwhile)."""
-        if self.discover(model) or model is None or self._pull is None:
-            return model is not None and model in self._slots
+    def served_name(self, model: str | None) -> str | None:
+        """The served name ``model`` is (itself, an alias, or any spelling ``find``
+        knows of a pulled file: ``o/r:q4_k_m`` is ``hf.co/o/r:Q4_K_M``); a model pulled
+        since the start is served from now on. None: not served."""
+        if model is None or model in self._slots:
+            return model
+        if model in self._aliases:
+            return self._aliases[model]
+        spec = self._find(model) if self._find is not None else None
+        return None if spec is None else self.add(spec)
+
+    async def discover_or_pull(self, model: str | None) -> str | None:
+        """As :meth:`served_name`, and a model that may be pulled on first use is
+        pulled now (once, however many requests ask for it meanwhile)."""
+        served = self.served_name(model)
+        if served is not None or model is None or self._pull is None:
+            return served
         task = self._pulling.get(model)
         if task is None:
             task = self._pulling[model] = asyncio.create_task(self._pull(model))
             task.add_done_callback(lambda _: self._pulling.pop(model, None))
         spec = await asyncio.shield(task)
-        if spec is not None:
-            self.add(spec)
-        return spec is not None
+        return None if spec is None else self.add(spec)
 
-    def add(self, spec: ModelSpec) -> None:
-        """Serve one more model (unloaded until asked for)."""
-        if spec.name not in self._slots:
+    def add(self, spec: ModelSpec) -> str:
+        """Serve one more model (unloaded until asked for) and return its served name.
+        A file served already keeps its slot and ``spec.name`` becomes an alias of it,
+        so a GGUF is loaded once and holds one KV share whatever it is called. A name
+        served already keeps its slot."""
+        served = self._serving(spec)
+        if served is None:
             self._slots[spec.name] = _Slot(spec, EngineMetrics(), keep_alive_s=spec.keep_alive_s)
             self._names.append(spec.name)
+            return spec.name
+        if served != spec.name:
+            self._aliases[spec.name] = served
+        return served
+
+    def _serving(self, spec: ModelSpec) -> str | None:
+        """The slot serving ``spec``'s name, else its file."""
+        if spec.name in self._slots:
+            return spec.name
+        if spec.name in self._aliases:
+            return self._aliases[spec.name]
+        if spec.path is None:  # the embedded model is never pulled
+            return None
+        return next((n for n, s in self._slots.items() if s.spec.path == spec.path), None)
 
     async def forget(self, name: str) -> bool:
-        """Stop serving ``name`` (unloaded first: its streams end); False when it is not
-        served. The default model stays."""
-        if name not in self._slots:
+        """Stop serving the model ``name`` names (any of its names; unloaded first: its
+        streams end; its aliases go too); False when it is not served. The default
+        model stays."""
+        served = self.served_name(name)
+        if served is None:
             return False
+        name = served
         if name == self.default:
             raise InvalidRequest(f"{name!r} is the default model of this server", param="model")
         await self.unload(name)
         self._slots.pop(name)
         self._names.remove(name)
+        for alias in [a for a, target in self._aliases.items() if target == name]:
+            del self._aliases[alias]
         return True
 
+    def _slot(self, name: str) -> _Slot[M]:
+        """The slot of a served name or alias (KeyError: neither)."""
+        return self._slots[self._aliases.get(name, name)]
+
     def spec(self, name: str) -> ModelSpec:
-        return self._slots[name].spec
+        return self._slot(name).spec
 
     def state(self, name: str) -> ModelState:
-        return self._slots[name].state
+        return self._slot(name).state
 
     def loaded(self, name: str) -> M | None:
-        return self._slots[name].loaded
+        return self._slot(name).loaded
 
     def loaded_models(self) -> list[M]:
         return [s.loaded for s in self._slots.values() if s.loaded is not None]
 
     def metrics_of(self, name: str) -> EngineMetrics:
-        return self._slots[name].metrics
+        return self._slot(name).metrics
 
     def used_bytes(self) -> int:
         return sum(slot.held_bytes for slot in self._slots.values())
 
     def expires_in(self, name: str) -> float | None:
         """Seconds until an idle model's keep-alive unloads it (None: not scheduled)."""
-        slot = self._slots[name]
+        slot = self._slot(name)
         if slot.expiry is None or not slot.is_idle:
             return None
         return max(0.0, slot.expiry.when() - asyncio.get_running_loop().time())
@@ -280,7 +314,7 @@ class ModelPool(Generic[M]):
     async def metadata(self, name: str) -> dict[str, Any]:
         """The model's GGUF metadata (scalars and strings), read once, in a thread;
         empty when the file cannot be read."""
-        slot = self._slots[name]
+        slot = self._slot(name)
         if slot.metadata is None:
             path = slot.spec.path
             try:
@@ -291,7 +325,7 @@ class ModelPool(Generic[M]):
 
     def describe(self, name: str) -> dict[str, Any]:
         """Model ``name`` as /debug/streams shows it in its ``models`` section."""
-        slot = self._slots[name]
+        slot = self._slot(name)
         return {
             "state": slot.state.value,
             "default": name == self.default,
@@ -306,15 +340,14 @@ class ModelPool(Generic[M]):
 
     def resolve(self, model: str | None) -> str:
         """The served name ``model`` asks for (None: the default model)."""
-        if model is None:
-            return self.default
-        if not self.discover(model):
+        served = self.default if model is None else self.served_name(model)
+        if served is None:
             raise ModelNotFound(
                 f"model {model!r} is not served here; available: {', '.join(self._slots)}",
                 param="model",
                 available=list(self._slots),
             )
-        return model
+        return served
 
     def adopt(self, model: M) -> None:
         """Serve ``model``, loaded already (the default model, loaded at start)."""
@@ -329,12 +362,12 @@ class ModelPool(Generic[M]):
     def set_keep_alive(self, name: str, seconds: float | None) -> None:
         """How long model ``name`` stays loaded once idle, from now on (each Ollama
         request's ``keep_alive`` sets it; None: always)."""
-        self._slots[name].keep_alive_s = seconds
+        self._slot(name).keep_alive_s = seconds
 
     async def acquire(self, name: str) -> Lease[M]:
         """Lease model ``name``, loading it first if needed (raises ModelMemory when it
         cannot fit, BackendError when it cannot load)."""
-        slot = self._slots[name]
+        slot = self._slot(name)
         if self._draining and slot.loaded is None:
             raise EngineUnavailable("engine unavailable: shutting down", retry_after_s=5)
         slot.waiting += 1
@@ -459,7 +492,7 @@ class ModelPool(Generic[M]):
         """Unload model ``name``: its running streams are cancelled (reason
         ``unloaded``) and it goes once their requests end (ModelBusy if they do not
         within 30 s). False if it was not loaded."""
-        slot = self._slots[name]
+        slot = self._slot(name)
         if slot.loading is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(slot.loading)

@@ -50,7 +50,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     see them (chat template, tools, prefill); counted even over the prompt limit."""
     ctx = context_of(request)
     req = anthropic.parse_count_request(await read_json(request, ctx.connection))
-    name = req.model if req.model in ctx.pool.names else ctx.pool.default
+    name = ctx.pool.served_name(req.model) or ctx.pool.default
     with await ctx.pool.acquire(name) as lease:
         service = lease.model.service
         service.check_messages(len(req.messages))

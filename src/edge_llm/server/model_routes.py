@@ -21,8 +21,8 @@ async def retrieve(request: web.Request) -> web.Response:
     """One model as ``GET /v1/models`` lists it (a pulled one, served from now on;
     an upstream's); else 404 ``model_not_found``."""
     ctx = context_of(request)
-    model = request.match_info["id"]
-    if ctx.pool.discover(model):
+    asked = request.match_info["id"]
+    if (model := ctx.pool.served_name(asked)) is not None:  # any spelling: its served id
         metadata = await ctx.pool.metadata(model)
         arch = metadata.get("general.architecture")
         return web.json_response({
@@ -32,10 +32,10 @@ async def retrieve(request: web.Request) -> web.Response:
             "context_length": metadata.get(f"{arch}.context_length"),
         })  # fmt: skip
     for upstream_model, backend in ctx.router.model_entries():
-        if upstream_model == model:
-            return web.json_response(model_object(model, ctx.started_at, owned_by=backend))
-    ctx.pool.resolve(model)  # raises ModelNotFound listing the served ones
-    raise ModelNotFound(f"model {model!r} is not served here", param="model")
+        if upstream_model == asked:
+            return web.json_response(model_object(asked, ctx.started_at, owned_by=backend))
+    ctx.pool.resolve(asked)  # raises ModelNotFound listing the served ones
+    raise ModelNotFound(f"model {asked!r} is not served here", param="model")
 
 
 async def load(request: web.Request) -> web.Response:

@@ -85,11 +85,11 @@ async def _answer(request: web.Request, *, chat: bool) -> web.StreamResponse:
 
 def served_name(pool: ModelPool[ServedModel], model: str) -> str:
     """The served model ``model`` names (``NAME:latest`` is ``NAME``), else 404."""
-    if pool.discover(model):
-        return model
+    if (served := pool.served_name(model)) is not None:
+        return served
     base, _, tag = model.partition(":")
-    if tag == "latest" and base in pool.names:
-        return base
+    if tag == "latest" and (served := pool.served_name(base)) is not None:
+        return served
     raise ModelNotFound(f'model "{model}" not found', param="model")
 
 

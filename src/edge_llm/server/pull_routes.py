@@ -70,17 +70,19 @@ async def delete(request: web.Request) -> web.Response:
     stored = store.find(name)
     if stored is None:
         raise ModelNotFound(f'model "{name}" not found', param="model")
-    spellings = {name, stored.name}
+    # The slot serving the file (one, whatever it was asked by) is a pulled one unless
+    # it is the default model or a name the configuration gives.
     holders = [n for n in ctx.pool.names if ctx.pool.spec(n).path == stored.blob]
-    configured = [n for n in holders if n not in spellings or n == ctx.pool.default]
+    pulled = {m.name for m in store.list() if m.blob == stored.blob}
+    configured = [n for n in holders if n not in pulled or n == ctx.pool.default]
     if configured:  # the configuration serves this file: deleting it would break that
         raise InvalidRequest(
             f"{stored.name} is served as {configured[0]!r} by this server's configuration "
             "(--model); stop serving it there first",
             param="model",
         )
-    for spelling in spellings:
-        await ctx.pool.forget(spelling)
+    for holder in holders:  # its other names are served again when asked for
+        await ctx.pool.forget(holder)
     await asyncio.to_thread(store.remove, stored.name)
     return web.Response(status=200)
 

@@ -381,9 +381,6 @@ def build_pool(
     specs = [first, *named]
     catalog = Catalog.of(config)
     store = catalog.store
-    served = {spec.path for spec in specs}
-    # Every pulled model is served (unloaded until asked for), as Ollama lists them.
-    specs += [pulled_spec(config, m.name, m.blob) for m in store.list() if m.blob not in served]
     loader = loader or model_loader(config, engine.ledger)
     pool = ModelPool(
         specs,
@@ -396,9 +393,13 @@ def build_pool(
             engine.ledger,
             lambda spec: kv_allocated_bytes(config, spec),
         ),
-        find=lambda name: pulled_spec(config, name, m.blob) if (m := store.find(name)) else None,
+        find=lambda name: pulled_spec(config, m.name, m.blob) if (m := store.find(name)) else None,
         pull=lambda name: catalog.pull_on_use(config, name),
     )
+    # Every pulled model is served (unloaded until asked for), as Ollama lists them; a
+    # file served already (under a configured name, or another pulled one) keeps its slot.
+    for stored in store.list():
+        pool.add(pulled_spec(config, stored.name, stored.blob))
     pool.adopt(loaded_model(config, specs[0], engine, backend, events))
     return pool
 
