@@ -18,9 +18,10 @@ all seven. Then it checks the contract's
 invariants and prints them with the figures and the seed (``--seed`` replays the
 choices; the timing is the machine's):
 
-- ``stalls``: no stream ends on ``ttft_timeout``, and none is seen by ``/debug/streams``
-  prefilled, unpaused and without a token for ``--stall-s`` seconds;
-- ``5xx``: no response status, error frame or error event with a 5xx code;
+- ``stalls``: ``/debug/streams`` shows no wait without a reason that can end for
+  ``--stall-s`` seconds (``Watch`` says which);
+- ``5xx``: no response status, error frame or error event with a 5xx code (a
+  ``ttft_timeout`` is a 504: on a machine too busy for the load, the run says so here);
 - ``lost streams``: every request a client sent ends (a response, a ``done`` or error
   frame) within ``--request-timeout``, and every request the event log admits has one
   ``end`` line; a WebSocket stream's deltas carry as many tokens as its ``usage`` says;
@@ -40,6 +41,7 @@ import asyncio
 import json
 import queue
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -394,7 +396,11 @@ async def _act(run: Run, session: aiohttp.ClientSession, rng: random.Random, nam
 
 @dataclass
 class Watch:
-    """``/debug/streams`` read every ``SAMPLE_S`` during the load."""
+    """``/debug/streams`` read every ``SAMPLE_S`` during the load. A stall is a wait
+    without a reason that can end, lasting ``stall_s`` (a busy machine makes steps
+    slow, not absent): a stream prefilled, unpaused and without a token while the
+    engine takes 3 steps or more (the issue's stall), or streams waiting unpaused for
+    their first token while the engine takes no step at all."""
 
     stall_s: float
     samples: int = 0
@@ -402,34 +408,50 @@ class Watch:
     peak_waiting: int = 0
     peak_kv_bytes: int = 0
     stalled: dict[str, str] = field(default_factory=dict)
-    since: dict[str, tuple[tuple[int, int], float]] = field(default_factory=dict)
+    prefilled: dict[str, tuple[float, int]] = field(default_factory=dict)  # since, steps
+    idle_since: tuple[float, int] | None = None  # engine steps unchanged while work waits
 
     def read(self, document: dict[str, Any], now: float) -> None:
         self.samples += 1
         self.peak_running = max(self.peak_running, document["requests_running"])
         self.peak_waiting = max(self.peak_waiting, document["requests_waiting"])
         self.peak_kv_bytes = max(self.peak_kv_bytes, document["kv_used_bytes"])
-        for stream in document["streams"]:
-            self._stall(stream, now)
+        steps = int(document["steps"])
+        waiting = [s for s in document["streams"] if _waits_for_first_token(s)]
+        for stream in waiting:
+            self._prefilled(stream, now, steps)
+        for key in set(self.prefilled) - {s["id"] for s in waiting}:
+            del self.prefilled[key]
+        self._idle(waiting, now, steps)
 
-    def _stall(self, stream: dict[str, Any], now: float) -> None:
-        """Prefilled, not paused, no token: the issue's stall, if it lasts."""
+    def _prefilled(self, stream: dict[str, Any], now: float, steps: int) -> None:
         key = stream["id"]
-        waiting = (
-            stream["state"] == "prefill"
-            and stream["prefill_done"] >= stream["n_prompt_tokens"]
-            and stream["n_generated"] == 0
-        )
-        if not waiting:
-            self.since.pop(key, None)
+        if stream["state"] != "prefill" or stream["prefill_done"] < stream["n_prompt_tokens"]:
+            self.prefilled.pop(key, None)
             return
-        mark = (stream["prefill_done"], stream["n_generated"])
-        seen = self.since.setdefault(key, (mark, now))
-        if now - seen[1] >= self.stall_s:
+        since, at_step = self.prefilled.setdefault(key, (now, steps))
+        if now - since >= self.stall_s and steps - at_step >= 3:
             self.stalled[key] = (
-                f"{key}: prefilled {mark[0]}/{stream['n_prompt_tokens']}, "
-                f"no token for {now - seen[1]:.1f} s"
+                f"{key}: prefilled {stream['prefill_done']}/{stream['n_prompt_tokens']}, no "
+                f"token for {now - since:.1f} s and {steps - at_step} engine steps"
             )
+
+    def _idle(self, waiting: list[dict[str, Any]], now: float, steps: int) -> None:
+        if not waiting or (self.idle_since is not None and self.idle_since[1] != steps):
+            self.idle_since = None
+        if not waiting:
+            return
+        since, _ = self.idle_since = self.idle_since or (now, steps)
+        if now - since >= self.stall_s:
+            for stream in waiting:
+                self.stalled[stream["id"]] = (
+                    f"{stream['id']}: {stream['state']} while the engine took no step "
+                    f"for {now - since:.1f} s"
+                )
+
+
+def _waits_for_first_token(stream: dict[str, Any]) -> bool:
+    return stream["state"] in ("queued", "prefill") and stream["n_generated"] == 0
 
 
 async def watch(url: str, into: Watch, stop: asyncio.Event) -> None:
@@ -464,8 +486,8 @@ async def drain_time(url: str, bound_s: float) -> tuple[float | None, dict[str, 
 
 
 def engine_checks(events: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """The invariants the event log shows: one end per admitted request, no
-    ttft_timeout, no 5xx error, at most one token per pause."""
+    """The invariants the event log shows: one end per admitted request, no 5xx
+    error (a ttft_timeout is a 504), at most one token per pause."""
     admitted = {e["request_id"] for e in events if e["event"] == "admitted"}
     ends = Counter(e["request_id"] for e in events if e["event"] == "end")
     problems: dict[str, list[str]] = {name: [] for name in INVARIANTS}
@@ -473,10 +495,8 @@ def engine_checks(events: list[dict[str, Any]]) -> dict[str, list[str]]:
         if ends[request_id] != 1:
             problems["lost streams"].append(f"{request_id}: {ends[request_id]} end lines")
     for e in events:
-        if e["event"] == "end" and e.get("error") == "ttft_timeout":
-            problems["stalls"].append(f"{e['request_id']}: ended ttft_timeout")
-        elif e["event"] == "end" and e.get("error") in SERVER_ERRORS:
-            problems["5xx"].append(f"{e['request_id']}: ended {e['error']}")
+        if e["event"] == "end" and e.get("error") in SERVER_ERRORS:
+            problems["5xx"].append(f"{e['request_id']}: ended {e['error']} (event log)")
     problems["pause bound"] = tokens_while_paused(events)
     return problems
 
@@ -613,6 +633,8 @@ def run_once(args: argparse.Namespace) -> Result:
         drain_s, reading = asyncio.run(drain_time(started.url, DRAIN_BOUND_S))
         started.stop()
         events = started.events()
+        if args.event_log:
+            shutil.copyfile(started.event_log, args.event_log)
     result = Result(tally, seen, drain_s, reading, events, load_s)
     result.problems = check(result)
     return result
@@ -622,7 +644,8 @@ def check(result: Result) -> dict[str, list[str]]:
     tally, seen = result.tally, result.watch
     problems = engine_checks(result.events)
     problems["stalls"] += sorted(seen.stalled.values())
-    problems["5xx"] += tally.server_errors
+    logged = {line.split(":")[0] for line in problems["5xx"]}
+    problems["5xx"] += [e for e in tally.server_errors if e.split(":")[0] not in logged]
     problems["lost streams"] += tally.lost
     problems["pause bound"] += tally.pause_violations
     admitted = {e["request_id"] for e in result.events if e["event"] == "admitted"}
@@ -648,6 +671,7 @@ def figures(result: Result, args: argparse.Namespace) -> list[list[str]]:
         ["outcomes", _counts(tally.outcomes)],
         ["engine pauses", _counts(pauses)],
         ["cache hits", str(sum(e["event"] == "cache_hit" for e in events))],
+        ["TTFT", _ttft(events)],
         ["peaks", f"running {result.watch.peak_running}, waiting {result.watch.peak_waiting}, "
                   f"KV {result.watch.peak_kv_bytes / 2**20:.1f} MiB "
                   f"({result.watch.samples} readings)"],
@@ -659,6 +683,14 @@ def figures(result: Result, args: argparse.Namespace) -> list[list[str]]:
         found = result.problems[name]
         rows.append([name, "ok" if not found else f"FAILED ({len(found)})"])
     return rows
+
+
+def _ttft(events: list[dict[str, Any]]) -> str:
+    """Median and largest time to first token the engine logged."""
+    values = sorted(e["ttft_ms"] for e in events if e["event"] == "first_token")
+    if not values:
+        return "—"
+    return f"median {values[len(values) // 2] / 1000:.2f} s, max {values[-1] / 1000:.2f} s"
 
 
 def _counts(counter: Counter[str]) -> str:
@@ -676,7 +708,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--request-timeout", type=float, default=60.0,
                         help="seconds a request may take before it counts as lost")  # fmt: skip
     parser.add_argument("--stall-s", type=float, default=5.0,
-                        help="a prefilled stream without a token this long is a stall")  # fmt: skip
+                        help="a wait without a reason this long is a stall")  # fmt: skip
+    parser.add_argument("--event-log", help="keep the server's event log here")
     parser.add_argument("--serve-arg", dest="serve_args", action="append", default=[],
                         help="one more argument for edge-llm serve (repeatable)")  # fmt: skip
     add_output_flags(parser)
