@@ -102,6 +102,10 @@ class PauseCause(enum.Enum):
 # preemption, a detach) do not start the max_pause clock: they have their own bounds.
 PRECEDENCE = (PauseCause.CLIENT,)
 READER_CAUSES = frozenset({PauseCause.CLIENT, PauseCause.SOCKET_FULL})
+# Causes under which the client holds the stream back itself (its PAUSE, its dropped
+# connection): that time is not the server's, so the TTFT clock stops during it. A
+# stream detached in its prefill keeps its resume grace; one paused there, max_pause.
+CLIENT_CAUSES = frozenset({PauseCause.CLIENT, PauseCause.DISCONNECTED})
 
 
 @dataclass
@@ -114,6 +118,8 @@ class Pauses:
     since: float | None = None  # held since (any cause)
     held_s: float = 0.0  # ended pauses, in seconds
     by_cause_s: dict[PauseCause, float] = field(default_factory=dict)
+    client_since: float | None = None  # held by a client cause (CLIENT_CAUSES) since
+    client_s: float = 0.0  # ended holds by client causes, in seconds
 
     @property
     def held(self) -> bool:
@@ -139,6 +145,8 @@ class Pauses:
             return False
         if not self.causes:
             self.since = now
+        if cause in CLIENT_CAUSES and self.client_since is None:
+            self.client_since = now
         self.causes[cause] = now
         self.count += 1
         self.peak = max(self.peak, len(self.causes))
@@ -155,6 +163,9 @@ class Pauses:
         if not self.causes and self.since is not None:
             self.held_s += now - self.since
             self.since = None
+        if self.client_since is not None and not CLIENT_CAUSES & self.causes.keys():
+            self.client_s += now - self.client_since
+            self.client_since = None
         return elapsed
 
     def held_ms(self, now: float) -> float:
@@ -199,8 +210,9 @@ class TimeOut(enum.Enum):
 
 @dataclass(frozen=True)
 class TimeLimits:
-    """No first token ``ttft_timeout_s`` after the stream was created, or held by its
-    reader longer than ``max_pause_s``: the stream ends (None or 0: never)."""
+    """No first token ``ttft_timeout_s`` after the stream was created (the time its
+    client held it aside), or held by its reader longer than ``max_pause_s``: the
+    stream ends (None or 0: never)."""
 
     ttft_timeout_s: float | None = None
     max_pause_s: float | None = None
@@ -208,9 +220,11 @@ class TimeLimits:
     def deadlines(
         self, created_at: float, first_token_at: float | None, pauses: Pauses
     ) -> list[tuple[float, TimeOut]]:
+        """The TTFT time-out counts the server's time only: none while the client
+        holds the stream, and later by as long as it held it (:data:`CLIENT_CAUSES`)."""
         due = []
-        if self.ttft_timeout_s and first_token_at is None:
-            due.append((created_at + self.ttft_timeout_s, TimeOut.TTFT))
+        if self.ttft_timeout_s and first_token_at is None and pauses.client_since is None:
+            due.append((created_at + self.ttft_timeout_s + pauses.client_s, TimeOut.TTFT))
         since = pauses.reader_since
         if self.max_pause_s and since is not None:
             due.append((since + self.max_pause_s, TimeOut.PAUSE))
