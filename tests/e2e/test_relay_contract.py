@@ -123,3 +123,55 @@ async def test_a_stream_detached_before_its_first_token_keeps_its_resume_grace(
         reading = asyncio.create_task(resumed_text(front, stream_id))
         await wait_until(lambda: front.events_of("resumed", request_id), what="the resume")
     assert await reading  # the holder gave its slot back: the stream answered
+
+
+@pytest.fixture(scope="module")
+def narrow_front(
+    tmp_path_factory: pytest.TempPathFactory, upstream: EngineProcess
+) -> Iterator[EngineProcess]:
+    """A front that may keep two streams open to the upstream at once."""
+    tmp = tmp_path_factory.mktemp("narrow")
+    config = tmp / "front.toml"
+    config.write_text(
+        f'[upstream.up]\nurl = "{upstream.url}"\nmax_concurrency = 2\n', encoding="utf-8"
+    )
+    engine = start_engine(tmp, "--config", str(config), "--max-pause-ms", "600000")
+    yield engine
+    engine.stop()
+
+
+async def relayed_status(front: EngineProcess, body: dict[str, Any]) -> tuple[int, str]:
+    """The status of a streamed chat through ``front`` and its text or error code."""
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(front.base_url + "/chat/completions", json=body) as response,
+    ):
+        if response.status != 200:
+            return response.status, (await response.json())["error"]["code"]
+        return 200, (await response.read()).decode()
+
+
+async def test_identical_requests_arriving_together_keep_the_upstreams_max_concurrency(
+    narrow_front: EngineProcess, upstream: EngineProcess
+) -> None:
+    """Four identical requests at once to an upstream with ``max_concurrency = 2``
+    (its one slot held, so that none ends early): two are relayed, two get 503
+    ``upstream_unavailable`` at once. Before the fix the room was read when a request
+    was routed and counted only when its connection was opened, after an await:
+    requests arriving together all saw room, and all four were sent."""
+    body = chat_body(f"[{uuid.uuid4().hex[:8]}] Name three rivers.", max_tokens=4)
+    body["model"] = UP_MODEL
+    async with slot_held(upstream):
+        before = len(upstream.events_of("admitted"))
+        sent = [asyncio.create_task(relayed_status(narrow_front, body)) for _ in range(4)]
+
+        def settled() -> bool:  # each refused at the front or queued at the upstream
+            queued = len(upstream.events_of("admitted")) - before
+            return queued + sum(task.done() for task in sent) >= 4
+
+        await wait_until(settled, what="four requests refused or queued")
+        assert len(upstream.events_of("admitted")) - before == 2
+    results = sorted(await asyncio.gather(*sent))
+    assert [status for status, _ in results] == [200, 200, 503, 503], results
+    assert [text for _, text in results[2:]] == ["upstream_unavailable"] * 2
+    assert all("[DONE]" in text for _, text in results[:2]), results

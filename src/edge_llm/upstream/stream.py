@@ -228,7 +228,11 @@ class UpstreamStream:
         self.log.failover(upstream.name, exc.reason, exc.unhealthy)
 
     async def _attempt(self, upstream: Upstream) -> None:
-        """Relay from one upstream; _GiveUp if it failed before any content."""
+        """Relay from one upstream; _GiveUp if it failed before any content, or has
+        no room. The room is read and taken with no await between: requests that
+        arrive together each see the others' (the router's earlier look cannot)."""
+        if not upstream.has_room:
+            raise _GiveUp("at max_concurrency", unhealthy=False)
         self.relay.attempt(upstream.name)
         upstream.num_open += 1
         response: aiohttp.ClientResponse | None = None
