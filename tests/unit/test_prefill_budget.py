@@ -3,9 +3,10 @@ batch; beside decoding streams the budget follows the measured step costs."""
 
 from __future__ import annotations
 
+from edge_llm.engine.kv.slots import KvSlots
 from edge_llm.engine.kv.unified import KvCache
 from edge_llm.engine.scheduling.prefill_budget import PrefillBudget, StepCosts
-from edge_llm.engine.scheduling.scheduler import Scheduler, SchedulerLimits
+from edge_llm.engine.scheduling.scheduler import Scheduler, SchedulerLimits, StepPlan
 from edge_llm.engine.sequence import GenerationRequest, Sequence
 
 
@@ -65,35 +66,125 @@ def test_on_a_loaded_machine_a_step_may_take_two_decode_steps() -> None:
 def test_the_target_holds_when_prompt_tokens_cost_ten_times_more() -> None:
     """Issue 60: beside 4 decoding streams of a 1.5B model a step of 4 rows costs ~3x
     and a prompt token ~10x what they cost on the 135M model: a step with prompt tokens
-    stays within the target or two decode steps, the floor of 32 tokens included."""
+    stays within the target or two decode steps (the floor of 32 tokens broke it);
+    a chunk decoded apart (per-slot) adds at most its call and a chunk worth it."""
     for step_scale, token_scale in ((1.0, 1.0), (3.0, 10.0), (10.0, 10.0)):
         costs = measured(0.01 * step_scale, 0.004 * step_scale, 0.0008 * token_scale)
         for target_s in (0.02, 0.1, 0.3):
-            budget = PrefillBudget(512, itl_target_s=target_s, costs=costs)
-            decode_s = costs.decode_step_s(4)
-            tokens = budget.tokens(n_decode_tokens=4)
-            step_s = decode_s + tokens * costs.prefill_token_s
-            assert tokens >= 1
-            assert step_s <= max(target_s, 2 * decode_s) + costs.prefill_token_s, (
-                step_scale,
-                token_scale,
-                target_s,
-                tokens,
-            )
+            for apart in (False, True):
+                budget = PrefillBudget(512, itl_target_s=target_s, costs=costs, apart=apart)
+                decode_s, call_s = costs.decode_step_s(4), costs.chunk_call_s if apart else 0.0
+                tokens = budget.tokens(n_decode_tokens=4)
+                step_s = decode_s + call_s + tokens * costs.prefill_token_s
+                bound = max(target_s, 2 * decode_s, decode_s + 2 * call_s)
+                assert tokens >= 1
+                assert step_s <= bound + costs.prefill_token_s, (
+                    step_scale,
+                    token_scale,
+                    target_s,
+                    apart,
+                    tokens,
+                )
 
 
 def test_without_a_target_every_step_gets_the_fixed_chunk() -> None:
     assert PrefillBudget(128, itl_target_s=None).tokens(n_decode_tokens=4) == 128
 
 
-def test_mixed_steps_teach_the_cost_of_a_prompt_token() -> None:
+def test_mixed_steps_teach_what_a_prompt_token_adds() -> None:
     costs = measured(0.01, 0.003, prefill_token_s=0.005)
     budget = PrefillBudget(512, itl_target_s=0.1, costs=costs)
     before = budget.tokens(3)
     for _ in range(30):
-        costs.observe(30, 3, 33 * 0.001)  # a step of 33 tokens: 1 ms each
+        costs.observe(30, 3, 0.019 + 30 * 0.001)  # a decode step of 3 and 1 ms a token
     assert abs(costs.prefill_token_s - 0.001) < 1e-4
     assert budget.tokens(3) > before
+    for _ in range(10):  # chunks in a call of their own: 10 ms and 2 ms a token
+        for n in (10, 30, 50):
+            costs.observe(n, 3, 0.019 + 0.01 + n * 0.002, n_calls=1)
+    assert abs(costs.prefill_token_s - 0.002) < 1e-4
+    assert abs(costs.chunk_call_s - 0.01) < 1e-3
+
+
+class Machine:
+    """Step times of a 2-core machine under load, as the engine sees them: every
+    ``llama_decode`` costs ``call_s``, a decode row ``row_s`` and a prompt row
+    ``prompt_s``; per-slot, each prompt chunk is a call of its own (``prefill_apart``)."""
+
+    def __init__(self, call_s: float, row_s: float, prompt_s: float, per_slot: bool) -> None:
+        self.call_s, self.row_s, self.prompt_s, self.per_slot = call_s, row_s, prompt_s, per_slot
+        self.times: list[float] = []
+
+    def seconds(self, plan: StepPlan) -> float:
+        prompt = [len(c.tokens) for c in plan.chunks if c.prompt]
+        calls = len(prompt) if self.per_slot else 0
+        calls += 1 if plan.num_decode_tokens or not self.per_slot else 0
+        rows_s = self.row_s * plan.num_decode_tokens + self.prompt_s * sum(prompt)
+        return self.call_s * calls + rows_s
+
+
+def run(scheduler: Scheduler, machine: Machine, steps: int) -> list[list[tuple[str, int]]]:
+    """``steps`` steps, each timed by ``machine`` for the cost model; the prompt chunks
+    of each (and each step's seconds in ``machine.times``)."""
+    done = []
+    for _ in range(steps):
+        plan = scheduler.schedule(0.0)
+        machine.times.append(machine.seconds(plan))
+        scheduler.observe_step(plan, machine.times[-1])
+        for chunk in plan.chunks:
+            if chunk.prompt:
+                scheduler.complete(chunk)
+            else:
+                scheduler.complete_run(chunk, 1, 1)
+            if chunk.sample:
+                scheduler.record_token(chunk.seq, 7, 0.0)
+        done.append([(c.seq.id, len(c.tokens)) for c in plan.chunks if c.prompt])
+    return done
+
+
+def test_per_slot_chunks_stay_worth_their_call_and_a_short_prompt_starts_in_a_few_steps() -> None:
+    """Issue 60's regression: per-slot, each prompt chunk is a ``llama_decode`` of its
+    own, whose fixed cost (50 ms here, a loaded machine) the budget charged to the
+    chunk's tokens; smaller chunks looked dearer, the budget fell to 2-6 tokens a step
+    and a short prompt beside 3 decoding streams took 5.3 s instead of 0.6 s to its
+    first token. Now a chunk is worth its call, and the short prompt starts in a few steps."""
+    machine = Machine(call_s=0.05, row_s=0.017, prompt_s=0.003, per_slot=True)
+    kv = KvSlots(8 * 4096, 1, 8, 4096)
+    scheduler = Scheduler(SchedulerLimits(8, 8, 512, itl_target_s=0.1), kv)
+    for i in range(3):
+        scheduler.add(make_seq(10, f"stream{i}", max_tokens=1000), 0.0)
+    run(scheduler, machine, 60)  # the streams decode: the cost model learns their steps
+    scheduler.add(make_seq(3000, "long"), 0.0)
+    machine.times.clear()
+    steps = run(scheduler, machine, 40)
+    times = machine.times
+    # Worth its call: 50 ms of fixed cost at 3 ms a token is 17 tokens (before: 4).
+    assert min(n for step in steps[10:] for _, n in step) >= 15, steps
+    # A step is a decode step and at most two calls' fixed parts (2 x 50 ms): 2 decode
+    # steps of 101 ms here, and 2.5 with the error of a cost line through chunks that
+    # are all one size (their fixed part and tokens cannot be told apart).
+    assert max(times[10:]) <= 2.5 * 0.101, times
+    scheduler.add(make_seq(60, "short", first=10_000), 0.0)
+    steps = run(scheduler, machine, 8)
+    short = [i for i, step in enumerate(steps) if any(name == "short" for name, _ in step)]
+    # Shortest first: its 60 tokens in at most 4 steps (before: 15 steps of 4).
+    assert short[0] == 0 and len(short) <= 4, steps
+
+
+def test_pooled_chunks_grow_back_after_a_busy_spell() -> None:
+    """One llama_decode per step (the unified layout): the budget is what the target
+    leaves at what a prompt token adds, not the step's time per token (which kept
+    chunks small beside slow decode rows)."""
+    machine = Machine(call_s=0.05, row_s=0.017, prompt_s=0.001, per_slot=False)
+    kv = KvCache(20_000, 10, num_seq_ids=8, share=False)
+    scheduler = Scheduler(SchedulerLimits(8, 8, 512, itl_target_s=0.1), kv)
+    for i in range(3):
+        scheduler.add(make_seq(10, f"stream{i}", max_tokens=1000), 0.0)
+    run(scheduler, machine, 60)
+    scheduler.add(make_seq(3000, "long"), 0.0)
+    chunks = [n for step in run(scheduler, machine, 30) for _, n in step]
+    # (max(0.1, 2 x 0.101) - 0.101) / 0.001 = 101 tokens a step (before: 17).
+    assert all(85 <= n <= 101 for n in chunks[15:]), chunks
 
 
 def test_lone_prefill_steps_do_not_teach_the_mixed_cost() -> None:
@@ -102,8 +193,9 @@ def test_lone_prefill_steps_do_not_teach_the_mixed_cost() -> None:
     assert costs.prefill_token_s == 0.002
 
 
-def make_seq(n_prompt: int, name: str, max_tokens: int = 50) -> Sequence:
-    request = GenerationRequest(prompt_tokens=list(range(n_prompt)), max_tokens=max_tokens)
+def make_seq(n_prompt: int, name: str, max_tokens: int = 50, first: int = 0) -> Sequence:
+    prompt = list(range(first, first + n_prompt))
+    request = GenerationRequest(prompt_tokens=prompt, max_tokens=max_tokens)
     return Sequence(request, name, created_at=0.0)
 
 

@@ -168,7 +168,7 @@ class FreeDrafts(StepCosts):
     def fit(self) -> tuple[float, float]:
         return 0.01, 0.0
 
-    def observe(self, n_prefill: int, n_decode: int, seconds: float) -> None:
+    def observe(self, n_prefill: int, n_decode: int, seconds: float, n_calls: int = 0) -> None:
         return None
 
 

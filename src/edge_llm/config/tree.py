@@ -160,9 +160,9 @@ class SchedulerConfig(_Section):
         100,
         ge=0,
         description="While streams decode or other prompts wait, a step prefills only as many "
-        "prompt tokens as keep it near this long (at least 32; a step may take twice a "
-        "decode step); a prompt waiting half its ttft_timeout_ms gets whole batches "
-        "(0: always prefill_chunk_tokens)",
+        "prompt tokens as keep it near this long (a step may take twice a decode step; a "
+        "chunk decoded apart gets the tokens that cost as much as its call); a prompt "
+        "waiting half its ttft_timeout_ms gets whole batches (0: always prefill_chunk_tokens)",
     )
     kv_unified: bool = Field(
         False,

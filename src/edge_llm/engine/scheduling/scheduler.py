@@ -129,7 +129,9 @@ class Scheduler:
     def __init__(self, limits: SchedulerLimits, kv: KvBook) -> None:
         self.limits = limits
         self.kv = kv
-        self.prefill_budget = PrefillBudget(limits.prefill_chunk_tokens, limits.itl_target_s)
+        self.prefill_budget = PrefillBudget(
+            limits.prefill_chunk_tokens, limits.itl_target_s, apart=kv.per_slot
+        )
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.offloaded: list[Sequence] = []  # oldest first
@@ -390,7 +392,10 @@ class Scheduler:
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """A step's measured time, for the prefill budget, the drafts' worth and
         admission's predictions."""
-        self.prefill_budget.costs.observe(plan.num_prefill_tokens, plan.num_decode_tokens, seconds)
+        n_chunks = sum(1 for chunk in plan.chunks if chunk.prompt)
+        self.prefill_budget.observe(
+            plan.num_prefill_tokens, n_chunks, plan.num_decode_tokens, seconds
+        )
 
     def _decode_chunks(self, draft_room: Callable[[Sequence], int] | None) -> list[ScheduledChunk]:
         """One chunk per decoding sequence: its last token, its draft, and the pad rows
