@@ -210,3 +210,25 @@ def tiny_gguf(path: Path, *, padding: int = 3 << 20, template: bool = True) -> P
 def _gguf_string(text: str) -> bytes:
     data = text.encode()
     return struct.pack("<Q", len(data)) + data
+
+
+def main() -> None:
+    """``python tests/hub_standin.py OWNER/REPO FILE PATH``: the stand-in in a process of
+    its own (a test that measures its own event loop shares no GIL with it); prints
+    ``{"url", "cdn", "size", "sha256"}`` as one JSON line, serves until stdin closes."""
+    import json
+    import sys
+
+    repo, filename, path = sys.argv[1:4]
+    hub = HubStandIn()
+    entry = hub.add(repo, filename, Path(path))
+    hub.start()
+    cdn = f"{hub.cdn_url}/cdn/{entry.sha256}"
+    print(json.dumps({"url": hub.url, "cdn": cdn, "size": entry.size, "sha256": entry.sha256}),
+          flush=True)  # fmt: skip
+    sys.stdin.read()
+    hub.stop()
+
+
+if __name__ == "__main__":
+    main()

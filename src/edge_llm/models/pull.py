@@ -76,9 +76,7 @@ class Puller:
                 raise DigestMismatch(_mismatch(source.name, remote, expected, actual, sha256))
             blob = await asyncio.to_thread(self._adopt, remote, actual)
         report(PullStatus("writing manifest"))
-        model = self.store.write_manifest(_manifest(source.name, remote, actual, blob))
-        if current is not None and current.sha256 != actual:
-            self.store.release(current.sha256)  # the name's old bytes, unless shared
+        model = await asyncio.to_thread(self._name, source.name, remote, actual, blob, current)
         report(PullStatus("success"))
         return model
 
@@ -99,6 +97,15 @@ class Puller:
             on_bytes(remote.size or 0, remote.size)  # no byte from the network
             return await asyncio.to_thread(sha256_of, partial)
         return await fetch(remote, partial, on_bytes, self.retry)
+
+    def _name(
+        self, name: str, remote: RemoteFile, sha256: str, blob: Path, current: StoredModel | None
+    ) -> StoredModel:
+        """Give ``name`` to the stored file (its manifest, fsynced: off the loop)."""
+        model = self.store.write_manifest(_manifest(name, remote, sha256, blob))
+        if current is not None and current.sha256 != sha256:
+            self.store.release(current.sha256)  # the name's old bytes, unless shared
+        return model
 
     def _adopt(self, remote: RemoteFile, sha256: str) -> Path:
         """The verified file into the blobs (if not there already); it must be a GGUF."""
