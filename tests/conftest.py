@@ -22,7 +22,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config.tree import EngineConfig, load_config
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine import Engine, EngineSettings, build_engine
 from edge_llm.engine.runtime.threads import CoreReadings
 from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.observability.events import EventSink, null_sink
@@ -216,7 +216,7 @@ async def engine_of() -> AsyncIterator[object]:
         cores: CoreReadings | None = None,
         **settings: object,
     ) -> Engine:
-        engine = Engine(
+        engine = build_engine(
             backend or FakeBackend(),  # type: ignore[arg-type]
             EngineSettings(**settings),  # type: ignore[arg-type]
             cores=cores,
@@ -239,7 +239,7 @@ def app_over(
 ) -> web.Application:
     """The whole application over ``backend``, its engine started on the running loop
     (:func:`app_engine`; stop it with :func:`stop_app_engine`)."""
-    engine = Engine(backend, engine_settings(config), events=events)
+    engine = build_engine(backend, engine_settings(config), events=events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events, loader=fake_loader(config))
     return create_app(ctx)

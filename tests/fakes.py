@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 from edge_llm.config.tree import EngineConfig
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import Engine, build_engine
 from edge_llm.engine.runtime.backend import (
     BatchItem,
     ModelInfo,
@@ -284,7 +284,7 @@ def fake_loader(
 
     def load(spec: ModelSpec, metrics: EngineMetrics, events: EventSink) -> LoadedModel:
         backend = make(spec) if make else FakeBackend()
-        engine = Engine(backend, engine_settings(config), metrics=metrics)
+        engine = build_engine(backend, engine_settings(config), metrics=metrics)
         return loaded_model(config, spec, engine, backend, events)
 
     return load

@@ -21,7 +21,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from edge_llm.config.tree import load_config
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import build_engine
 from edge_llm.observability.events import null_sink
 from edge_llm.server.app import create_app
 from edge_llm.server.runtime import build_context, engine_settings
@@ -120,7 +120,7 @@ def served_post_paths() -> list[str]:
     list of JSON endpoints (a new endpoint is fuzzed without touching the tests)."""
     config = load_config(None, env={})
     backend = FakeBackend()
-    engine = Engine(backend, engine_settings(config))  # never started: only routes are read
+    engine = build_engine(backend, engine_settings(config))  # never started: only routes are read
     app = create_app(build_context(config, engine, backend, null_sink))
     return sorted({r.resource.canonical for r in app.router.routes() if r.method == "POST"})
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import Engine
 from edge_llm.engine.scheduling.admission import predict_ttft_s, queue_view, retry_after_s
 from edge_llm.engine.scheduling.prefill_budget import StepCosts
 from edge_llm.engine.sequence import GenerationRequest

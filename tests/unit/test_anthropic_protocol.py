@@ -14,7 +14,7 @@ import pytest
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient
 
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import Engine
 from edge_llm.errors import (
     AuthenticationFailed,
     Cancelled,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import build_engine
 from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.sequence import GenerationRequest
@@ -97,7 +97,7 @@ async def test_at_stop_the_disk_tier_gets_what_the_kv_book_kept(
     """The engine writes ``KvBook.kept()`` at stop, whichever book it holds: the
     per-slot layout's kept slots; the unified pool keeps nothing for the disk."""
     monkeypatch.setattr(fakes, "FAKE_LOGITS", (0.5, 0.25))  # the file holds float32
-    engine = Engine(FakeBackend(per_slot=per_slot), EngineSettings(cache_dir=str(tmp_path)))  # type: ignore[arg-type]
+    engine = build_engine(FakeBackend(per_slot=per_slot), EngineSettings(cache_dir=str(tmp_path)))  # type: ignore[arg-type]
     engine.start(asyncio.get_running_loop())
     try:
         prompt = GenerationRequest(prompt_tokens=list(range(200)), max_tokens=4)

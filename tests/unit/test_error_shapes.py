@@ -12,7 +12,7 @@ import anthropic
 import pytest
 from aiohttp.test_utils import TestClient
 
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import Engine
 from edge_llm.server.context import CONTEXT
 
 from conftest import app_engine

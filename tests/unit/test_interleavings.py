@@ -41,7 +41,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine import Engine, EngineSettings
+from edge_llm.engine.build import build_parts
 from edge_llm.engine.pressure.memory import MemoryReading
 from edge_llm.engine.runtime.backend import BatchItem, Sampled
 from edge_llm.engine.sequence import GenerationRequest
@@ -128,24 +129,26 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
                 kv_capacity_tokens=600, max_sequences=3, per_slot=per_slot
             )
             self.engine = SteppedEngine(
-                self.backend,  # type: ignore[arg-type]
-                EngineSettings(
-                    max_queue=4,
-                    prefill_chunk_tokens=16,
-                    itl_target_s=None,
-                    speculative=speculative,
-                    max_draft_tokens=3,
-                    outbound_buffer_tokens=6,
-                    ttft_timeout_s=5.0,
-                    max_pause_s=30.0,
-                    offload_paused_after_s=1.0,
-                    host_offload_bytes=2_000,
-                    min_available_bytes=FLOOR,
-                    max_preemptions=2,
-                    adaptive_threads=False,
-                ),
-                clock=self.clock,
-                memory=self.memory,
+                build_parts(
+                    self.backend,  # type: ignore[arg-type]
+                    EngineSettings(
+                        max_queue=4,
+                        prefill_chunk_tokens=16,
+                        itl_target_s=None,
+                        speculative=speculative,
+                        max_draft_tokens=3,
+                        outbound_buffer_tokens=6,
+                        ttft_timeout_s=5.0,
+                        max_pause_s=30.0,
+                        offload_paused_after_s=1.0,
+                        host_offload_bytes=2_000,
+                        min_available_bytes=FLOOR,
+                        max_preemptions=2,
+                        adaptive_threads=False,
+                    ),
+                    clock=self.clock,
+                    memory=self.memory,
+                )
             )
             self.backend.before_decode = self._cancelled_kv_is_free
             self.cancelled: list[StreamHandle] = []  # since the last step
@@ -368,7 +371,8 @@ def test_the_contract_holds_under_random_interleavings(per_slot: bool, speculati
 
 def stepped(per_slot: bool = True, **settings: Any) -> tuple[SteppedEngine, FakeBackend]:
     backend = FakeBackend(kv_capacity_tokens=600, max_sequences=3, per_slot=per_slot)
-    engine = SteppedEngine(backend, EngineSettings(adaptive_threads=False, **settings))  # type: ignore[arg-type]
+    parts = build_parts(backend, EngineSettings(adaptive_threads=False, **settings))  # type: ignore[arg-type]
+    engine = SteppedEngine(parts)
     return engine, backend
 
 

@@ -237,14 +237,14 @@ async def test_without_room_a_paused_stream_is_not_offloaded(engine_of) -> None:
 
 
 def test_an_engine_whose_kv_context_passes_the_cap_does_not_start() -> None:
-    from edge_llm.engine.engine import Engine, EngineSettings
+    from edge_llm.engine import EngineSettings, build_engine
     from edge_llm.errors import BackendError
 
     backend = FakeBackend(
         kv_capacity_tokens=CAPACITY, per_slot=True, kv_bytes_per_token=BYTES_PER_TOKEN
     )
     with pytest.raises(BackendError, match="does not fit max_kv_cache_mb"):
-        Engine(backend, EngineSettings(memory_cap_bytes=DEVICE - 1))  # type: ignore[arg-type]
+        build_engine(backend, EngineSettings(memory_cap_bytes=DEVICE - 1))  # type: ignore[arg-type]
 
 
 def test_a_giver_whose_engine_lock_stays_held_gives_nothing() -> None:
@@ -313,19 +313,19 @@ def named_backend(name: str) -> FakeBackend:
 async def test_a_second_models_kv_context_is_carved_from_the_same_cap() -> None:
     """One cap for two engines: the first one's host tier fills the room beside its KV
     context; the second's KV context takes it back; a third does not fit at all."""
-    from edge_llm.engine.engine import Engine, EngineSettings
+    from edge_llm.engine import EngineSettings, build_engine
     from edge_llm.errors import BackendError
 
     cap = 2 * DEVICE + 4_000  # room for a host entry or two beside one KV context
     ledger = MemoryLedger(cap)
     settings = EngineSettings(memory_cap_bytes=cap, host_cache_bytes=MIB)  # type: ignore[arg-type]
-    first = Engine(named_backend("first"), settings, ledger=ledger)
+    first = build_engine(named_backend("first"), settings, ledger=ledger)
     first.start(asyncio.get_running_loop())
     try:
         for i in range(8):  # slot 0 vacated each time: its prompt goes to the host tier
             await drain(first, first.submit(prompt_request(i)))
         assert first.host_cache.num_bytes > cap - 2 * DEVICE  # more than the second leaves
-        second = Engine(named_backend("second"), settings, ledger=ledger)
+        second = build_engine(named_backend("second"), settings, ledger=ledger)
         assert ledger.used_bytes <= cap and first.host_cache.evictions > 0
         assert second.device.num_bytes == DEVICE and second.device.model == "second"
         fields = second.snapshot()["memory_ledger"]
@@ -333,7 +333,7 @@ async def test_a_second_models_kv_context_is_carved_from_the_same_cap() -> None:
         assert fields["total_bytes"] == ledger.used_bytes <= fields["cap_bytes"] == cap
         assert "+ other models" in ledger_summary(fields)
         with pytest.raises(BackendError, match="does not fit max_kv_cache_mb"):
-            Engine(named_backend("third"), settings, ledger=ledger)
+            build_engine(named_backend("third"), settings, ledger=ledger)
         assert ledger.used_bytes <= cap and set(ledger.by_model()) == {"first", "second"}
         second.stop()  # its lines leave: the first model's host tier may use the room
         assert set(ledger.by_model()) == {"first"}

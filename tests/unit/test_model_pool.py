@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from edge_llm.config.tree import EngineConfig, load_config
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import build_engine
 from edge_llm.engine.kv.ledger import MemoryLedger
 from edge_llm.errors import (
     BackendError,
@@ -58,7 +58,7 @@ class Loads:
         config = load_config(None, env={})
         backend = FakeBackend(script=list(range(10, 10_000)))
         self.backends[spec.name] = backend
-        engine = Engine(backend, engine_settings(config), metrics=metrics)
+        engine = build_engine(backend, engine_settings(config), metrics=metrics)
         return loaded_model(config, spec, engine, backend, events)
 
 
@@ -287,7 +287,7 @@ class LedgerLoads(Loads):
         config = load_config(None, env={})
         backend = FakeBackend(kv_capacity_tokens=1024, kv_bytes_per_token=10)
         backend.info = dataclasses.replace(backend.info, model_id=spec.name)
-        engine = Engine(backend, engine_settings(config), metrics=metrics, ledger=self.ledger)
+        engine = build_engine(backend, engine_settings(config), metrics=metrics, ledger=self.ledger)
         return loaded_model(config, spec, engine, backend, events)
 
 

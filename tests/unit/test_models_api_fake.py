@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from edge_llm.config.tree import load_config
-from edge_llm.engine.engine import Engine
+from edge_llm.engine import build_engine
 from edge_llm.models.spec import ModelSpec
 from edge_llm.server.app import create_app
 from edge_llm.server.context import CONTEXT
@@ -39,7 +39,7 @@ async def client_of() -> AsyncIterator[ClientFactory]:
             return FakeBackend(script=text_script(f"{spec.name} says {script}"))
 
         backend = FakeBackend(script=text_script(script))
-        engine = Engine(backend, engine_settings(config))
+        engine = build_engine(backend, engine_settings(config))
         engine.start(asyncio.get_running_loop())
         loader = fake_loader(config, backend_of)
         ctx = build_context(config, engine, backend, lambda *a, **k: None, loader=loader)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine import Engine, EngineSettings, build_engine
 from edge_llm.engine.scheduling.priorities import AGING_S, next_in_line, prefill_order
 from edge_llm.engine.sequence import GenerationRequest, PauseCause, Sequence
 from edge_llm.engine.streams.handle import StreamHandle
@@ -99,7 +99,7 @@ async def test_a_preempted_stream_stays_preempted_until_it_runs_again_and_keeps_
     events = Recorder()
     slow = FakeBackend(range(10, 1010), kv_capacity_tokens=2 * 1200, max_sequences=2, per_slot=True)
     slow.step_delay_s = 0.001  # the streams around the urgent one outlast it many times over
-    engine = Engine(slow, EngineSettings(max_queue=4), events=events)
+    engine = build_engine(slow, EngineSettings(max_queue=4), events=events)
     engine.start(asyncio.get_running_loop())
     try:
         neighbour = engine.submit(request(3, max_tokens=1000))

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine import Engine, EngineSettings, build_engine
 from edge_llm.engine.sequence import GenerationRequest, PauseCause
 from edge_llm.generation.pump import PumpSettings, pump
 from edge_llm.protocol.stream_events import Delta, Finished, Heartbeat, PauseChanged
@@ -18,7 +18,7 @@ from fakes import FakeBackend
 
 @pytest.fixture
 async def engine() -> AsyncIterator[Engine]:
-    engine = Engine(FakeBackend(script=[10, 1, 2, 11, 12, 13, 14]), EngineSettings())
+    engine = build_engine(FakeBackend(script=[10, 1, 2, 11, 12, 13, 14]), EngineSettings())
     engine.start(asyncio.get_running_loop())
     yield engine
     await asyncio.to_thread(engine.stop)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_llm.engine.engine import Engine, EngineSettings
+from edge_llm.engine import EngineSettings, build_engine
 from edge_llm.engine.runtime.threads import (
     APART_S,
     DROP_AT,
@@ -443,8 +443,8 @@ async def test_under_contention_the_engine_drops_a_thread_and_the_stream_says_th
 def test_without_adaptive_threads_or_with_one_thread_nothing_is_governed() -> None:
     backend = FakeBackend()
     quiet = Waiting(load=0.0)
-    assert Engine(backend, EngineSettings(), cores=quiet).threads is None
+    assert build_engine(backend, EngineSettings(), cores=quiet).threads is None
     backend.n_threads = 2
-    assert Engine(backend, EngineSettings(), cores=quiet).threads is not None
+    assert build_engine(backend, EngineSettings(), cores=quiet).threads is not None
     off = EngineSettings(adaptive_threads=False)
-    assert Engine(backend, off, cores=quiet).threads is None
+    assert build_engine(backend, off, cores=quiet).threads is None

@@ -1,6 +1,7 @@
 """The engine's face: what other rooms use of it; its rooms stay inside
 (``tests/unit/test_layers.py`` holds the other rooms to these names)."""
 
+from edge_llm.engine.build import build_engine
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.ledger import (
@@ -27,6 +28,7 @@ __all__ = [
     "KvBook",
     "MemoryLedger",
     "StreamHandle",
+    "build_engine",
     "context_cells",
     "context_tokens",
     "device_share_bytes",

@@ -16,32 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from edge_llm.engine.kv.apply import KvApplier
 from edge_llm.engine.kv.book import KvOp
-from edge_llm.engine.kv.disk_cache import disk_cache, read_back, save_kept
-from edge_llm.engine.kv.host_cache import HostCache
-from edge_llm.engine.kv.host_offload import HostOffload
-from edge_llm.engine.kv.layout import kv_book
-from edge_llm.engine.kv.ledger import MemoryLedger, try_giver
-from edge_llm.engine.pressure.memory import (
-    MemoryGuard,
-    MemoryPolicy,
-    MemorySource,
-    ProcMemory,
-    machine_memory_bytes,
-)
-from edge_llm.engine.pressure.offload import OffloadPolicy, PreemptionPolicy
-from edge_llm.engine.runtime.backend import Backend
-from edge_llm.engine.runtime.threads import CoreReadings, thread_governor
+from edge_llm.engine.kv.disk_cache import read_back, save_kept
+from edge_llm.engine.parts import EngineParts
 from edge_llm.engine.scheduling.admission import refuse_if_late
-from edge_llm.engine.scheduling.scheduler import Scheduler, StepPlan
+from edge_llm.engine.scheduling.scheduler import StepPlan
 from edge_llm.engine.sequence import GenerationRequest, Sequence
-from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.snapshot import (
     bind_gauges,
     count_waiting,
@@ -50,100 +34,28 @@ from edge_llm.engine.snapshot import (
     snapshot,
     tier_bytes,
 )
-from edge_llm.engine.step.output import Output
-from edge_llm.engine.step.runner import ChunkResult, ModelRunner
-from edge_llm.engine.streams.deadlines import Deadlines
+from edge_llm.engine.step.runner import ChunkResult
 from edge_llm.engine.streams.handle import StreamHandle
-from edge_llm.engine.streams.live import RunGuard, Streams
-from edge_llm.engine.streams.token_ring import TokenRing
+from edge_llm.engine.streams.live import RunGuard
 from edge_llm.engine.streams.waker import LoopWaker
-from edge_llm.errors import (
-    BackendError,
-    BackendFailure,
-    Cancelled,
-    EdgeLLMError,
-    EngineUnavailable,
-)
-from edge_llm.observability.events import Event, EventSink, null_sink
-from edge_llm.observability.metrics import EngineMetrics
-from edge_llm.protocol.stream_rules import Marks, PauseCause, StreamState
+from edge_llm.errors import BackendFailure, Cancelled, EdgeLLMError, EngineUnavailable
+from edge_llm.observability.events import Event
+from edge_llm.protocol.stream_rules import PauseCause, StreamState
 
-__all__ = ["Engine", "EngineSettings", "scheduler_limits"]
+__all__ = ["Engine"]
 
 _IDLE_WAIT_S = 5.0
 
 
-class Engine:
-    """The inference thread and its public face. It is longer than a module here
-    usually is because every public method (submit, pause, resume, cancel, consumed,
-    ...) takes the lock briefly and the step's phases are named methods; what each
-    capability decides lives in its own module the step calls (scheduler, KV books,
-    offload, deadlines, memory, threads, output)."""
+class Engine(EngineParts):
+    """The inference thread and its public face over its parts (``parts.py``; wired by
+    ``build.py``). Every public method (submit, pause, resume, cancel, consumed, ...)
+    takes the lock briefly; the step's phases are named methods; what each capability
+    decides lives in the part the step calls."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        settings: EngineSettings,
-        *,
-        metrics: EngineMetrics | None = None,
-        events: EventSink = null_sink,
-        clock: Callable[[], float] = time.monotonic,
-        memory: MemorySource | None = None,
-        cores: CoreReadings | None = None,
-        ledger: MemoryLedger | None = None,
-    ) -> None:
-        """``memory``: where available device memory is read (default: /proc);
-        ``cores``: what the thread governor reads of the cores (default: /proc);
-        ``ledger``: the process's memory ledger, which every loaded model's KV shares
-        (default: one of its own, capped at ``memory_cap_bytes``)."""
-        self.backend = backend
-        self.settings = settings
-        self.metrics = metrics or EngineMetrics()
-        self.events = events
-        self.clock = clock
-        self._lock = threading.RLock()
-        # Every KV tier's bytes; this model's lines are tagged with its name.
-        shared = ledger or MemoryLedger(settings.memory_cap_bytes)
-        self.ledger = shared.for_model(backend.info.model_id)
-        self.host_cache = HostCache(
-            settings.host_cache_bytes, backend.info.kv_bytes_per_token, self.ledger,
-            lambda give: try_giver(self._lock, give),
-        )  # fmt: skip
-        self.kv = kv_book(backend, settings.prefix_cache, self.host_cache)
-        # Allocated whole at start; a model the pool loads reserved it before loading.
-        self.device = self.ledger.line("device") or self.ledger.account("device", "device")
-        if not self.device.resize(self.kv.capacity_bytes):
-            self.ledger.close_model()  # no line of a model that does not start stays
-            raise BackendError(
-                f"the KV context ({self.kv.capacity_bytes >> 20} MiB: whole blocks of 256 "
-                f"cells) does not fit max_kv_cache_mb ({(self.ledger.cap_bytes or 0) >> 20})"
-            )
-        self.host_offload = HostOffload(settings.host_offload_bytes, self.ledger)
-        self.scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), self.kv)
-        self.streams = Streams(
-            self.scheduler,
-            self.host_offload,
-            settings,
-            metrics=self.metrics,
-            events=events,
-            clock=clock,
-        )
-        self.deadlines = Deadlines(settings, self.streams)
-        self.offload = OffloadPolicy(
-            self.host_offload, settings.offload_paused_after_s, self.streams, backend.state_size
-        )
-        self.preemption = PreemptionPolicy(self.offload, settings.max_preemptions)
-        self.disk = disk_cache(settings.cache_dir, settings.cache_dir_bytes, backend)
-        applier = KvApplier(
-            backend, self.host_offload, self.host_cache, disk=self.disk,
-            metrics=self.metrics, events=events, used_bytes=lambda: self.kv_used_bytes,
-        )  # fmt: skip
-        self.runner = ModelRunner(backend, applier, prefill_apart=self.kv.per_slot)
-        self.output = Output(self.streams, backend, settings, clock)
-        guard = MemoryGuard(settings.min_available_bytes, memory or ProcMemory(), clock)
-        self.memory = MemoryPolicy(guard, self.host_cache, self.streams)
-        self.machine_bytes = machine_memory_bytes()  # what doctor holds the ledger against
-        self.threads = thread_governor(backend, settings.adaptive_threads, clock, cores, events)
+    def __init__(self, parts: EngineParts) -> None:
+        """``parts``: from ``build.build_parts`` (``build_engine`` does both)."""
+        super().__init__(**vars(parts))
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._waker: LoopWaker[StreamHandle] | None = None  # the event loop's, from start()
@@ -220,12 +132,7 @@ class Engine:
             raise EngineUnavailable(f"engine unavailable: {reason}", retry_after_s=5)
         now = self.clock()
         seq = Sequence(request, request.request_id or self.new_request_id(), now)
-        ring = TokenRing.for_stream(
-            Marks(self.settings.outbound_buffer_tokens, self.settings.resume_threshold),
-            self.settings.pause_on_socket_full,
-            request.max_tokens,
-        )
-        handle = StreamHandle(seq, ring, request.sampling.stop)
+        handle = self.streams.new_handle(seq)
         with self._lock:
             try:
                 self.memory.refuse_if_short()
@@ -364,7 +271,9 @@ class Engine:
         return results
 
     def _apply(self, ops: list[KvOp], ended_samplers: list[str]) -> None:
-        self._fail_restores(self.runner.apply(ops, ended_samplers))
+        if failed := self.runner.apply(ops, ended_samplers):
+            with self._lock:
+                self.streams.fail_restores(failed)
 
     def _idle(self) -> None:
         """Nothing to decode: sleep until woken or the next time-out or offload is due."""
@@ -379,15 +288,6 @@ class Engine:
         due = [self.deadlines.next_due(), self.offload.next_due(now), self.memory.next_check(now)]
         wait = min([when - now for when in due if when is not None], default=_IDLE_WAIT_S)
         return max(0.0, min(_IDLE_WAIT_S, wait))
-
-    def _fail_restores(self, failed: list[tuple[str, BackendError]]) -> None:
-        if not failed:
-            return
-        with self._lock:
-            for key, error in failed:
-                if handle := self.streams.live.get(key):
-                    error_ = BackendFailure(str(error))
-                    self.streams.finish(handle, error_, StreamState.DONE, "error")
 
     # -- waking the event loop ---------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from edge_llm.engine import (
     Engine,
     EngineSettings,
     MemoryLedger,
+    build_engine,
     context_cells,
     context_tokens,
     device_share_bytes,
@@ -181,7 +182,7 @@ def model_loader(config: EngineConfig, ledger: MemoryLedger | None = None) -> Lo
         backend = load_backend(config, spec)
         try:
             settings = model_settings(config, spec)
-            engine = Engine(backend, settings, metrics=metrics, events=events, ledger=ledger)
+            engine = build_engine(backend, settings, metrics=metrics, events=events, ledger=ledger)
             model = loaded_model(config, spec, engine, backend, events)
         except BaseException:
             backend.close()  # the model's memory goes back at once
@@ -293,7 +294,7 @@ async def start_server(config: EngineConfig, backend: Backend | None = None) -> 
         backend = await asyncio.to_thread(load_backend, config)
         config = await asyncio.to_thread(fit_ttft, config, backend, sized)
     engine_events = model_events(config, backend.info.model_id, events)
-    engine = Engine(backend, engine_settings(config), metrics=metrics, events=engine_events)
+    engine = build_engine(backend, engine_settings(config), metrics=metrics, events=engine_events)
     engine.start(asyncio.get_running_loop())
     ctx = build_context(config, engine, backend, events)
     ctx.tracing = otel[1] if otel is not None else None

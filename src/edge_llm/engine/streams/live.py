@@ -13,10 +13,11 @@ from edge_llm.engine.scheduling.scheduler import Scheduler
 from edge_llm.engine.sequence import Sequence
 from edge_llm.engine.settings import EngineSettings
 from edge_llm.engine.streams.handle import Outcome, StreamHandle
-from edge_llm.errors import EdgeLLMError
+from edge_llm.engine.streams.token_ring import TokenRing
+from edge_llm.errors import BackendError, BackendFailure, EdgeLLMError
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
-from edge_llm.protocol.stream_rules import PauseCause, StreamState
+from edge_llm.protocol.stream_rules import Marks, PauseCause, StreamState
 
 RECENT_SECONDS = 60.0
 _MAX_RECENT = 256
@@ -52,6 +53,13 @@ class Streams:
         self._ended_samplers: list[str] = []
         self.backpressure = 0
         self.backpressure_peak = 0
+
+    def new_handle(self, seq: Sequence) -> StreamHandle:
+        """A handle whose ring holds ``outbound_buffer_tokens``; live once ``add``-ed."""
+        settings, request = self.settings, seq.request
+        marks = Marks(settings.outbound_buffer_tokens, settings.resume_threshold)
+        ring = TokenRing.for_stream(marks, settings.pause_on_socket_full, request.max_tokens)
+        return StreamHandle(seq, ring, request.sampling.stop)
 
     def add(self, handle: StreamHandle) -> None:
         self.live[handle.id] = handle
@@ -155,6 +163,12 @@ class Streams:
     def finish_all(self, error: EdgeLLMError) -> None:
         for handle in list(self.live.values()):
             self.finish(handle, error, StreamState.CANCELLED)
+
+    def fail_restores(self, failed: list[tuple[str, BackendError]]) -> None:
+        """Streams whose KV could not be brought back end with the backend's error."""
+        for key, error in failed:
+            if handle := self.live.get(key):
+                self.finish(handle, BackendFailure(str(error)), StreamState.DONE, "error")
 
     def _keeps_cells(self, state: StreamState) -> bool:
         """A finished answer stays in the cache (the next turn starts with it); a
