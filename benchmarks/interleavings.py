@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 from contention import busy_loops
 from machine import noise, own_pids, snapshot
 from output import add_output_flags, header, write_outputs
@@ -68,6 +69,7 @@ START_TIMEOUT_S = 180.0
 DRAIN_BOUND_S = 1.0
 POLL_S = 0.05
 SAMPLE_S = 0.5
+IDLE_CPU_SHARE = 0.05  # of one core: the server's own polling and heartbeats, no step
 PRIORITIES = (-1, 0, 1)
 SHARED = (
     "Write a very long story about a dragon and a knight.",
@@ -400,7 +402,9 @@ class Watch:
     without a reason that can end, lasting ``stall_s`` (a busy machine makes steps
     slow, not absent): a stream prefilled, unpaused and without a token while the
     engine takes 3 steps or more (the issue's stall), or streams waiting unpaused for
-    their first token while the engine takes no step at all."""
+    their first token while the engine takes no step and the server process uses
+    under ``IDLE_CPU_SHARE`` of a core (idle: not in one long step of a starved
+    machine, which a 2-core machine at load 14 showed at 5.7 s)."""
 
     stall_s: float
     samples: int = 0
@@ -409,9 +413,10 @@ class Watch:
     peak_kv_bytes: int = 0
     stalled: dict[str, str] = field(default_factory=dict)
     prefilled: dict[str, tuple[float, int]] = field(default_factory=dict)  # since, steps
-    idle_since: tuple[float, int] | None = None  # engine steps unchanged while work waits
+    idle_since: tuple[float, int, float] | None = None  # since, steps, server CPU s
 
-    def read(self, document: dict[str, Any], now: float) -> None:
+    def read(self, document: dict[str, Any], now: float, cpu_s: float) -> None:
+        """One reading; ``cpu_s``: the server process's CPU seconds so far."""
         self.samples += 1
         self.peak_running = max(self.peak_running, document["requests_running"])
         self.peak_waiting = max(self.peak_waiting, document["requests_waiting"])
@@ -422,7 +427,7 @@ class Watch:
             self._prefilled(stream, now, steps)
         for key in set(self.prefilled) - {s["id"] for s in waiting}:
             del self.prefilled[key]
-        self._idle(waiting, now, steps)
+        self._idle(waiting, now, steps, cpu_s)
 
     def _prefilled(self, stream: dict[str, Any], now: float, steps: int) -> None:
         key = stream["id"]
@@ -436,17 +441,18 @@ class Watch:
                 f"token for {now - since:.1f} s and {steps - at_step} engine steps"
             )
 
-    def _idle(self, waiting: list[dict[str, Any]], now: float, steps: int) -> None:
+    def _idle(self, waiting: list[dict[str, Any]], now: float, steps: int, cpu_s: float) -> None:
         if not waiting or (self.idle_since is not None and self.idle_since[1] != steps):
             self.idle_since = None
         if not waiting:
             return
-        since, _ = self.idle_since = self.idle_since or (now, steps)
-        if now - since >= self.stall_s:
+        since, _, cpu_since = self.idle_since = self.idle_since or (now, steps, cpu_s)
+        used = cpu_s - cpu_since
+        if now - since >= self.stall_s and used < IDLE_CPU_SHARE * (now - since):
             for stream in waiting:
                 self.stalled[stream["id"]] = (
                     f"{stream['id']}: {stream['state']} while the engine took no step "
-                    f"for {now - since:.1f} s"
+                    f"for {now - since:.1f} s (the server used {used:.2f} CPU-s)"
                 )
 
 
@@ -454,11 +460,14 @@ def _waits_for_first_token(stream: dict[str, Any]) -> bool:
     return stream["state"] in ("queued", "prefill") and stream["n_generated"] == 0
 
 
-async def watch(url: str, into: Watch, stop: asyncio.Event) -> None:
+async def watch(url: str, pid: int, into: Watch, stop: asyncio.Event) -> None:
+    process = psutil.Process(pid)
     async with aiohttp.ClientSession() as session:
         while not stop.is_set():
             async with session.get(url + "/debug/streams") as response:
-                into.read(await response.json(), time.monotonic())
+                document = await response.json()
+            cpu = process.cpu_times()
+            into.read(document, time.monotonic(), cpu.user + cpu.system)
             try:
                 await asyncio.wait_for(stop.wait(), SAMPLE_S)
             except TimeoutError:
@@ -608,11 +617,11 @@ class Result:
     problems: dict[str, list[str]] = field(default_factory=dict)
 
 
-async def load(url: str, args: argparse.Namespace) -> tuple[Tally, Watch, float]:
+async def load(server: Server, args: argparse.Namespace) -> tuple[Tally, Watch, float]:
     tally = Tally()
-    run = Run(url, tally, args.request_timeout, time.monotonic() + args.duration)
+    run = Run(server.url, tally, args.request_timeout, time.monotonic() + args.duration)
     seen, stop = Watch(args.stall_s), asyncio.Event()
-    watcher = asyncio.create_task(watch(url, seen, stop))
+    watcher = asyncio.create_task(watch(server.url, server.proc.pid, seen, stop))
     started = time.monotonic()
     rngs = [random.Random(f"{args.seed}-{n}") for n in range(args.clients)]
     n = args.clients
@@ -629,7 +638,7 @@ def run_once(args: argparse.Namespace) -> Result:
         busy_loops(args.busy),
         server(Path(tmp), args.serve_args) as started,
     ):
-        tally, seen, load_s = asyncio.run(load(started.url, args))
+        tally, seen, load_s = asyncio.run(load(started, args))
         drain_s, reading = asyncio.run(drain_time(started.url, DRAIN_BOUND_S))
         started.stop()
         events = started.events()
@@ -705,7 +714,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=5)
     parser.add_argument("--busy", type=int, default=2, help="busy loops beside the server")
     parser.add_argument("--seed", type=int, help="the clients' choices (default: random)")
-    parser.add_argument("--request-timeout", type=float, default=60.0,
+    parser.add_argument("--request-timeout", type=float, default=180.0,
                         help="seconds a request may take before it counts as lost")  # fmt: skip
     parser.add_argument("--stall-s", type=float, default=5.0,
                         help="a wait without a reason this long is a stall")  # fmt: skip
