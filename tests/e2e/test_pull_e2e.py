@@ -288,6 +288,14 @@ async def test_a_file_the_hub_changed_is_pulled_again_and_the_old_bytes_go(
     second = await puller.pull(source, lambda _: None)
     assert second.sha256 != first.sha256 and second.size > first.size
     assert [p.name for p in store.blobs.iterdir()] == [f"sha256-{second.sha256}"]
+    # A file a running server serves stays when its name gets other bytes.
+    fresh.add("test/changing-GGUF", "m-Q4_K_M.gguf",
+              tiny_gguf(tmp_path / "v3.gguf", padding=1 << 18))  # fmt: skip
+    serving = Puller(store, endpoint=fresh.url, in_use=lambda path: path == second.blob)
+    third = await serving.pull(source, lambda _: None)
+    assert sorted(p.name for p in store.blobs.iterdir()) == sorted(
+        f"sha256-{m.sha256}" for m in (second, third)
+    )
 
 
 def test_a_sha256_mismatch_leaves_nothing_under_the_name(fresh: HubStandIn, tmp_path: Path) -> None:
@@ -461,6 +469,23 @@ def test_ollama_pull_tags_show_delete(
                 client.delete(configured)
             assert held.value.status_code == 400 and "--model" in str(held.value)
         assert ModelStore(store).find(SMOL) is not None
+
+
+def test_a_model_pulled_again_with_other_bytes_is_served_from_them(
+    fresh: HubStandIn, served: tuple[EngineProcess, Path], tmp_path: Path
+) -> None:
+    engine, store = served
+    name = "hf.co/test/renewed-GGUF:Q4_K_M"
+    first = fresh.add("test/renewed-GGUF", "r-Q4_K_M.gguf", tiny_gguf(tmp_path / "v1.gguf"))
+    with ollama.Client(host=engine.url, headers={"Authorization": f"Bearer {KEY}"}) as client:
+        assert client.pull(name, stream=False).status == "success"
+        assert client.show(name).template == "{{ messages }}"
+        second = fresh.add("test/renewed-GGUF", "r-Q4_K_M.gguf",
+                           tiny_gguf(tmp_path / "v2.gguf", template=False))  # fmt: skip
+        assert client.pull(name, stream=False).status == "success"
+        assert client.show(name).template != "{{ messages }}"  # the new file's
+    assert (store / "blobs" / f"sha256-{second.sha256}").is_file()
+    assert not (store / "blobs" / f"sha256-{first.sha256}").exists()  # nothing serves it
 
 
 @pytest.mark.parametrize(

@@ -265,6 +265,16 @@ class ModelPool(Generic[M]):
             return None
         return next((n for n, s in self._slots.items() if s.spec.path == spec.path), None)
 
+    async def replace(self, spec: ModelSpec) -> str:
+        """Serve ``spec.name`` from ``spec``'s file from now on (a name pulled again
+        with other bytes): a slot of that name serving another file is unloaded (its
+        streams end) and forgotten, an alias of that name dropped; then it is added."""
+        self._aliases.pop(spec.name, None)
+        slot = self._slots.get(spec.name)
+        if slot is not None and slot.spec.path != spec.path:
+            await self.forget(spec.name)
+        return self.add(spec)
+
     async def forget(self, name: str) -> bool:
         """Stop serving the model ``name`` names (any of its names; unloaded first: its
         streams end; its aliases go too); False when it is not served. The default

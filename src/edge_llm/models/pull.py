@@ -50,12 +50,20 @@ Report = Callable[[PullStatus], None]
 
 class Puller:
     def __init__(
-        self, store: ModelStore, *, endpoint: str | None = None, retry: Retry | None = None
+        self,
+        store: ModelStore,
+        *,
+        endpoint: str | None = None,
+        retry: Retry | None = None,
+        in_use: Callable[[str], bool] | None = None,
     ) -> None:
-        """``endpoint``: the Hub's address (None: ``HF_ENDPOINT``, else huggingface.co)."""
+        """``endpoint``: the Hub's address (None: ``HF_ENDPOINT``, else huggingface.co);
+        ``in_use(path)``: a file a running server serves, kept when its name is pulled
+        again with other bytes (else deleted unless another name holds it)."""
         self.store = store
         self.endpoint = endpoint
         self.retry = retry or Retry()
+        self.in_use = in_use or (lambda _: False)
 
     async def pull(self, source: Source, report: Report, sha256: str | None = None) -> StoredModel:
         """Pull ``source`` under its name (a Hub source's own, a URL's given one).
@@ -76,7 +84,10 @@ class Puller:
                 raise DigestMismatch(_mismatch(source.name, remote, expected, actual, sha256))
             blob = await asyncio.to_thread(self._adopt, remote, actual)
         report(PullStatus("writing manifest"))
-        model = await asyncio.to_thread(self._name, source.name, remote, actual, blob, current)
+        old = None  # the name's bytes before, deleted unless still served or shared
+        if current is not None and current.sha256 != actual and not self.in_use(current.blob):
+            old = current.sha256
+        model = await asyncio.to_thread(self._name, source.name, remote, actual, blob, old)
         report(PullStatus("success"))
         return model
 
@@ -99,12 +110,13 @@ class Puller:
         return await fetch(remote, partial, on_bytes, self.retry)
 
     def _name(
-        self, name: str, remote: RemoteFile, sha256: str, blob: Path, current: StoredModel | None
+        self, name: str, remote: RemoteFile, sha256: str, blob: Path, old: str | None
     ) -> StoredModel:
-        """Give ``name`` to the stored file (its manifest, fsynced: off the loop)."""
+        """Give ``name`` to the stored file (its manifest, fsynced: off the loop); the
+        name's ``old`` bytes go unless another name holds them."""
         model = self.store.write_manifest(_manifest(name, remote, sha256, blob))
-        if current is not None and current.sha256 != sha256:
-            self.store.release(current.sha256)  # the name's old bytes, unless shared
+        if old is not None:
+            self.store.release(old)
         return model
 
     def _adopt(self, remote: RemoteFile, sha256: str) -> Path:

@@ -170,6 +170,13 @@ class ModelStore:
         if not any(other.sha256 == sha256 for other in self.list()):
             self.blob_path(sha256).unlink(missing_ok=True)
 
+    def release_file(self, path: str) -> None:
+        """:meth:`release` the blob at ``path`` (a file outside the store stays)."""
+        blob = Path(path)
+        if blob.parent.resolve() == self.blobs.resolve() and blob.name.startswith("sha256-"):
+            with contextlib.suppress(ValueError):  # not a digest: not a blob of ours
+                self.release(blob.name.removeprefix("sha256-"))
+
     def _manifest_path(self, name: str) -> Path:
         return self.manifests / (quote(name, safe="") + ".json")
 

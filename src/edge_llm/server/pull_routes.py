@@ -112,12 +112,26 @@ def _store(ctx: ServerContext) -> ModelStore:
 
 
 def _puller(ctx: ServerContext) -> Puller:
-    return Puller(_store(ctx))
+    return Puller(_store(ctx), in_use=lambda path: path in _served_files(ctx))
+
+
+def _served_files(ctx: ServerContext) -> set[str | None]:
+    return {ctx.pool.spec(name).path for name in ctx.pool.names}
 
 
 async def _pulled(ctx: ServerContext, stored: StoredModel) -> None:
-    """Serve the model just pulled (a new name; a name re-pulled keeps its slot)."""
-    ctx.pool.add(pulled_spec(ctx.config, stored.name, stored.blob))
+    """Serve the model just pulled. A name pulled again with other bytes (the Hub
+    changed the file) is served from the new file from now on, and its old file goes
+    once nothing serves it; the configuration's models (the default one) keep their
+    file until a restart."""
+    if stored.name == ctx.pool.default or stored.name in ctx.config.models:
+        return
+    before = _served_files(ctx)
+    await ctx.pool.replace(pulled_spec(ctx.config, stored.name, stored.blob))
+    store = _store(ctx)
+    for path in before - _served_files(ctx):
+        if path is not None:
+            await asyncio.to_thread(store.release_file, path)
 
 
 async def _outcome(task: asyncio.Task[StoredModel]) -> StoredModel:
