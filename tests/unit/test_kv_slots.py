@@ -4,11 +4,13 @@ request runs in, the host tier, and that the books always equal the cells that e
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from edge_llm.engine.kv.book import (
+    NO_ATTACHMENT,
     CopyPrefix,
     KvOp,
     LoadCache,
@@ -309,3 +311,11 @@ def test_without_kept_logits_an_attachment_stops_one_token_short() -> None:
     d.prefill(a, len(prompt))
     attachment = d.kv.attach_published(b, prompt)
     assert attachment.gained == len(prompt) - 1 and attachment.first_logits is None
+
+
+def test_no_attachment_is_one_instance_nobody_can_change() -> None:
+    """Both layouts return the one NO_ATTACHMENT to every caller: a caller extending
+    its ops would have changed every later "no attachment"."""
+    assert NO_ATTACHMENT.ops == ()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        NO_ATTACHMENT.gained = 1  # type: ignore[misc]

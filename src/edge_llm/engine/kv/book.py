@@ -80,16 +80,17 @@ class Admission:
     tier: str = "device"  # where the cached cells came from: device or host
 
 
-@dataclass
+@dataclass(frozen=True)
 class Attachment:
-    """What a waiting sequence gained from a prefill that ran since its admission."""
+    """What a waiting sequence gained from a prefill that ran since its admission
+    (immutable: :data:`NO_ATTACHMENT` is one instance every caller gets)."""
 
     gained: int  # cells
-    ops: list[KvOp]
+    ops: tuple[KvOp, ...]
     first_logits: Any = None  # it now holds the whole prompt: its first token's logits
 
 
-NO_ATTACHMENT = Attachment(0, [])
+NO_ATTACHMENT = Attachment(0, ())
 
 
 @dataclass

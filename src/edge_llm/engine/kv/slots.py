@@ -212,7 +212,7 @@ class KvSlots:
         slot.reserved -= gained
         slot.first_logits = self._logits_of(source)  # the next regenerate's too
         self._touch(slot)
-        return Attachment(gained, ops, slot.first_logits)
+        return Attachment(gained, tuple(ops), slot.first_logits)
 
     def restore(
         self,

@@ -260,7 +260,7 @@ class KvCache:
         self._touch(holder)
         ops: list[KvOp] = [CopyPrefix(min(end.holders - {seq_id}), seq_id, matched)]
         ops.extend(self._drop_redundant(end, keep=seq_id))
-        return Attachment(gained, ops, logits if matched == len(tokens) else None)
+        return Attachment(gained, tuple(ops), logits if matched == len(tokens) else None)
 
     def restore(
         self,
