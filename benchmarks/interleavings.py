@@ -14,9 +14,12 @@ seeded random generator, one action after another:
 - ``regenerate``: 2-3 requests in one session (``X-Session-Id``), each superseding the last;
 
 every request with a random priority (-1, 0 or 1); the clients' first actions cover
-all seven. Then it checks the contract's
-invariants and prints them with the figures and the seed (``--seed`` replays the
-choices; the timing is the machine's):
+all seven. Before the clients, the issue's goal for identical prompts is measured (a
+figure, not an invariant): for each ``--identical`` size, a lone streamed chat's TTFT,
+then that many identical ones sent at once, and the worst one's TTFT over the lone
+one's (goal: 2x; past ``max_sequences``, 4 by default, the rest wait for a slot).
+Then it checks the contract's invariants and prints them with the figures and the
+seed (``--seed`` replays the choices; the timing is the machine's):
 
 - ``stalls``: ``/debug/streams`` shows no wait without a reason that can end for
   ``--stall-s`` seconds (``Watch`` says which);
@@ -603,6 +606,61 @@ def _wait_for_url(proc: subprocess.Popen[str], lines: queue.Queue[str], output: 
     raise SystemExit("edge-llm did not start:\n" + "".join(output[-20:]))
 
 
+# -- identical prompts together (the issue's goal: within 2x a lone request's TTFT) ----------
+
+
+@dataclass
+class Group:
+    """``n`` identical streamed chats sent at once, after a lone one (fresh prompts)."""
+
+    n: int
+    lone_s: float | None
+    worst_s: float | None  # None: one of them got no first token
+
+    @property
+    def ratio(self) -> float | None:
+        if self.lone_s is None or self.worst_s is None or self.lone_s <= 0:
+            return None
+        return self.worst_s / self.lone_s
+
+    def describe(self) -> str:
+        if self.ratio is None:
+            return f"x{self.n}: no first token for one of them (lone {self.lone_s})"
+        assert self.worst_s is not None and self.lone_s is not None
+        return (f"x{self.n}: worst TTFT {self.worst_s:.2f} s = {self.ratio:.1f}x lone "
+                f"{self.lone_s:.2f} s")  # fmt: skip
+
+
+async def first_token_s(session: aiohttp.ClientSession, url: str, content: str) -> float | None:
+    """Seconds to the first content of a streamed chat, read to its end; None: none came."""
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8,
+            "temperature": 0, "stream": True}  # fmt: skip
+    started, first = time.monotonic(), None
+    async with session.post(url + "/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            return None
+        async for raw in response.content:
+            line = raw.decode().strip()
+            if first is None and line.startswith("data: {") and '"content":' in line:
+                data = json.loads(line.removeprefix("data: "))
+                if data.get("choices") and data["choices"][0]["delta"].get("content"):
+                    first = time.monotonic() - started
+    return first
+
+
+async def identical_groups(url: str, sizes: Sequence[int], rng: random.Random) -> list[Group]:
+    """For each size: a lone request, then that many identical ones at once."""
+    groups = []
+    async with aiohttp.ClientSession() as session:
+        for n in sizes:
+            lone = await first_token_s(session, url, fresh(rng, SHARED[0]))
+            prompt = fresh(rng, SHARED[0])
+            ttfts = await asyncio.gather(*(first_token_s(session, url, prompt) for _ in range(n)))
+            worst = None if None in ttfts else max(t for t in ttfts if t is not None)
+            groups.append(Group(n, lone, worst))
+    return groups
+
+
 # -- the run ---------------------------------------------------------------------------------
 
 
@@ -614,6 +672,7 @@ class Result:
     last_reading: dict[str, Any]
     events: list[dict[str, Any]]
     load_s: float
+    groups: list[Group] = field(default_factory=list)
     problems: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -638,13 +697,15 @@ def run_once(args: argparse.Namespace) -> Result:
         busy_loops(args.busy),
         server(Path(tmp), args.serve_args) as started,
     ):
+        rng = random.Random(f"{args.seed}-groups")
+        groups = asyncio.run(identical_groups(started.url, args.identical, rng))
         tally, seen, load_s = asyncio.run(load(started, args))
         drain_s, reading = asyncio.run(drain_time(started.url, DRAIN_BOUND_S))
         started.stop()
         events = started.events()
         if args.event_log:
             shutil.copyfile(started.event_log, args.event_log)
-    result = Result(tally, seen, drain_s, reading, events, load_s)
+    result = Result(tally, seen, drain_s, reading, events, load_s, groups)
     result.problems = check(result)
     return result
 
@@ -673,6 +734,7 @@ def figures(result: Result, args: argparse.Namespace) -> list[list[str]]:
     held = client_pauses - len(tally.pause_violations)
     rows = [
         ["seed", str(args.seed)],
+        ["identical", "; ".join(g.describe() for g in result.groups) or "—"],
         ["load", f"{result.load_s:.1f} s, {args.clients} clients, {args.busy} busy loops"],
         ["actions", _counts(tally.actions)],
         ["requests", f"{tally.requests} sent, {len(tally.ids)} ids seen, "
@@ -702,6 +764,10 @@ def _ttft(events: list[dict[str, Any]]) -> str:
     return f"median {values[len(values) // 2] / 1000:.2f} s, max {values[-1] / 1000:.2f} s"
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split(",") if n.strip())
+
+
 def _counts(counter: Counter[str]) -> str:
     return ", ".join(f"{name} {n}" for name, n in sorted(counter.items())) or "—"
 
@@ -719,6 +785,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--stall-s", type=float, default=5.0,
                         help="a wait without a reason this long is a stall")  # fmt: skip
     parser.add_argument("--event-log", help="keep the server's event log here")
+    parser.add_argument("--identical", type=_sizes, default=(2, 4, 8),
+                        help="sizes of the identical groups measured first (e.g. 2,4,8; "
+                             "'' for none)")  # fmt: skip
     parser.add_argument("--serve-arg", dest="serve_args", action="append", default=[],
                         help="one more argument for edge-llm serve (repeatable)")  # fmt: skip
     add_output_flags(parser)
@@ -750,7 +819,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw = {"seed": args.seed, "problems": result.problems, "failed": failed,
            "requests": result.tally.requests, "pauses": result.tally.pauses,
            "actions": dict(result.tally.actions), "outcomes": dict(result.tally.outcomes),
-           "drain_s": result.drain_s}  # fmt: skip
+           "drain_s": result.drain_s,
+           "identical": [{"n": g.n, "lone_s": g.lone_s, "worst_s": g.worst_s, "ratio": g.ratio}
+                         for g in result.groups]}  # fmt: skip
     write_outputs(args, run, [table], raw)
     return 1 if failed else 0
 

@@ -1,8 +1,9 @@
 """Requests whose prompts are equal, or one a prefix of another, arriving together
-(SPEC section 25): each gets its first token, within a bound of a lone request's TTFT,
-whichever route they come by. The first such group a server saw used to stall: one
-answered, the others attached the whole prompt from the one prefilling it, had no
-logits for its last token and waited until their ``ttft_timeout``."""
+(SPEC section 25): each gets its first token, whichever route they come by. The first
+such group a server saw used to stall: one answered, the others attached the whole
+prompt from the one prefilling it, had no logits for its last token and waited until
+their ``ttft_timeout`` (an error here). How soon they answer (the goal: within 2x a
+lone request's TTFT) is a speed figure, measured by benchmarks/interleavings.py."""
 
 from __future__ import annotations
 
@@ -35,14 +36,6 @@ class Answer:
     ttft_s: float | None  # None: no content came
     text: str
     error: Any = None
-
-
-def bound(lone: Answer) -> float:
-    """The TTFT every request of a group must beat: generous for a loaded machine (the
-    goal, 2x a lone request, is measured in benchmarks/interleavings.py); a stall ends
-    only at the 10 s TTFT time-out."""
-    assert lone.ttft_s is not None, lone
-    return 4 * lone.ttft_s + 1.5
 
 
 def story(tag: str) -> str:
@@ -141,20 +134,18 @@ async def together(ask: Any, url: str, prompts: list[str]) -> list[Answer]:
     return list(await asyncio.gather(*(ask(url, prompt) for prompt in prompts)))
 
 
-def assert_all_answered(answers: list[Answer], limit_s: float) -> None:
+def assert_all_answered(answers: list[Answer]) -> None:
     for answer in answers:
-        assert answer.error is None and answer.text, answers
-        assert answer.ttft_s is not None and answer.ttft_s <= limit_s, (limit_s, answers)
+        assert answer.error is None and answer.text and answer.ttft_s is not None, answers
 
 
 async def identical_group(engine: EngineProcess, ask: Any) -> list[Answer]:
-    """A lone request's TTFT, then ``N_TOGETHER`` identical requests sent at once: all
-    answer within the bound. (Their texts may differ by default: the story prompt has
-    near-ties, and a stream's batch shape decides them; docs/architecture.md.)"""
-    lone = await ask(engine.url, story(uuid.uuid4().hex[:8]))
+    """``N_TOGETHER`` identical requests sent at once: all answer. (Their texts may
+    differ by default: the story prompt has near-ties, and a stream's batch shape
+    decides them; docs/architecture.md.)"""
     prompt = story(uuid.uuid4().hex[:8])
     answers = await together(ask, engine.url, [prompt] * N_TOGETHER)
-    assert_all_answered(answers, bound(lone))
+    assert_all_answered(answers)
     return answers
 
 
@@ -174,13 +165,12 @@ async def test_identical_anthropic_messages_all_answer(engine) -> None:
 async def test_prompts_that_prefix_one_another_all_answer(engine, order) -> None:
     """A prompt, the same prompt, and two extensions of it (completions: the text is
     the prompt), arriving together."""
-    lone = await completion(engine.url, story(uuid.uuid4().hex[:8]))
     base = story(uuid.uuid4().hex[:8])
     prompts = [base, base, base + " It was small.", base + " It was small and green."]
     if order == "longest first":
         prompts.reverse()
     answers = await together(completion, engine.url, prompts)
-    assert_all_answered(answers, bound(lone))
+    assert_all_answered(answers)
 
 
 async def test_identical_chat_requests_in_the_unified_pool_all_answer(pool_engine) -> None:

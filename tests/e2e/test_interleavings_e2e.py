@@ -25,7 +25,7 @@ ACTIONS = {"identical", "prefix", "chat", "pause", "cancel", "disconnect", "rege
 def test_random_interleavings_keep_the_contract(tmp_path: Path) -> None:
     out = tmp_path / "run.json"
     argv = ["--duration", "10", "--clients", "4", "--busy", "2", "--json", str(out),
-            "--serve-arg=--ttft-timeout-ms=120000"]  # fmt: skip
+            "--serve-arg=--ttft-timeout-ms=120000", "--identical="]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(BENCHMARK), *argv],
         capture_output=True, text=True, timeout=240, check=False,
