@@ -394,7 +394,13 @@ async def _upstream_chat(request: web.Request) -> web.StreamResponse:
 
 async def test_a_relayed_request_shows_the_upstream_call_as_a_client_span(traced) -> None:
     upstream = web.Application()
-    upstream.router.add_post("/v1/chat/completions", _upstream_chat)
+    sent: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        sent.append(request.headers.get("traceparent"))
+        return await _upstream_chat(request)
+
+    upstream.router.add_post("/v1/chat/completions", chat)
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "m", "object": "model"}]})
@@ -419,6 +425,10 @@ async def test_a_relayed_request_shows_the_upstream_call_as_a_client_span(traced
     assert url.endswith(f":{attributes['server.port']}")
     assert attributes["gen_ai.usage.output_tokens"] == 3
     assert (span.attributes or {})["edge_llm.backend"] == "up"
+    # The upstream's own span would be the child of the CLIENT span, in the caller's trace.
+    assert client.context is not None
+    context = f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-01"
+    assert sent == [context] and context[3:35] == APP_TRACE
     usage = t.histograms()["gen_ai.client.token.usage"]
     assert [p.attributes["gen_ai.token.type"] for p in usage] == ["output"]
 

@@ -90,6 +90,7 @@ class FakeUpstream:
         self.status = status
         self.tool_call = tool_call
         self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         self.paths: list[str] = []
         self.closed_by_client = asyncio.Event()
         self.hold_before = hold_before
@@ -122,6 +123,7 @@ class FakeUpstream:
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(await request.json())
+        self.headers.append(dict(request.headers))
         self.paths.append(request.path)
         if self.status != 200:
             error = {"error": {"message": "too long", "code": "prompt_too_long"}}
@@ -715,6 +717,23 @@ async def test_a_relayed_request_carries_the_priority_the_server_resolved(
     assert answered.status == 200
     sent = [request.get("priority") for request in fake.requests]
     assert sent == [5, 7, -2, None, 3]
+
+
+async def test_the_callers_trace_context_reaches_the_upstream_as_sent(servers, front_of) -> None:
+    """Tracing off: the caller's ``traceparent`` and ``tracestate`` are passed on, so
+    the upstream's spans join the caller's trace."""
+    fake = await servers(["x"])
+    client = await front_of(upstream=[f"u={fake.url}"])
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+             "tracestate": "vendor=1"}  # fmt: skip
+    for headers in (trace, {}):
+        response = await client.post(
+            "/v1/chat/completions", json=_body("hi", model="m"), headers=headers
+        )
+        assert response.status == 200
+    sent, untraced = fake.headers
+    assert {name: sent.get(name) for name in trace} == trace
+    assert "traceparent" not in untraced and "tracestate" not in untraced
 
 
 async def test_responses_upstream_break_ends_with_error_and_failed(servers, front_of) -> None:

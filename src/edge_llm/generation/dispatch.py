@@ -331,8 +331,9 @@ class Dispatcher:
     ) -> Answer:
         self.sessions.starting(job.session)
         stream = self.router.open(
-            relay.path, relay.body, candidates, route=route, session=job.session
-        )
+            relay.path, relay.body, candidates, route=route, session=job.session,
+            trace_headers=relay.trace_headers,
+        )  # fmt: skip
         answer = RelayedAnswer(self.router, stream, self.sessions)
         self.sessions.started(job.session, answer)
         return answer

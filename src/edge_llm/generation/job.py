@@ -10,7 +10,7 @@ the chat request an upstream would be sent. The dispatcher
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -72,19 +72,26 @@ class JsonOutput:
     param: str
 
 
+def no_trace_headers() -> dict[str, str]:
+    return {}
+
+
 @dataclass(frozen=True)
 class Relay:
-    """The request as an upstream gets it: a chat or text completion."""
+    """The request as an upstream gets it: a chat or text completion. ``trace_headers``
+    gives the W3C trace context each upstream call carries (read at the call: the
+    relay's span exists by then)."""
 
     path: str
     body: dict[str, Any]
+    trace_headers: Callable[[], dict[str, str]] = field(default=no_trace_headers, compare=False)
 
     def with_priority(self, priority: Priority) -> Relay:
         """The body carrying a priority the server resolved (header, key, route)
         when the body names none of its own."""
         if not priority.set_by_server or "priority" in self.body:
             return self
-        return Relay(self.path, {**self.body, "priority": priority.value})
+        return replace(self, body={**self.body, "priority": priority.value})
 
 
 def relay_of(path: str, body: Callable[[], dict[str, Any]]) -> Relay | InvalidRequest:
@@ -119,6 +126,12 @@ class GenerationJob:
     progress: bool = False
     # llama-server's cache_prompt: False computes the whole prompt (no cached cells).
     cache_prompt: bool = True
+
+    def traced(self, trace_headers: Callable[[], dict[str, str]]) -> GenerationJob:
+        """The job whose upstream calls carry ``trace_headers``' trace context."""
+        if isinstance(self.relay, InvalidRequest):
+            return self
+        return replace(self, relay=replace(self.relay, trace_headers=trace_headers))
 
     def relayed(self) -> Relay:
         """What an upstream is sent, or InvalidRequest if the request cannot be relayed."""

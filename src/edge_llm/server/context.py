@@ -24,7 +24,7 @@ from edge_llm.protocol.responses import ResponseStore
 from edge_llm.server.access_log import answering
 from edge_llm.server.http import ConnectionSettings, session_of
 from edge_llm.server.priority import PriorityDefaults
-from edge_llm.server.telemetry import begin_span, started
+from edge_llm.server.telemetry import begin_span, caller_trace, started
 from edge_llm.upstream.router import UpstreamRouter
 
 if TYPE_CHECKING:  # OpenTelemetry is imported only when it is on
@@ -111,10 +111,11 @@ async def dispatch(
     span (from ``start_ns``, else the request's arrival) learns its id and facts, or
     ends with the refusal; the request's ``end`` line ends it."""
     ctx = context_of(request)
-    if ctx.tracing is None:
-        return await ctx.dispatcher.start(job), None
+    if ctx.tracing is None:  # an upstream still joins the caller's trace
+        return await ctx.dispatcher.start(job.traced(caller_trace(request.headers))), None
     tracer = ctx.tracing
     span = begin_span(tracer, request, job, start_ns)
+    job = job.traced(span.trace_headers)
     try:
         with tracer.admitting(span):
             answer = await ctx.dispatcher.start(job)

@@ -11,7 +11,7 @@ GenAI histograms are recorded when it ends (:mod:`edge_llm.observability.otel.sp
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -76,6 +76,15 @@ async def arrival(request: web.Request, handler: Any) -> web.StreamResponse:
     request[ARRIVED_NS] = time.time_ns()
     response: web.StreamResponse = await handler(request)
     return response
+
+
+TRACE_CONTEXT_HEADERS = ("traceparent", "tracestate")
+
+
+def caller_trace(headers: Mapping[str, str]) -> Callable[[], dict[str, str]]:
+    """Without tracing, the caller's W3C trace context, passed on to an upstream as sent."""
+    passed = {name: headers[name] for name in TRACE_CONTEXT_HEADERS if name in headers}
+    return lambda: dict(passed)
 
 
 def begin_span(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from edge_llm.errors import (
@@ -95,6 +96,7 @@ class UpstreamRouter:
         *,
         route: str,
         session: str | None,
+        trace_headers: Callable[[], dict[str, str]] = dict,
     ) -> UpstreamStream:
         """Start relaying ``body`` (with ``stream`` on and usage asked for) to the
         first usable candidate. ``route`` is ``model`` or ``fallback_<code>``."""
@@ -114,6 +116,7 @@ class UpstreamRouter:
             session=session,
             metrics=self.metrics,
             events=self.events,
+            trace_headers=trace_headers,
         )
         self._live[stream.id] = stream
         backend = usable[0].name if usable else "none"

@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 import aiohttp
@@ -87,6 +87,7 @@ class UpstreamStream:
         session: str | None,
         metrics: BackendMetrics,
         events: EventSink,
+        trace_headers: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.id = stream_id
         self.path = path
@@ -96,6 +97,7 @@ class UpstreamStream:
         self.settings = settings
         self.client_model = client_model
         self.session = session
+        self.trace_headers = trace_headers  # W3C trace context, read at each call
         first = self.candidates[0].name if self.candidates else "none"
         self.relay = RelayState(stream_id, client_model, settings, first, time.monotonic())
         self.log = RelayLog(self.relay, events, metrics)
@@ -238,7 +240,10 @@ class UpstreamStream:
         response: aiohttp.ClientResponse | None = None
         try:
             body = {**self.body, "model": upstream.upstream_model(self.client_model)}
-            response = await _post(self.registry, upstream, self.path, body, self.settings)
+            headers = {**upstream.headers(), **self.trace_headers()}
+            response = await _post(
+                self.registry, upstream, self.path, body, self.settings, headers=headers
+            )
             self.relay.connected()
             self._changed.set()
             await self._relay(upstream, response)
@@ -319,13 +324,15 @@ async def _post(
     path: str,
     body: dict[str, Any],
     settings: StreamSettings,
+    *,
+    headers: dict[str, str],
 ) -> aiohttp.ClientResponse:
     """The upstream's streaming response; _GiveUp when it cannot take the request now
     (unreachable, busy, 5xx), its 4xx as :class:`UpstreamRejected`."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s)
     try:
         response = await registry.session.post(
-            upstream.url(path), json=body, headers=upstream.headers(), timeout=timeout
+            upstream.url(path), json=body, headers=headers, timeout=timeout
         )
     except (aiohttp.ClientError, OSError, TimeoutError) as exc:
         raise _GiveUp(f"{type(exc).__name__}: {exc}"[:300], unhealthy=True) from exc

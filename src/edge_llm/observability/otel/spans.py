@@ -230,6 +230,15 @@ class RequestSpan:
         self.span.end(now_ns)
         self.owner.forget(self)
 
+    def trace_headers(self) -> dict[str, str]:
+        """W3C trace context for an upstream call: the relay's CLIENT span once the
+        request was routed, else this request's span."""
+        carrier: dict[str, str] = {}
+        with self._lock:
+            span = self._upstream if self._upstream is not None else self.span
+        self.owner.propagator.inject(carrier, trace.set_span_in_context(span))
+        return carrier
+
     # -- children ------------------------------------------------------------------------
 
     def _start_child(
