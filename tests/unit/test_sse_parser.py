@@ -147,7 +147,7 @@ def sse_stream(draw: st.DrawFn) -> tuple[bytes, list[SSEEvent]]:
     return bytes(out), expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(stream=sse_stream(), data=st.data())
 def test_any_split_gives_the_same_events(
     stream: tuple[bytes, list[SSEEvent]], data: st.DataObject
