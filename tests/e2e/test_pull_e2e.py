@@ -1,11 +1,13 @@
 """Models by name against a stand-in for the Hugging Face Hub on 127.0.0.1
 (``tests/hub_standin.py``): ``edge-llm pull`` with progress, a cut resumed within
-the command and on the next run, a sha256 mismatch refused, ``list`` and ``rm``,
-then one server: a pulled SmolLM2 served by name and a second model as ``NAME=SOURCE``
-(both pulled at start by ``--pull missing``), Ollama's ``/api/pull`` streamed through
-the official ``ollama`` client, ``/api/tags``, ``/api/show``, ``/api/delete``, names
-that try to leave the store, and the API key on all of them. Nothing here reaches
-beyond 127.0.0.1."""
+the command and on the next run (and a cancel), a sha256 mismatch refused, ``list``
+and ``rm``, the event loop neither writing nor hashing a download; then one server: a
+pulled SmolLM2 served by name and a second model as ``NAME=SOURCE`` (both pulled at
+start by ``--pull missing``), a model pulled on first use whose spellings are one
+served model, Ollama's ``/api/pull`` streamed through the official ``ollama`` client,
+``/api/tags``, ``/api/show``, ``/api/delete``, a name pulled again with other bytes,
+names that try to leave the store, and the API key on all of them. Nothing here
+reaches beyond 127.0.0.1."""
 
 from __future__ import annotations
 

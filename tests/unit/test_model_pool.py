@@ -270,6 +270,28 @@ async def test_a_pulled_name_of_the_default_models_file_is_the_default_model() -
         await pool.unload_all()
 
 
+async def test_a_file_deleted_by_a_new_pull_of_its_name_loads_the_names_file_now(
+    tmp_path: Path,
+) -> None:
+    """``edge-llm pull`` gave a served name other bytes (deleting the old ones) while the
+    server ran: its next load takes the file the name has now."""
+    old, new = tmp_path / "old.gguf", tmp_path / "new.gguf"
+    new.write_bytes(b"GGUF")
+    loads = Loads()
+    pool = ModelPool(
+        [ModelSpec("a", "a.gguf", SIZE, 0), ModelSpec(CANONICAL, str(old), SIZE, 0)], loads,
+        budget_bytes=0, metrics=PoolMetrics(CollectorRegistry()), events=Recorder(),
+        find=lambda name: ModelSpec(name, str(new), 4, 0) if name == CANONICAL else None,
+    )  # fmt: skip
+    try:
+        with await pool.acquire(CANONICAL) as lease:
+            assert lease.model.spec.path == str(new)
+            assert lease.model.spec.size_bytes == 4
+    finally:
+        await pool.drain(0)
+        await pool.unload_all()
+
+
 # -- every model's KV in one memory ledger -------------------------------------------------
 
 KV_CONTEXT = 1024 * 10  # the fake's KV context: 1,024 cells of 10 bytes

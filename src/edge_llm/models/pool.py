@@ -23,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
+import os
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -415,6 +417,7 @@ class ModelPool(Generic[M]):
         return await asyncio.shield(slot.loading)
 
     async def _load(self, slot: _Slot[M]) -> M:
+        self._refresh(slot)
         spec = slot.spec
         try:
             async with self._load_lock:
@@ -439,6 +442,20 @@ class ModelPool(Generic[M]):
                 return model
         finally:
             slot.loading = None
+
+    def _refresh(self, slot: _Slot[M]) -> None:
+        """Before a load: a pulled file deleted since it was served (``edge-llm pull``
+        gave its name other bytes while this server ran, and deleted the old ones) is
+        replaced by the file the name has now; the slot's other settings stay."""
+        path = slot.spec.path
+        if path is None or self._find is None or os.path.exists(path):
+            return
+        now = self._find(slot.spec.name)
+        if now is not None and now.path != path:
+            slot.spec = dataclasses.replace(
+                slot.spec, path=now.path, size_bytes=now.size_bytes, modified_at=now.modified_at
+            )
+            slot.metadata = None
 
     async def _make_room(self, slot: _Slot[M]) -> None:
         """Lock held: unload idle models, least recently used first, until ``slot``'s
