@@ -1,6 +1,6 @@
 /**
  * The client configuration: the seed's `edge_llm_client` JSON, read with the Python
- * SDK's keys, defaults and validation (src/edge_llm/client/config.py), so one file
+ * SDK's keys, defaults and validation (`edge_llm.client.config`), so one file
  * drives both SDKs. Errors name the key: `edge_llm_client.retry.max_attempts: ...`.
  *
  * Precedence, lowest first: defaults (the seed's values), the JSON, `env`
