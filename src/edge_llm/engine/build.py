@@ -13,7 +13,8 @@ from collections.abc import Callable
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.kv.apply import KvApplier
 from edge_llm.engine.kv.book import KvBook
-from edge_llm.engine.kv.disk_cache import disk_cache
+from edge_llm.engine.kv.device import DeviceTier
+from edge_llm.engine.kv.disk_cache import DiskTier, disk_cache
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.kv.layout import kv_book
@@ -101,6 +102,7 @@ def build_parts(
         backend=backend, settings=settings, metrics=metrics, events=events, clock=clock,
         _lock=lock, ledger=own, device=device, host_cache=host_cache,
         host_offload=host_offload, disk=disk, kv=kv, scheduler=scheduler, streams=streams,
+        tiers=(DeviceTier(device, kv), host_cache, host_offload, DiskTier(disk)),
         deadlines=Deadlines(settings, streams), offload=offload,
         preemption=PreemptionPolicy(offload, settings.max_preemptions),
         runner=ModelRunner(backend, applier, prefill_apart=kv.per_slot),

@@ -86,10 +86,9 @@ class Engine(EngineParts):
         if self.disk is not None:
             # what the book kept (the per-slot layout: its slots): the next start has it
             save_kept(self.disk, self.kv.kept(), self.backend.save_state)
-            self.disk.close()
         self.backend.close()
-        for account in (self.device, self.host_cache.account, self.host_offload.account):
-            account.close()  # its memory is back: the other models' tiers may use it
+        for tier in self.tiers:
+            tier.close()  # its memory is back: the other models' tiers may use it
 
     @property
     def alive(self) -> bool:

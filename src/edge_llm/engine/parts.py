@@ -12,6 +12,7 @@ from edge_llm.engine.kv.disk_cache import DiskCache
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.kv.ledger import Account, MemoryLedger
+from edge_llm.engine.kv.tier import KvTier
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.pressure.offload import OffloadPolicy, PreemptionPolicy
 from edge_llm.engine.runtime.backend import Backend
@@ -43,6 +44,7 @@ class EngineParts:
     host_cache: HostCache
     host_offload: HostOffload
     disk: DiskCache | None
+    tiers: tuple[KvTier, ...]  # every KV tier, the device's first: the one list of them
     kv: KvBook
     scheduler: Scheduler
     streams: Streams

@@ -7,10 +7,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, Self
 
 from edge_llm.engine.kv.book import KvBook
-from edge_llm.engine.kv.disk_cache import DiskCache
-from edge_llm.engine.kv.host_cache import HostCache
-from edge_llm.engine.kv.host_offload import HostOffload
-from edge_llm.engine.kv.ledger import Account, MemoryLedger
+from edge_llm.engine.kv.ledger import MemoryLedger
+from edge_llm.engine.kv.tier import KvTier
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.scheduling.admission import predict_ttft_s
@@ -32,15 +30,9 @@ class EngineView(Protocol):
     @property
     def ledger(self) -> MemoryLedger: ...
     @property
-    def device(self) -> Account: ...
-    @property
     def kv(self) -> KvBook: ...
     @property
-    def host_offload(self) -> HostOffload: ...
-    @property
-    def host_cache(self) -> HostCache: ...
-    @property
-    def disk(self) -> DiskCache | None: ...
+    def tiers(self) -> tuple[KvTier, ...]: ...
     @property
     def scheduler(self) -> Scheduler: ...
     @property
@@ -64,18 +56,9 @@ def snapshot(engine: EngineView, now: float) -> dict[str, Any]:
     streams = engine.streams
     handles = [*streams.live.values(), *streams.recent(now)]
     kv = engine.kv
-    tiers = tier_bytes(engine)
     return {
         "streams": [describe(handle, now) for handle in handles],
-        "kv_used_bytes": tiers["device_live"],
-        "kv_cached_bytes": tiers["device_cached"],
-        "kv_offloaded_bytes": engine.host_offload.num_bytes,
-        "kv_host_cache_bytes": engine.host_cache.num_bytes,
-        "kv_host_cache_budget_bytes": engine.host_cache.capacity_bytes,
-        "kv_host_cache_entries": len(engine.host_cache),
-        "kv_host_cache_hits": engine.host_cache.hits,
-        "kv_disk_cache_bytes": tiers["disk"],
-        "kv_disk_cache_skipped": engine.disk.skipped if engine.disk is not None else 0,
+        **{name: value for tier in engine.tiers for name, value in tier.read().debug.items()},
         "kv_layout": "per_slot" if kv.per_slot else "pool",
         **memory_fields(engine),
         "memory_ledger": ledger_fields(engine),
@@ -137,54 +120,38 @@ def memory_fields(engine: EngineView) -> dict[str, Any]:
 
 
 def ledger_fields(engine: EngineView) -> dict[str, Any]:
-    """Engine lock held: the memory ledger's lines (``ledger.py``), in bytes: the KV
-    context (allocated whole: live, cached and free cells), each host tier with its
-    cap, the embeddings context, saves in flight, every other loaded model's lines, the
+    """Engine lock held: the memory ledger's lines (``ledger.py``), in bytes: each KV
+    tier's (the KV context: live, cached and free cells; each host tier with its cap),
+    the embeddings context, saves in flight, every other loaded model's lines, the
     total against the cap, and the weights beside it (outside the cap)."""
-    ledger, stats, per_token = engine.ledger, engine.kv.stats(), engine.kv.bytes_per_token
-    live, cached = stats.used_tokens * per_token, stats.cached_tokens * per_token
-    kinds = ledger.by_kind()
+    ledger, readings = engine.ledger, [tier.read() for tier in engine.tiers]
     return {
         "cap_bytes": ledger.cap_bytes,
         "total_bytes": ledger.used_bytes,
         "free_bytes": ledger.free_bytes if ledger.shared else None,
         "weights_bytes": engine.backend.info.size_bytes,
-        "device_bytes": engine.device.num_bytes,
-        "device_live_bytes": live,
-        "device_cached_bytes": cached,
-        "device_free_bytes": max(0, engine.device.num_bytes - live - cached),
-        "host_cache_bytes": engine.host_cache.num_bytes,
-        "host_cache_cap_bytes": engine.host_cache.capacity_bytes,
-        "offload_bytes": engine.host_offload.num_bytes,
-        "offload_cap_bytes": engine.host_offload.capacity_bytes,
-        "embeddings_bytes": kinds.get("embeddings", 0),
-        "reserve_bytes": engine.host_cache.reserved_bytes + engine.host_offload.reserved_bytes,
+        **{f"{line}_bytes": n for r in readings for line, n in r.lines.items()},
+        **{name: value for r in readings for name, value in r.ledger.items()},
+        "embeddings_bytes": ledger.by_kind().get("embeddings", 0),
+        "reserve_bytes": sum(r.reserved_bytes for r in readings),
         "other_models_bytes": ledger.used_bytes - ledger.own_bytes,  # their every line
         "machine_bytes": engine.machine_bytes,
     }
 
 
 def ledger_lines(engine: EngineView) -> dict[str, int | None]:
-    """Engine lock held: the ledger as ``memory_ledger_bytes{line}`` exports it."""
+    """Engine lock held: the ledger as ``memory_ledger_bytes{line}`` exports it: the
+    tiers' lines, then the ledger's own."""
     fields = ledger_fields(engine)
-    lines = {
-        line: fields[f"{line}_bytes"]
-        for line in ("device_live", "device_cached", "device_free", "host_cache", "offload",
-                     "embeddings", "reserve", "other_models")
-    }  # fmt: skip
-    return {**lines, "total": fields["total_bytes"], "cap": fields["cap_bytes"]}
+    tiers = {line: n for tier in engine.tiers for line, n in tier.read().lines.items()}
+    own = {line: fields[f"{line}_bytes"] for line in ("embeddings", "reserve", "other_models")}
+    return {**tiers, **own, "total": fields["total_bytes"], "cap": fields["cap_bytes"]}
 
 
 def tier_bytes(engine: EngineView) -> dict[str, int]:
-    """Engine lock held: bytes of KV per tier: running streams' and cached cells on the
-    device (the KV context), the prefix cache's host tier."""
-    stats, per_token = engine.kv.stats(), engine.kv.bytes_per_token
-    return {
-        "device_live": stats.used_tokens * per_token,
-        "device_cached": stats.cached_tokens * per_token,
-        "host": engine.host_cache.num_bytes,
-        "disk": engine.disk.num_bytes if engine.disk is not None else 0,
-    }
+    """Engine lock held: bytes of KV per tier (``kv_cache_tier_bytes{tier}``): running
+    streams' and cached cells on the device, each host tier, the disk."""
+    return {name: n for tier in engine.tiers for name, n in tier.read().held.items()}
 
 
 def bind_gauges(engine: EngineView) -> None:

@@ -44,7 +44,7 @@ from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.spec import MIB, ModelSpec
 from edge_llm.observability.events import Event, EventSink
-from edge_llm.observability.metrics import KV_TIERS, LEDGER_LINES, EngineMetrics
+from edge_llm.observability.metrics import EngineMetrics
 
 if TYPE_CHECKING:
     from edge_llm.engine import Engine
@@ -608,6 +608,6 @@ def _trim_heap() -> None:
 def _zero_gauges(metrics: EngineMetrics) -> None:
     """An unloaded model's gauges read zero (not its stopped engine's last state)."""
     metrics.bind_gauges(*[lambda: 0.0] * 5)
-    metrics.bind_tiers(lambda: dict.fromkeys(KV_TIERS, 0))
-    metrics.bind_ledger(lambda: dict.fromkeys(LEDGER_LINES, 0))
+    metrics.bind_tiers(dict)  # the tiers its engine named
+    metrics.bind_ledger(dict)
     metrics.memory_available.set_function(lambda: float("nan"))

@@ -10,13 +10,6 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 PREFIX = "edge_llm_"
-# The tiers KV bytes are reported for (kv_cache_tier_bytes{tier}).
-KV_TIERS = ("device_live", "device_cached", "host", "disk")
-# The memory ledger's lines (memory_ledger_bytes{line}; engine/kv/ledger.py).
-LEDGER_LINES = (
-    "device_live", "device_cached", "device_free", "host_cache", "offload", "embeddings",
-    "reserve", "other_models", "total", "cap",
-)  # fmt: skip
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
@@ -104,10 +97,14 @@ class EngineMetrics:
         self.kv_tier_bytes = Gauge(
             PREFIX + "kv_cache_tier_bytes",
             "Bytes of KV held per tier: device_live (running streams), device_cached "
-            "(kept slots or pool cache), host (the prefix cache's host tier), disk",
+            "(kept slots or pool cache), host (the prefix cache's host tier), offload "
+            "(offloaded streams), disk",
             ["tier"],
             registry=r,
         )
+        # The labels the engine's tiers and ledger name, bound once (bind_tiers, bind_ledger).
+        self._tiers: tuple[str, ...] = ()
+        self._lines: tuple[str, ...] = ()
         self.memory_ledger_bytes = Gauge(
             PREFIX + "memory_ledger_bytes",
             "The memory ledger of every KV tier (a CPU device: max_kv_cache_mb bounds them "
@@ -242,13 +239,17 @@ class EngineMetrics:
         self.backpressure_peak.set_function(backpressure_peak)
 
     def bind_tiers(self, tiers: Callable[[], dict[str, int]]) -> None:
-        """``tiers()``: bytes per tier name, read when scraped."""
-        for tier in KV_TIERS:
+        """``tiers()``: bytes per tier, read when scraped; the tiers it names now are the
+        series (a later binding that names none, an unloaded model's, reads 0 for them)."""
+        self._tiers = tuple(tiers()) or self._tiers
+        for tier in self._tiers:
             self.kv_tier_bytes.labels(tier).set_function(_reader(tiers, tier))
 
     def bind_ledger(self, lines: Callable[[], dict[str, int | None]]) -> None:
-        """``lines()``: bytes per ledger line (None: no cap), read when scraped."""
-        for line in LEDGER_LINES:
+        """``lines()``: bytes per ledger line (None: no cap), read when scraped; its
+        lines are named as :meth:`bind_tiers` names the tiers."""
+        self._lines = tuple(lines()) or self._lines
+        for line in self._lines:
             self.memory_ledger_bytes.labels(line).set_function(_ledger_reader(lines, line))
 
     def render(self) -> bytes:
@@ -298,12 +299,12 @@ def _total(counter: Counter) -> float:
 
 
 def _reader(tiers: Callable[[], dict[str, int]], tier: str) -> Callable[[], float]:
-    return lambda: tiers()[tier]
+    return lambda: tiers().get(tier, 0)
 
 
 def _ledger_reader(lines: Callable[[], dict[str, int | None]], line: str) -> Callable[[], float]:
     def read() -> float:
-        value = lines()[line]
+        value = lines().get(line, 0)
         return float("nan") if value is None else float(value)
 
     return read

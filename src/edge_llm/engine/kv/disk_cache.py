@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from edge_llm.engine.kv.tier import TierReading
+
 if TYPE_CHECKING:
     from edge_llm.engine.kv.host_cache import HostCache
     from edge_llm.engine.runtime.backend import Backend
@@ -171,6 +173,27 @@ class DiskCache:
         _log.warning("disk cache: skipped %s: %s", path.name, why)
         if remove:
             path.unlink(missing_ok=True)
+
+
+@dataclass
+class DiskTier:
+    """The disk tier as a KV tier (``tier.KvTier``): there is one whether or not
+    ``cache_dir`` is set (none: it holds nothing). Not in the memory ledger: files."""
+
+    disk: DiskCache | None
+
+    def read(self) -> TierReading:
+        disk = self.disk
+        held, skipped = (disk.num_bytes, disk.skipped) if disk is not None else (0, 0)
+        return TierReading(
+            held={"disk": held},
+            debug={"kv_disk_cache_bytes": held, "kv_disk_cache_skipped": skipped},
+        )
+
+    def close(self) -> None:
+        """Write what is queued (the kept slots too: ``save_kept`` ran first)."""
+        if self.disk is not None:
+            self.disk.close()
 
 
 def disk_cache(directory: str | None, capacity_bytes: int, backend: Backend) -> DiskCache | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.engine.kv.ledger import Giver, LedgerTier, MemoryLedger
+from edge_llm.engine.kv.tier import TierReading
 
 # A saved state holds, beside the K and V rows, each cell's position and sequence ids
 # and a small header: an upper bound used to reserve room before the save runs.
@@ -108,6 +109,18 @@ class HostCache(LedgerTier):
     def reserved_bytes(self) -> int:
         """Room held for saves that have not run yet."""
         return sum(e.num_bytes for e in self._entries.values() if e.state is None)
+
+    def read(self) -> TierReading:
+        """Its bytes as a KV tier (``tier.KvTier``)."""
+        held, cap = self.num_bytes, self.capacity_bytes
+        return TierReading(
+            held={"host": held},
+            lines={"host_cache": held},
+            ledger={"host_cache_cap_bytes": cap},
+            debug={"kv_host_cache_bytes": held, "kv_host_cache_budget_bytes": cap,
+                   "kv_host_cache_entries": len(self), "kv_host_cache_hits": self.hits},
+            reserved_bytes=self.reserved_bytes,
+        )  # fmt: skip
 
     def give_back(self) -> int:
         """Another tier needs the room: the least recently used entry goes; the bytes

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from edge_llm.engine.kv.ledger import LedgerTier, MemoryLedger
+from edge_llm.engine.kv.tier import TierReading
 
 
 class HostOffload(LedgerTier):
@@ -36,6 +37,16 @@ class HostOffload(LedgerTier):
     def reserved_bytes(self) -> int:
         """Room held for saves that have not run yet."""
         return sum(self._sizes[key] for key, state in self._states.items() if not state)
+
+    def read(self) -> TierReading:
+        """Its bytes as a KV tier (``tier.KvTier``)."""
+        return TierReading(
+            held={"offload": self.num_bytes},
+            lines={"offload": self.num_bytes},
+            ledger={"offload_cap_bytes": self.capacity_bytes},
+            debug={"kv_offloaded_bytes": self.num_bytes},
+            reserved_bytes=self.reserved_bytes,
+        )
 
     def fits(self, num_bytes: int) -> bool:
         """Whether a state of ``num_bytes`` can be saved now (the host prefix tier

@@ -186,6 +186,10 @@ class LedgerTier:
     def capacity_bytes(self, value: int) -> None:
         self.account.cap_bytes = value
 
+    def close(self) -> None:
+        """Its model is gone: its line leaves the ledger (``tier.KvTier``)."""
+        self.account.close()
+
 
 @dataclass
 class _Lines:
