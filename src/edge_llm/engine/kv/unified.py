@@ -4,9 +4,9 @@ llama.cpp tags every KV cell with the sequence ids that see it. In the unified p
 ``llama_memory_seq_cp`` adds a tag without copying, so a prompt prefix computed once
 can serve any number of sequences. This module keeps the book of those tags:
 
-- a radix tree of token runs. Each node stands for cells that exist once in KV, and
-  every sequence id (``holder``) tagging a node also tags all its ancestors, so any
-  holder of a node can be the source of a copy of the whole path;
+- a radix tree of token runs (``prefix_tree.py``). Each node stands for cells that
+  exist once in KV, and every sequence id (``holder``) tagging a node also tags all
+  its ancestors, so any holder of a node can be the source of a copy of the whole path;
 - running sequences hold the path they attached to at admission (shared) and the
   cells they computed since (published into the tree after each prefill chunk unless
   another sequence computed the same tokens first; then they stay private);
@@ -27,7 +27,7 @@ through the backend, in order; nothing here calls llama.cpp.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,44 +41,15 @@ from edge_llm.engine.kv.book import (
     LoadState,
     SaveState,
     Truncate,
-    common_prefix,
 )
 from edge_llm.engine.kv.first_logits import FirstTokenLogits
-
-
-class _Node:
-    """A run of tokens at positions ``start``.. whose cells exist once in KV."""
-
-    __slots__ = (
-        "children", "holders", "last_used", "owner", "parent", "running_refs", "start", "tokens",
-    )  # fmt: skip
-
-    def __init__(self, tokens: list[int], start: int, parent: _Node | None) -> None:
-        self.tokens = tokens
-        self.start = start
-        self.parent = parent
-        self.children: dict[int, _Node] = {}
-        self.holders: set[int] = set()
-        self.running_refs = 0
-        self.owner: int | None = None  # the running id whose reservation covers these cells
-        self.last_used = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.tokens)
-
-    def path(self) -> Iterator[_Node]:
-        """This node and its ancestors, root excluded."""
-        node: _Node | None = self
-        while node is not None and node.parent is not None:
-            yield node
-            node = node.parent
+from edge_llm.engine.kv.prefix_tree import PrefixNode, PrefixTree
 
 
 @dataclass
 class _Holder:
     seq_id: int
-    node: _Node  # end of the attached (shared, published) path; the root when none
+    node: PrefixNode  # end of the attached (shared, published) path; the root when none
     n_cells: int  # cells tagged: the attached path plus private cells after it
     reserved: int = 0
     running: bool = True
@@ -96,16 +67,17 @@ class _Holder:
 
 @dataclass
 class KvCache:
-    """The unified pool's book: a radix tree of shared prefix cells, their reference
-    counts, the budget and the eviction order. Its length is one state those share
-    (every method moves cells between live, cached and free); it returns KV
-    operations and never calls llama.cpp."""
+    """The unified pool's book over its prefix tree (``prefix_tree.py``): which ids
+    hold which cells, their reservations, the budget and the eviction order. One
+    class for one invariant: every method moves cells between live, cached and free
+    and keeps reserved + cached <= capacity, which two classes would both have to
+    keep. It returns KV operations and never calls llama.cpp."""
 
     capacity_tokens: int
     bytes_per_token: int
     num_seq_ids: int
     share: bool = True  # False: no prefix shared between ids (prefix_cache off)
-    _root: _Node = field(init=False)
+    _tree: PrefixTree = field(init=False, default_factory=PrefixTree)
     _holders: dict[int, _Holder] = field(init=False, default_factory=dict)
     _free_ids: list[int] = field(init=False)
     _tick: int = field(init=False, default=0)
@@ -118,7 +90,6 @@ class KvCache:
         # id (one slot holding the whole budget) there is no second id to copy into, and
         # a kept prefix would pin the only id (every second request failed to admit).
         self.share = self.share and self.num_seq_ids > 1
-        self._root = _Node([], 0, None)
         # The lowest free id first: with per-slot KV llama.cpp decodes each run of
         # consecutive seq ids apart, so busy ids are kept together.
         self._free_ids = list(range(self.num_seq_ids))
@@ -153,8 +124,8 @@ class KvCache:
         return self.share
 
     def stats(self) -> KvCacheStats:
-        used = sum(len(n.tokens) for n in self._nodes() if n.running_refs)
-        cached = sum(len(n.tokens) for n in self._nodes() if not n.running_refs)
+        used = sum(len(n.tokens) for n in self._tree.nodes() if n.running_refs)
+        cached = sum(len(n.tokens) for n in self._tree.nodes() if not n.running_refs)
         for holder in self._holders.values():
             if holder.running:
                 used += holder.private
@@ -173,8 +144,8 @@ class KvCache:
             return 0
         if not (self.share and reuse):
             return 0
-        node, offset = self._lookup(prefix)
-        return node.start + offset if node is not self._root else 0
+        node, offset = self._tree.lookup(prefix)
+        return node.start + offset if node is not self._tree.root else 0
 
     def can_admit(self, tokens: Sequence[int], total_tokens: int, reuse: bool = True) -> bool:
         """Whether ``admit`` would succeed now, evicting cache if it must."""
@@ -187,16 +158,16 @@ class KvCache:
 
     def _can_make_room(self, need: int, pinned: int) -> bool:
         """``pinned``: evictable cells the new sequence itself would hold."""
-        reclaimable = sum(len(n.tokens) for n in self._evictable_nodes()) - pinned
+        reclaimable = sum(len(n.tokens) for n in self._tree.evictable()) - pinned
         reclaimable += sum(h.private for h in self._holders.values() if not h.running)
         has_id = bool(self._free_ids) or any(not h.running for h in self._holders.values())
         return has_id and need <= self.num_free + reclaimable
 
     def _evictable_in_prefix(self, prefix: Sequence[int]) -> int:
-        node, offset = self._lookup(prefix)
+        node, offset = self._tree.lookup(prefix)
         nodes = list(node.path())
         lengths = [offset, *(len(n.tokens) for n in nodes[1:])]
-        return sum(n for n, node in zip(lengths, nodes, strict=True) if _evictable(node))
+        return sum(n for n, node in zip(lengths, nodes, strict=True) if node.evictable)
 
     def keep_logits(self, prompt: Sequence[int], logits: Any) -> None:
         """The logits of ``prompt``'s last token, kept with its cells: a request for the
@@ -219,7 +190,7 @@ class KvCache:
         self, tokens: Sequence[int], total_tokens: int, whole: bool, reuse: bool
     ) -> Admission:
         matched = self.cached_length(tokens, whole, reuse)
-        end = self._attach_point(tokens, matched)
+        end = self._tree.attach_point(tokens, matched)
         for node in end.path():
             node.running_refs += 1  # pinned: the evictions below must not take it
         need = total_tokens - matched
@@ -248,7 +219,7 @@ class KvCache:
         if not self.share or holder.private or matched <= holder.attached:
             return NO_ATTACHMENT
         had = set(map(id, holder.node.path()))
-        end = self._attach_point(tokens, matched)
+        end = self._tree.attach_point(tokens, matched)
         for node in end.path():
             if id(node) not in had:
                 node.running_refs += 1
@@ -275,7 +246,7 @@ class KvCache:
         matter only to the per-slot book)."""
         ops = self._make_room(total_tokens, need_id=True)
         seq_id = heapq.heappop(self._free_ids)
-        holder = _Holder(seq_id, self._root, n_cells, reserved=total_tokens, diverged=True)
+        holder = _Holder(seq_id, self._tree.root, n_cells, reserved=total_tokens, diverged=True)
         self._holders[seq_id] = holder
         self.num_reserved += total_tokens
         self._touch(holder)
@@ -304,7 +275,7 @@ class KvCache:
         if end.parent is not None and own_leaf and not end.children:
             end.tokens.extend(new)
         else:
-            child = _Node(new, end.end, end)
+            child = PrefixNode(new, end.end, end)
             child.owner = holder.seq_id
             child.holders.add(holder.seq_id)
             child.running_refs = 1
@@ -378,7 +349,7 @@ class KvCache:
     def _evict_one(self, ops: list[KvOp]) -> bool:
         """Free the least recently used cache entry: a leaf node, or the private
         cells of a sequence kept without sharing. False when nothing is evictable."""
-        leaves = [n for n in self._evictable_nodes() if not n.children]
+        leaves = [n for n in self._tree.evictable() if not n.children]
         lingering = [h for h in self._holders.values() if not h.running and h.private]
         leaf = min(leaves, key=lambda n: n.last_used, default=None)
         linger = min(lingering, key=lambda h: h.last_used, default=None)
@@ -394,7 +365,7 @@ class KvCache:
         self._evict_leaf(leaf, ops)
         return True
 
-    def _evict_leaf(self, leaf: _Node, ops: list[KvOp]) -> None:
+    def _evict_leaf(self, leaf: PrefixNode, ops: list[KvOp]) -> None:
         parent = leaf.parent
         assert parent is not None  # the root is never evictable
         del parent.children[leaf.tokens[0]]
@@ -409,7 +380,7 @@ class KvCache:
         leaf.holders.clear()
         ops.extend(self._drop_redundant(parent, keep=None))
 
-    def _drop_redundant(self, node: _Node, keep: int | None) -> list[KvOp]:
+    def _drop_redundant(self, node: PrefixNode, keep: int | None) -> list[KvOp]:
         """Cache ids ending at ``node`` whose cells another id also tags are let go,
         so that ids stay free for new sequences."""
         ops: list[KvOp] = []
@@ -429,61 +400,8 @@ class KvCache:
         del self._holders[holder.seq_id]
         heapq.heappush(self._free_ids, holder.seq_id)
 
-    # -- the tree -------------------------------------------------------------------
-
-    def _nodes(self) -> Iterator[_Node]:
-        stack = list(self._root.children.values())
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
-    def _evictable_nodes(self) -> Iterator[_Node]:
-        return (n for n in self._nodes() if _evictable(n))
-
-    def _lookup(self, tokens: Sequence[int]) -> tuple[_Node, int]:
-        """The deepest node sharing a prefix with ``tokens`` and how many of its
-        tokens match (the match ends inside it when fewer than all)."""
-        node, pos = self._root, 0
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                return node, len(node.tokens)
-            common = common_prefix(child.tokens, tokens, pos)
-            if common < len(child.tokens):
-                return child, common
-            node, pos = child, pos + common
-        return node, len(node.tokens)
-
-    def _attach_point(self, tokens: Sequence[int], matched: int) -> _Node:
-        """The node ending exactly at ``matched`` (split if the match ends inside one)."""
-        if not matched:
-            return self._root
-        node, offset = self._lookup(tokens[:matched])
-        return node if offset == len(node.tokens) else self._split(node, offset)
-
-    def _split(self, node: _Node, offset: int) -> _Node:
-        """Cut ``node`` after ``offset`` tokens; return the upper part."""
-        parent = node.parent
-        assert parent is not None
-        upper = _Node(node.tokens[:offset], node.start, parent)
-        upper.holders = set(node.holders)
-        upper.running_refs = node.running_refs
-        upper.owner = node.owner
-        upper.last_used = node.last_used
-        parent.children[upper.tokens[0]] = upper
-        node.tokens = node.tokens[offset:]
-        node.start += offset
-        node.parent = upper
-        upper.children[node.tokens[0]] = node
-        return upper
-
     def _touch(self, holder: _Holder) -> None:
         self._tick += 1
         holder.last_used = self._tick
         for node in holder.node.path():
             node.last_used = self._tick
-
-
-def _evictable(node: _Node) -> bool:
-    return not node.running_refs and node.owner is None
