@@ -228,13 +228,14 @@ async def test_the_event_loop_neither_writes_nor_hashes_a_download(
     """The loop that paces every stream only reads a download; one thread writes and
     hashes it. Measured on the loop's thread (CPU time, which load does not stretch):
     what a 64 MiB download costs it beyond reading the same bytes, as a share of what
-    hashing and writing them costs, median of 3. 2026-12-07, load 11 on 2 cores: 0.05 to
-    0.39 with the writer thread, 0.98 to 1.17 with both done on the loop."""
+    hashing and writing them costs, median of 5. 2026-12-07, load 6-12 on 2 cores, one
+    run each: -0.04 to 0.63 with the writer thread (medians of 3: 0.05 to 0.56), 0.71 to
+    1.36 with both done on the loop (medians of 3: 0.98 to 1.24)."""
     hub, path = standin_apart
     remote = RemoteFile(hub["cdn"], hub["cdn"], "big-Q4_K_M.gguf", hub["size"],
                         hub["sha256"], None, None, {})  # fmt: skip
     shares = []
-    for run in range(3):
+    for run in range(5):
         reading = await _loop_cpu(_read_only(hub["cdn"]))
         both = _cpu(lambda: _hash_and_write(path, tmp_path / "copy"))
         partial = tmp_path / f"{run}.part"
@@ -242,7 +243,7 @@ async def test_the_event_loop_neither_writes_nor_hashes_a_download(
         assert sha256_of(partial) == hub["sha256"]
         partial.unlink()
         shares.append((fetching - reading) / both)
-    assert statistics.median(shares) < 0.7, shares
+    assert statistics.median(shares) < 0.75, shares
 
 
 async def _loop_cpu(work: Awaitable[object]) -> float:
