@@ -217,7 +217,10 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
         @precondition(lambda self: self._live())
         @rule(index=st.integers(0, 50))
         def resume(self, index: int) -> None:
-            self.engine.resume(self._pick(index))
+            handle = self._pick(index)
+            self.engine.resume(handle)
+            if not handle.seq.paused:  # a later pause counts from its own start
+                self.paused_at.pop(handle.id, None)
 
         @precondition(lambda self: self._live())
         @rule(index=st.integers(0, 50), reason=st.sampled_from(["client", "disconnect"]))
