@@ -263,6 +263,35 @@ async def test_no_upstream_left_is_503(registry) -> None:
     assert finished.outcome.error.status == 503
 
 
+async def test_streams_opened_together_keep_the_upstreams_max_concurrency(
+    servers, registry
+) -> None:
+    """Four streams started together to an upstream of max_concurrency 2 (it holds its
+    answers): two are sent, two end at once with 503 upstream_unavailable. Found on the
+    relay path (issue 59): the room was read at routing and counted only after the
+    connect's await, so requests arriving together were all sent."""
+    held = await servers(["a"], hold_before=(0,))
+    upstream = Upstream("up", UpstreamConfig(url=held.url, models=["m"], max_concurrency=2))
+    drains = [asyncio.create_task(_drain(_stream(registry, upstream))) for _ in range(4)]
+    refused, waiting = await asyncio.wait(drains, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    while len(refused) < 2 and waiting:
+        more, waiting = await asyncio.wait(waiting, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert more, f"{len(refused)} of 4 ended; {upstream.num_open} open upstream"
+        refused |= more
+    assert len(refused) == 2 and upstream.num_open == 2
+    for task in refused:
+        error = task.result()[1].outcome.error
+        assert isinstance(error, UpstreamUnavailable) and error.status == 503
+    answered: set[asyncio.Task[tuple[str, Finished]]] = set()
+    while waiting:  # the fake lets one held answer go per set()
+        held.go.set()
+        done, waiting = await asyncio.wait(waiting, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "a held answer did not end"
+        answered |= done
+    assert [task.result()[0] for task in answered] == ["a", "a"]
+    assert len(held.requests) == 2
+
+
 async def test_cancel_closes_the_upstream_connection(servers, registry) -> None:
     slow = await servers([f" {n}" for n in range(2000)])
     stream = _stream(registry, _upstream("slow", slow.url))
