@@ -39,7 +39,9 @@ if [ -z "$wheel" ]; then
         echo "  applying $(basename "$patch")" >&2
         patch -p1 -d "$src" --quiet < "$patch"
     done
-    "$venv_python" -m pip wheel --quiet --no-deps --no-cache-dir -w "$tmp/wheel" "$src"
+    # nice and at most LLAMA_CPP_BUILD_JOBS (2) compile jobs: the build shares small machines.
+    CMAKE_BUILD_PARALLEL_LEVEL=${LLAMA_CPP_BUILD_JOBS:-2} nice -n 10 \
+        "$venv_python" -m pip wheel --quiet --no-deps --no-cache-dir -w "$tmp/wheel" "$src"
     mkdir -p "$cache"
     mv "$tmp"/wheel/llama_cpp_python-*.whl "$cache"/
     wheel=$(ls "$cache"/llama_cpp_python-"$version"-*.whl | head -n1)

@@ -85,26 +85,22 @@ def row_differs(report: Report, shape: str) -> float | None:
     return None if line["bitwise_equal"] else line["max_abs_diff"]
 
 
-# #65: on ARM with i8mm an even batch's quantized products pair outputs (vmmlaq), and
-# Q8_0 from 8 columns goes to tinyBLAS_Q0_ARM: both sum otherwise than a lone row's
-# vec_dot. The fix (under the invariant kernels one output at a time, verified under qemu:
-# /work/coord/notes/65-invariant-kernels.patch.proposed) waits for the patch.
-EVEN_BATCH = pytest.mark.xfail(strict=True, reason="#65: ARM's paired products, fix pending")
-
-
 @pytest.mark.timeout(EMULATED_TIMEOUT_S + 60)
 @pytest.mark.parametrize(
     "shape",
     [
-        pytest.param("last of the prefill batch", marks=EVEN_BATCH),
+        "last of the prefill batch",
         "alone, two threads",
         "first of 7 rows, two threads",
-        pytest.param("first of 12 rows, two threads", marks=EVEN_BATCH),
+        "first of 12 rows, two threads",
     ],
 )
 def test_invariant_kernels_on_aarch64_give_a_row_the_same_bits(report: Report, shape: str) -> None:
     """The prompt's last row alone on 1 thread against: inside the prefill's batch (36
     rows), alone on 2 threads, first of a 7-row batch (a token and its draft: the
     decode path's (row, chunk) attention tasks) and of a 12-row batch (tiled attention)
-    on 2 threads."""
+    on 2 threads. On ARM with i8mm an even batch's quantized products pair outputs
+    (vmmlaq) and Q4_0/Q8_0 from 8 columns go to tinyBLAS_Q0_ARM, both summing otherwise
+    than a lone row's vec_dot: the invariant-kernels patch turns both off under
+    GGML_CPU_USE_REF (the prefill and 12-row shapes were red before it, #65)."""
     assert row_differs(report, shape) is None
