@@ -3,9 +3,10 @@
 //
 // usage: check MODEL CHAT_PROMPT N_GREEDY [fast]
 //
-// With the invariant kernels (GGML_CPU_USE_REF, weights as stored: what the engine's
-// deterministic mode selects, engine/runtime/llama_backend.py), or the default kernels
-// with "fast":
+// With the invariant kernels (GGML_CPU_USE_REF: what the engine's deterministic mode
+// selects, engine/runtime/llama_backend.py), or the default kernels with "fast"; the
+// weights loaded as the engine loads them in both modes (llama.cpp's defaults: repacked
+// where ggml repacks that type for this CPU, whose rows use_ref computes as lone rows):
 // - greedy: CHAT_PROMPT (rendered with the model's template) prefilled in one batch,
 //   then up to N_GREEDY tokens of its greedy answer, on 1 thread;
 // - rows: the prompt's last row recomputed alone on 1 thread (the reference), compared
@@ -200,8 +201,8 @@ int main(int argc, char ** argv) {
     llama_log_set(quiet, nullptr);
     llama_backend_init();
 
-    llama_model_params mparams = llama_model_default_params();
-    mparams.use_extra_bufts = fast;  // the invariant kernels read the weights as stored
+    llama_model_params mparams = llama_model_default_params();  // as the engine's _load_model
+    mparams.n_gpu_layers = 0;
     llama_model * model = llama_model_load_from_file(argv[1], mparams);
     if (!model) {
         die(std::string("cannot load ") + argv[1]);
