@@ -3,9 +3,7 @@
 aarch64`), run under qemu-aarch64 with the embedded model (tests/aarch64/check.cpp).
 It holds on ARM what the x86 build promises: the expected greedy answer, and with the
 invariant kernels (deterministic = true) bitwise the same logits for a row on 1 and
-2 threads, inside a prefill batch and first of a 7- or 12-row batch; and the same bits
-for Gemma 3 270M Q4_K_M, whose weights ggml repacks on ARM (q4_K_8x8, q6_K_8x8,
-q8_0_4x8)."""
+2 threads, inside a prefill batch and first of a 7- or 12-row batch."""
 
 from __future__ import annotations
 
@@ -22,18 +20,14 @@ import pytest
 from edge_llm.engine.runtime.llama_backend import LlamaBackend, default_model_path
 
 from agent_clis import missing
-from support import gemma_path
 
 pytestmark = pytest.mark.e2e
 
 QUESTION = "Name the capital of France."
 OPENING = "The capital of France is Paris"
 GREEDY_TOKENS = 8
-# Gemma 3 270M is a base model: a plain text prompt (12 tokens), a few greedy tokens.
-GEMMA_PROMPT = "Question: Name the capital of France.\nAnswer:"
-GEMMA_TOKENS = 4
-# SmolLM2 about 45-60 s of CPU, Gemma about 36 s (2026-12-07), but 2 to 25 minutes of
-# wall time on this 2-core machine at load 13 to 18: a hang guard, not a speed limit.
+# About 45-60 s of CPU (2026-12-07), but 2 to 25 minutes of wall time on this 2-core
+# machine at load 13 to 18: a hang guard, not a speed limit.
 EMULATED_TIMEOUT_S = 1800
 Report = dict[str, dict[str, Any]]
 
@@ -64,10 +58,11 @@ def chat_prompt() -> str:
         backend.close()
 
 
-def run_check(model: str, prompt: str, greedy_tokens: int) -> Report:
+@pytest.fixture(scope="module")
+def report() -> Report:
     """The check's lines by what they report: "greedy", "depth", each row shape."""
-    command = [emulator(), "-cpu", "max", str(check_program()), model, prompt,
-               str(greedy_tokens)]  # fmt: skip
+    command = [emulator(), "-cpu", "max", str(check_program()), str(default_model_path()),
+               chat_prompt(), str(GREEDY_TOKENS)]  # fmt: skip
     # Waiting OpenMP threads sleep instead of spinning: emulated spinning eats the cores.
     env = {**os.environ, "OMP_WAIT_POLICY": "passive"}
     done = subprocess.run(
@@ -76,16 +71,6 @@ def run_check(model: str, prompt: str, greedy_tokens: int) -> Report:
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     return {next(iter(line)) if "shape" not in line else line["shape"]: line for line in lines}
-
-
-@pytest.fixture(scope="module")
-def report() -> Report:
-    return run_check(str(default_model_path()), chat_prompt(), GREEDY_TOKENS)
-
-
-@pytest.fixture(scope="module")
-def gemma_report() -> Report:
-    return run_check(gemma_path(), GEMMA_PROMPT, GEMMA_TOKENS)
 
 
 @pytest.mark.timeout(EMULATED_TIMEOUT_S + 60)
@@ -100,16 +85,16 @@ def row_differs(report: Report, shape: str) -> float | None:
     return None if line["bitwise_equal"] else line["max_abs_diff"]
 
 
-SHAPES = [
-    "last of the prefill batch",
-    "alone, two threads",
-    "first of 7 rows, two threads",
-    "first of 12 rows, two threads",
-]
-
-
 @pytest.mark.timeout(EMULATED_TIMEOUT_S + 60)
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "last of the prefill batch",
+        "alone, two threads",
+        "first of 7 rows, two threads",
+        "first of 12 rows, two threads",
+    ],
+)
 def test_invariant_kernels_on_aarch64_give_a_row_the_same_bits(report: Report, shape: str) -> None:
     """The prompt's last row alone on 1 thread against: inside the prefill's batch (36
     rows), alone on 2 threads, first of a 7-row batch (a token and its draft: the
@@ -119,17 +104,3 @@ def test_invariant_kernels_on_aarch64_give_a_row_the_same_bits(report: Report, s
     than a lone row's vec_dot: the invariant-kernels patch turns both off under
     GGML_CPU_USE_REF (the prefill and 12-row shapes were red before it, #65)."""
     assert row_differs(report, shape) is None
-
-
-@pytest.mark.timeout(EMULATED_TIMEOUT_S + 60)
-@pytest.mark.parametrize("shape", SHAPES)
-def test_invariant_kernels_keep_a_rows_bits_with_arms_repacked_weights(
-    gemma_report: Report, shape: str
-) -> None:
-    """Gemma 3 270M Q4_K_M on the i8mm build: ggml repacks its Q4_K, Q6_K and Q8_0
-    matrices (q4_K_8x8, q6_K_8x8, q8_0_4x8), whose 4-row gemm rounds otherwise than the
-    gemv; under GGML_CPU_USE_REF each row goes to the gemv alone (the row-kernels
-    patch), as the engine's deterministic mode loads them. The same shapes as above,
-    at a 12-token prompt."""
-    assert gemma_report["kernels"]["kernels"] == "invariant"
-    assert row_differs(gemma_report, shape) is None
