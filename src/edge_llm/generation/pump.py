@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from edge_llm.engine import Engine, StreamHandle
@@ -37,7 +37,7 @@ from edge_llm.protocol.stream_events import (
     PauseChanged,
     StreamEvent,
 )
-from edge_llm.protocol.stream_rules import Heartbeats
+from edge_llm.protocol.stream_rules import Heartbeats, StreamState
 from edge_llm.upstream.stream import UpstreamChunk, UpstreamStream
 
 UpstreamEvent = UpstreamChunk | Heartbeat | PauseChanged | Finished
@@ -108,7 +108,7 @@ async def read(
         for cause in order.update(source.pause(), source.n_unsent(), ended=ended):
             yield PauseChanged(cause)
             if progress and source.outcome is None:
-                beat = source.heartbeat()
+                beat = _as_told(source.heartbeat(), cause)
                 reported_step = _step(beat)
                 yield beat
                 beats.sent(time.monotonic())
@@ -136,6 +136,16 @@ async def read(
             beats.sent(time.monotonic())
             continue
         await source.wait_changed(wait_s)
+
+
+def _as_told(beat: Heartbeat, cause: str | None) -> Heartbeat:
+    """The progress sent with a pause event says what the event says. After ``resumed``
+    the stream may already hold a new pause (a socket-full one, as the ring filled
+    again) that is reported only after the tokens generated before it: until then it
+    is not ``paused`` to the client, or those tokens would follow a ``paused``."""
+    if cause is None and beat.state == "paused":
+        return replace(beat, state=StreamState.DECODING.value)
+    return beat
 
 
 class _Local:
