@@ -72,10 +72,6 @@ class JsonOutput:
     param: str
 
 
-def no_trace_headers() -> dict[str, str]:
-    return {}
-
-
 @dataclass(frozen=True)
 class Relay:
     """The request as an upstream gets it: a chat or text completion. ``trace_headers``
@@ -84,7 +80,7 @@ class Relay:
 
     path: str
     body: dict[str, Any]
-    trace_headers: Callable[[], dict[str, str]] = field(default=no_trace_headers, compare=False)
+    trace_headers: Callable[[], dict[str, str]] = field(default=dict, compare=False)
 
     def with_priority(self, priority: Priority) -> Relay:
         """The body carrying a priority the server resolved (header, key, route)

@@ -33,6 +33,11 @@ class PauseOrder:
         self._owed = 0
 
     @property
+    def shown(self) -> bool:
+        """The client was told of a pause that has not ended for it yet."""
+        return self._shown is not None
+
+    @property
     def flushing(self) -> bool:
         """Tokens must go out before a pause is reported: no chunk is held back."""
         return self._pending is not None

@@ -108,7 +108,7 @@ async def read(
         for cause in order.update(source.pause(), source.n_unsent(), ended=ended):
             yield PauseChanged(cause)
             if progress and source.outcome is None:
-                beat = _as_told(source.heartbeat(), cause)
+                beat = _as_told(source.heartbeat(), order)
                 reported_step = _step(beat)
                 yield beat
                 beats.sent(time.monotonic())
@@ -130,7 +130,7 @@ async def read(
             return
         wait_s = beats.wait_s(time.monotonic())
         if wait_s <= 0 or (progress and not pieces_flowed and source.step() != reported_step):
-            beat = source.heartbeat()
+            beat = _as_told(source.heartbeat(), order)
             reported_step = _step(beat)  # as read under the lock
             yield beat
             beats.sent(time.monotonic())
@@ -138,12 +138,12 @@ async def read(
         await source.wait_changed(wait_s)
 
 
-def _as_told(beat: Heartbeat, cause: str | None) -> Heartbeat:
-    """The progress sent with a pause event says what the event says. After ``resumed``
-    the stream may already hold a new pause (a socket-full one, as the ring filled
-    again) that is reported only after the tokens generated before it: until then it
-    is not ``paused`` to the client, or those tokens would follow a ``paused``."""
-    if cause is None and beat.state == "paused":
+def _as_told(beat: Heartbeat, order: PauseOrder) -> Heartbeat:
+    """Progress says ``paused`` only while the client was told of a pause. A pause the
+    order has not reported yet (a socket-full one that came back as the ring refilled,
+    after ``resumed``) goes out after the tokens generated before it: until then it is
+    not ``paused`` to the client, or those tokens would follow a ``paused``."""
+    if beat.state == "paused" and not order.shown:
         return replace(beat, state=StreamState.DECODING.value)
     return beat
 
