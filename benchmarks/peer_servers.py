@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import queue
 import shutil
 import signal
@@ -94,8 +95,12 @@ def _pump_lines(proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
         lines.put(line)
 
 
-def _spawn(cmd: list[str]) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _spawn(
+    cmd: list[str], env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[str], queue.Queue[str]]:
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=_pump_lines, args=(proc, lines), daemon=True).start()
     return proc, lines
@@ -107,14 +112,17 @@ def _keep(log: list[str], line: str) -> None:
 
 
 def start_engine(
-    model: str, threads: int, extra: list[str], name: str = "edge-llm"
+    model: str, threads: int, extra: list[str], name: str = "edge-llm", src: str = ""
 ) -> ServerProcess:
-    """``python -m edge_llm serve --port 0``; ready once it prints its URL."""
+    """``python -m edge_llm serve --port 0``; ready once it prints its URL. ``src``: another
+    checkout's ``src`` directory to run instead of the installed package (a before/after
+    pair of one change, side by side with the same venv and wheel)."""
     cmd = [
         sys.executable, "-m", "edge_llm", "serve", "--host", "127.0.0.1", "--port", "0",
         "--model", model, "--n-threads", str(threads), *extra,
     ]  # fmt: skip
-    proc, lines = _spawn(cmd)
+    env = {**os.environ, "PYTHONPATH": src} if src else None
+    proc, lines = _spawn(cmd, env)
     log: list[str] = []
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:

@@ -61,6 +61,8 @@ such a run is published beside the default one, not over the README's headline.
 ``--variant-flags`` starts a second edge-llm with those flags beside the first and runs
 every scenario on it too (``--variant-flags=--deterministic``: what the mode costs,
 side by side with the default in one run); a third table gives variant / edge-llm.
+``--variant-src DIR`` runs that second edge-llm from another checkout's ``src/`` (a git
+worktree of the commit before a change): a before/after pair measured in one run.
 
 The machine is shared: under the table, the CPU time other processes used during the
 run (and the busiest of them) and the load average, so a reader can judge the noise.
@@ -72,6 +74,7 @@ import argparse
 import asyncio
 import functools
 import statistics
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -327,6 +330,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "to the first (--variant-flags=--deterministic)",
     )
     parser.add_argument(
+        "--variant-src",
+        default="",
+        help="a second edge-llm run from this checkout's src/ (e.g. a git worktree of the "
+        "commit before a change) with the same venv and flags: a before/after pair in one run",
+    )
+    parser.add_argument(
         "--llama",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -564,7 +573,16 @@ def edge_name(args: argparse.Namespace) -> str:
 
 def variant_name(args: argparse.Namespace) -> str | None:
     flags = args.variant_flags.strip()
-    return f"{EDGE} {flags}" if flags else None
+    src = f"@{variant_commit(args.variant_src)}" if args.variant_src else ""
+    return " ".join([EDGE, *filter(None, (src, flags))]) if flags or src else None
+
+
+def variant_commit(checkout: str) -> str:
+    """The short commit of the checkout whose ``src`` the variant runs."""
+    return subprocess.run(
+        ["git", "-C", checkout, "rev-parse", "--short", "HEAD"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
 
 
 def benchmark_name(args: argparse.Namespace, model_slug: str = "") -> str:
@@ -629,7 +647,10 @@ class Comparison:
         variant = variant_name(self.args)
         if variant is not None:
             variant_flags = [*flags, *self.args.variant_flags.split()]
-            other = start_engine(self.model, self.args.threads, variant_flags, name=variant)
+            src = str(Path(self.args.variant_src) / "src") if self.args.variant_src else ""
+            other = start_engine(
+                self.model, self.args.threads, variant_flags, name=variant, src=src
+            )
             self.servers.append(other)
             contexts[variant] = self._context(other, kv_of_engine(other)[0])
         peers = [(LLAMA, [])] if self.args.llama else []
@@ -679,6 +700,8 @@ class Comparison:
             "edge_layout": self.args.edge_layout,
             "edge_flags": self.args.edge_flags.split(),
             "variant_flags": self.args.variant_flags.split(),
+            "variant_src": self.args.variant_src
+            and f"{self.args.variant_src} @ {variant_commit(self.args.variant_src)}",
             "servers": servers,
         }
         title = f"{name} vs llama-server on {self.model_label}"
@@ -698,7 +721,7 @@ class Comparison:
     def _setup(self) -> str:
         """The note under the tables: the model, each server's flags, the KV budgets."""
         flags = self.args.edge_flags.strip()
-        variant = self.args.variant_flags.strip()
+        variant = variant_name(self.args)
         ngram = (
             f"; llama-server {' '.join(NGRAM_FLAGS)} (same flags otherwise) for the copy scenarios"
             if self.with_ngram
@@ -711,7 +734,7 @@ class Comparison:
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
             f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}); "
             f"extra edge-llm flags: {f'`{flags}`' if flags else 'none'}"
-            + (f"; a second edge-llm with `{variant}` beside it" if variant else "")
+            + (f"; a second edge-llm, `{variant}`, beside it" if variant else "")
             + "".join(
                 f"; {spec.key} ran {spec.rounds} times a repeat"
                 for spec in self.specs

@@ -5,8 +5,9 @@ receiver, stream one answer to a reader with a 4 KiB receive buffer that stalls 
 (the engine pauses it: socket_full) and then goes away (cancel: disconnect), and draw
 the exported trace as a timeline (one lane per span, ticks at its span events).
 
-``overhead``: the decode rate of the same streamed answers with OpenTelemetry off and
-on (exporting to the receiver), alternating, each a fresh server; prints the medians.
+``overhead``: the decode rate of the same streamed answers from two servers side by side,
+OpenTelemetry off and on (exporting to the receiver), in the order off, on, on, off;
+prints the medians and the median of the per-round ratios.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import sys
 import threading
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -196,37 +198,73 @@ def draw(server: Any, spans: list[Any]) -> str:
     return f"{svg[:head]}<style>{style}</style>{svg[head:]}"
 
 
-def overhead(rounds: int, n_requests: int, max_tokens: int) -> None:
+def overhead(rounds: int, n_requests: int, max_tokens: int, page: Path | None) -> None:
+    """Two servers side by side, OpenTelemetry off and on, warmed by one answer each;
+    then rounds of answers in the order off, on, on, off (so a drift of the machine
+    weighs on both alike). The figure is the median of the per-round ratios on / off."""
+    started, load_before = datetime.now(UTC), os.getloadavg()
     receiver = Receiver()
-    rates: dict[str, list[float]] = {"off": [], "on": []}
-    for _ in range(rounds):
-        for mode in ("off", "on"):
-            proc, url = serve(otel_env(receiver) if mode == "on" else {})
-            try:
-                rates[mode] += asyncio.run(_decode_rates(url, n_requests, max_tokens))
-            finally:
-                proc.terminate()
-                proc.wait(60)
-    for mode, values in rates.items():
-        print(f"OTel {mode}: decode {statistics.median(values):.1f} tok/s median of "
-              f"{len(values)} (min {min(values):.1f}, max {max(values):.1f})")  # fmt: skip
-    ratio = statistics.median(rates["on"]) / statistics.median(rates["off"])
-    print(f"on/off: {ratio:.3f}; spans received: {len(receiver.spans)}")
+    servers = {mode: serve(otel_env(receiver) if mode == "on" else {}) for mode in ("off", "on")}
+    try:
+        rates = asyncio.run(_paired_rates(servers, rounds, n_requests, max_tokens))
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(60)
+    lines = []
+    for mode in ("off", "on"):
+        values = [rate for round_ in rates for rate in round_[mode]]
+        lines.append(f"OTel {mode}: decode {statistics.median(values):.1f} tok/s median of "
+                     f"{len(values)} (min {min(values):.1f}, max {max(values):.1f})")  # fmt: skip
+    ratios = [statistics.median(r["on"]) / statistics.median(r["off"]) for r in rates]
+    lines.append(f"on/off: {statistics.median(ratios):.3f} median of {len(ratios)} rounds "
+                 f"(min {min(ratios):.3f}, max {max(ratios):.3f}); spans received: "
+                 f"{len(receiver.spans)}")  # fmt: skip
+    print("\n".join(lines))
+    if page is not None:
+        write_page(page, started, (load_before, os.getloadavg()), lines)
 
 
-async def _decode_rates(url: str, n: int, max_tokens: int) -> list[float]:
+def write_page(
+    page: Path, started: datetime, loads: tuple[tuple[float, ...], ...], lines: list[str]
+) -> None:
+    """The run's own output as a page: when, the command, the load before and after."""
+    command = " ".join([".venv/bin/python", "scripts/otel_trace.py", *sys.argv[1:]])
+    load = " -> ".join(f"{one:.2f}" for one, *_ in loads)
+    page.write_text(
+        f"# OpenTelemetry's cost on decode, {started:%Y-%m-%d %H:%M} UTC\n\n"
+        f"Command: `{command}`\n\n1-minute load average before -> after: {load} "
+        f"(on {os.cpu_count()} CPUs)\n\n```text\n" + "\n".join(lines) + "\n```\n"
+    )
+    print(f"wrote {page}")
+
+
+async def _paired_rates(
+    servers: dict[str, tuple[subprocess.Popen[str], str]], rounds: int, n: int, max_tokens: int
+) -> list[dict[str, list[float]]]:
+    async with aiohttp.ClientSession() as session:
+        for _, url in servers.values():
+            await _decode_rate(session, url, max_tokens)  # warm-up: served traffic first
+        result = []
+        for _ in range(rounds):
+            round_: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(n):
+                for mode in ("off", "on", "on", "off"):
+                    rate = await _decode_rate(session, servers[mode][1], max_tokens)
+                    round_[mode].append(rate)
+            result.append(round_)
+        return result
+
+
+async def _decode_rate(session: aiohttp.ClientSession, url: str, max_tokens: int) -> float:
     body = {"messages": [{"role": "user", "content": STORY}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
-    rates = []
-    async with aiohttp.ClientSession() as session:
-        for _ in range(n + 1):  # the first warms up
-            times = []
-            async with session.post(url + "/v1/chat/completions", json=body) as response:
-                async for line in response.content:
-                    if line.startswith(b"data: {") and b'"content"' in line:
-                        times.append(time.perf_counter())
-            rates.append((len(times) - 1) / (times[-1] - times[0]))
-    return rates[1:]
+    times = []
+    async with session.post(url + "/v1/chat/completions", json=body) as response:
+        async for line in response.content:
+            if line.startswith(b"data: {") and b'"content"' in line:
+                times.append(time.perf_counter())
+    return (len(times) - 1) / (times[-1] - times[0])
 
 
 def main() -> None:
@@ -238,11 +276,12 @@ def main() -> None:
     cost.add_argument("--rounds", type=int, default=2)
     cost.add_argument("--requests", type=int, default=3)
     cost.add_argument("--max-tokens", type=int, default=200)
+    cost.add_argument("--page", type=Path, help="also write the output as a page here")
     args = parser.parse_args()
     if args.command == "picture":
         picture(args.out)
     else:
-        overhead(args.rounds, args.requests, args.max_tokens)
+        overhead(args.rounds, args.requests, args.max_tokens, args.page)
 
 
 if __name__ == "__main__":
