@@ -12,8 +12,9 @@ behaviour (what ``huggingface_hub`` relies on):
 
 Faults for the tests: ``cut_after`` closes the next CDN response after that many
 bytes (with ``down_after_cut`` the CDN answers 503 from then on); ``corrupt`` serves
-bytes that do not match the advertised sha256. It records every CDN request's
-``Range`` and counts the bytes it sent.
+bytes that do not match the advertised sha256; ``hold_at`` holds the next CDN
+response after that many bytes (``held`` is set) until ``release`` is set. It records
+every CDN request's ``Range`` and counts the bytes it sent.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ class HubStandIn:
     corrupt: bool = False
     down_after_cut: bool = False  # after the cut, the CDN answers 503 until ``down`` is reset
     down: bool = False
+    hold_at: int | None = None  # the next CDN response waits after so many bytes
+    held: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     ranges: list[str | None] = field(default_factory=list)
     bytes_sent: int = 0
     url: str = ""
@@ -112,6 +116,7 @@ class HubStandIn:
             response.headers["Content-Range"] = f"bytes {start}-{entry.size - 1}/{entry.size}"
         await response.prepare(request)
         cut, self.cut_after = self.cut_after, None
+        hold, self.hold_at = self.hold_at, None
         with entry.path.open("rb") as fh:
             fh.seek(start)
             sent = 0
@@ -128,6 +133,10 @@ class HubStandIn:
                     assert request.transport is not None
                     request.transport.close()  # the connection drops mid-file
                     return response
+                if hold is not None and sent >= hold:
+                    hold = None
+                    self.held.set()
+                    await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 60)
         await response.write_eof()
         return response
 

@@ -1,10 +1,11 @@
 """Models by name against a stand-in for the Hugging Face Hub on 127.0.0.1
 (``tests/hub_standin.py``): ``edge-llm pull`` with progress, a cut resumed within
 the command and on the next run (and a cancel), a sha256 mismatch refused, ``list``
-and ``rm``, the event loop neither writing nor hashing a download; then one server: a
-pulled SmolLM2 served by name and a second model as ``NAME=SOURCE`` (both pulled at
-start by ``--pull missing``), a model pulled on first use whose spellings are one
-served model, Ollama's ``/api/pull`` streamed through the official ``ollama`` client,
+and ``rm`` (and the files no name holds), the event loop neither writing nor hashing
+a download; then one server: a pulled SmolLM2 served by name and a second model as
+``NAME=SOURCE`` (both pulled at start by ``--pull missing``), a model pulled on first
+use whose spellings are one served model, a streamed request told that its model is
+downloading, Ollama's ``/api/pull`` streamed through the official ``ollama`` client,
 ``/api/tags``, ``/api/show``, ``/api/delete``, a name pulled again with other bytes,
 names that try to leave the store, and the API key on all of them. Nothing here
 reaches beyond 127.0.0.1."""
@@ -69,6 +70,11 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
         out.write(bytes(64))
     stand_in.add("test/SmolLM2-copy-GGUF", "smollm2-copy.Q4_1.gguf", copy)
     stand_in.add("test/SmolLM2-same-GGUF", "smollm2-same.Q4_1.gguf", smollm2())  # same bytes
+    slow = folder / "slow.gguf"  # other bytes again: pulled on first use by a streamed request
+    shutil.copyfile(copy, slow)
+    with slow.open("ab") as out:
+        out.write(bytes(64))
+    stand_in.add("test/SmolLM2-slow-GGUF", "smollm2-slow.Q4_1.gguf", slow)
     stand_in.start()
     yield stand_in
     stand_in.stop()
@@ -77,6 +83,9 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubStandIn]:
 @pytest.fixture
 def fresh(hub: HubStandIn) -> HubStandIn:
     hub.cut_after, hub.corrupt, hub.down, hub.down_after_cut = None, False, False, False
+    hub.hold_at = None
+    hub.held.clear()
+    hub.release.clear()
     hub.ranges.clear()
     hub.bytes_sent = 0
     return hub
@@ -435,6 +444,56 @@ def test_a_request_for_a_missing_model_pulls_it_with_pull_missing(
                 model="test/nothing-GGUF:Q4_K_M", max_tokens=8,
                 messages=[{"role": "user", "content": "Hi"}],
             )  # fmt: skip
+
+
+async def test_a_streamed_request_hears_its_model_downloading(
+    fresh: HubStandIn, served: tuple[EngineProcess, Path]
+) -> None:
+    """With ``--pull missing`` a streamed request for a model not pulled yet gets
+    progress events saying it is downloading (bytes done of the file's) before its
+    first token. The stand-in holds the file after 8 MiB until the client has heard
+    of the download while it was held: the events come during it, not after."""
+    engine, _ = served
+    model = "test/SmolLM2-slow-GGUF:Q4_1"
+    size = fresh.repos["test/SmolLM2-slow-GGUF"]["smollm2-slow.Q4_1.gguf"].size
+    fresh.hold_at = 8 << 20
+    body = {
+        "model": model, "stream": True, "return_progress": True, "max_tokens": 8,
+        "temperature": 0, "messages": [{"role": "user", "content": "Name the capital of France."}],
+    }  # fmt: skip
+    chunks: list[dict[str, Any]] = []
+    heard_while_held = False
+    timeout = aiohttp.ClientTimeout(total=180)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.post(engine.url + "/v1/chat/completions", json=body, headers=headers) as reply,
+    ):
+        assert reply.status == 200, await reply.text()
+        async for line in reply.content:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunks.append(json.loads(line[len(b"data: ") :]))
+            state = chunks[-1].get("progress", {}).get("state")
+            if state == "downloading" and fresh.held.is_set() and not fresh.release.is_set():
+                heard_while_held = True
+                fresh.release.set()
+    fresh.release.set()
+    assert heard_while_held, [c.get("progress") for c in chunks]
+    first_text = next(i for i, c in enumerate(chunks) if c["choices"])
+    progress = [c["progress"] for c in chunks if "progress" in c]
+    downloading = [p for p in progress if p["state"] == "downloading"]
+    assert all(chunks.index(c) < first_text for c in chunks if "progress" in c
+               and c["progress"]["state"] == "downloading")  # fmt: skip
+    done = [p["download_done"] for p in downloading]
+    assert done == sorted(done) and done[-1] > done[0] >= 0, done
+    assert 8 << 20 <= done[-1] <= size
+    assert {p["download_total"] for p in downloading if p["download_done"]} == {size}
+    states = [p["state"] for p in progress]
+    assert "loading" not in states or states.index("loading") > states.index("downloading")
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert "Paris" in text
+    assert all(c["model"] == "hf.co/" + model for c in chunks)
 
 
 def test_ollama_pull_tags_show_delete(

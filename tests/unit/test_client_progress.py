@@ -162,6 +162,12 @@ async def test_websocket_heartbeats_and_preemption_are_progress_events(serve: Se
             "prefill ██████████░░░░░░░░░░ 50% of 300 prompt tokens, ~12 s",
         ),
         (Heartbeat(state="preempted"), "preempted by a more urgent request (it resumes by itself)"),
+        (
+            Heartbeat("downloading", 0, 0, download_done=256 << 20, download_total=1 << 30),
+            "downloading the model █████░░░░░░░░░░░░░░░ 25% of 1024 MiB",
+        ),
+        (Heartbeat("downloading", 0, 0, download_done=0), "downloading the model, 0 MiB"),
+        (Heartbeat("loading", 0, 0), "loading the model"),
         (Heartbeat(), "waiting for the first token (server alive)"),
     ],
 )

@@ -19,6 +19,7 @@ from edge_llm.config.tree import ConfigError, load_config
 from edge_llm.config.upstream import UpstreamConfig
 from edge_llm.errors import UpstreamFailure, UpstreamRejected, UpstreamUnavailable
 from edge_llm.generation.pump import read_relayed
+from edge_llm.models.store import ModelStore, StoredModel
 from edge_llm.protocol import anthropic, responses
 from edge_llm.protocol.sse import SSEParser
 from edge_llm.protocol.stream_events import Finished
@@ -440,6 +441,34 @@ async def test_a_refused_prompt_falls_back_only_to_a_healthy_upstream(
     refused = await client.post("/v1/chat/completions", json=_body(long_prompt))
     assert refused.status == 400
     assert (await refused.json())["error"]["code"] == "prompt_too_long"
+
+
+async def test_a_fallback_names_the_model_the_request_spelt_an_alias_of(
+    servers, front_of, tmp_path: Path
+) -> None:
+    """A request naming a pulled model by another of its names (a spelling of its
+    source) that the device refuses is relayed as that model, as a local answer
+    names it (before: the default model's name)."""
+    fallback = await servers(["from", " upstream"])
+    store = ModelStore(tmp_path / "store")
+    store.ensure()
+    blob = store.blob_path("ab" * 32)
+    blob.write_bytes(b"GGUF")
+    store.write_manifest(StoredModel(
+        "hf.co/o/r:Q4_K_M", "http://127.0.0.1:9/x.gguf", "o/r", "r-Q4_K_M.gguf", "c", 4,
+        "ab" * 32, "llama", "Q4_K_M", True,
+    ))  # fmt: skip
+    path = tmp_path / "engine.toml"
+    path.write_text(
+        f'[models.b]\npath = "{blob}"\n[upstream.big]\nurl = "{fallback.url}"\nfallback = true\n',
+        "utf-8",
+    )
+    client = await front_of(path, max_prompt_tokens=8, models_dir=str(store.root))
+    served = await client.post("/v1/chat/completions", json=_body("word " * 40, model="o/r:q4_k_m"))
+    assert served.status == 200, await served.text()
+    completion = await served.json()
+    assert completion["choices"][0]["message"]["content"] == "from upstream"
+    assert completion["model"] == "b"  # the served model the spelling names
 
 
 async def test_models_lists_upstream_models_and_unknown_is_404(servers, front_of) -> None:

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 PROG = "edge-llm chat"
 CHAT_SERVICE_NAME = "edge-llm-chat"
 BAR_WIDTH = 20
+MIB = 1 << 20
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 
@@ -260,14 +261,30 @@ def _progress_text(beat: Heartbeat) -> str:
     if beat.state == "preempted":
         return "preempted by a more urgent request (it resumes by itself)"
     if beat.state == "prefill" and beat.prefill_total:
-        done = beat.prefill_done or 0
-        fraction = done / beat.prefill_total
-        filled = round(fraction * BAR_WIDTH)
-        bar = "█" * filled + "░" * (BAR_WIDTH - filled)
-        return f"prefill {bar} {fraction:.0%} of {beat.prefill_total} prompt tokens{wait}"
+        fraction = (beat.prefill_done or 0) / beat.prefill_total
+        return (
+            f"prefill {_bar(fraction)} {fraction:.0%} of {beat.prefill_total} prompt tokens{wait}"
+        )
+    if beat.state == "downloading":
+        return _downloading(beat.download_done or 0, beat.download_total)
+    if beat.state == "loading":
+        return "loading the model"
     if beat.state:
         return f"waiting for the first token (engine: {beat.state}{wait})"
     return "waiting for the first token (server alive)"
+
+
+def _bar(fraction: float) -> str:
+    filled = round(fraction * BAR_WIDTH)
+    return "█" * filled + "░" * (BAR_WIDTH - filled)
+
+
+def _downloading(done: int, total: int | None) -> str:
+    """A model pulled on first use: its file's bytes so far (of its size once known)."""
+    if not total:
+        return f"downloading the model, {done / MIB:.0f} MiB"
+    fraction = done / total
+    return f"downloading the model {_bar(fraction)} {fraction:.0%} of {total / MIB:.0f} MiB"
 
 
 def _seconds(ms: int) -> str:

@@ -14,13 +14,16 @@ class Heartbeat:
     place in the queue (1: next) and the predicted wait for the first token; a bare
     ``: ping`` leaves every field None. A ``paused`` frame with cause ``preempted``
     (a more urgent request took the slot; the stream resumes by itself) comes as
-    state ``preempted``."""
+    state ``preempted``. Before the stream exists a model pulled on first use is
+    ``downloading`` (bytes done, of the file's) and then ``loading``."""
 
     state: str | None = None
     prefill_done: int | None = None
     prefill_total: int | None = None
     queue_position: int | None = None
     predicted_wait_ms: int | None = None
+    download_done: int | None = None
+    download_total: int | None = None
 
     @classmethod
     def of(cls, progress: dict[str, Any]) -> Heartbeat:
@@ -32,6 +35,8 @@ class Heartbeat:
             prefill_total=_int_or_none(progress.get("prefill_total")),
             queue_position=_int_or_none(progress.get("queue_position")),
             predicted_wait_ms=_int_or_none(progress.get("predicted_wait_ms")),
+            download_done=_int_or_none(progress.get("download_done")),
+            download_total=_int_or_none(progress.get("download_total")),
         )
 
 

@@ -22,19 +22,22 @@ upstream connection. A route reads parse → job → encode.
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
+import uuid
 from collections.abc import AsyncIterator, Callable
-from types import TracebackType
+from dataclasses import replace
 from typing import Any
 
 from edge_llm.engine import StreamHandle
 from edge_llm.errors import EdgeLLMError, InvalidRequest
+from edge_llm.generation.answer import Answer
 from edge_llm.generation.events import AnswerEvent, ChunkReader, EngineReader, answer_events
 from edge_llm.generation.job import GenerationJob, Relay
+from edge_llm.generation.pending import PendingAnswer
 from edge_llm.generation.pump import PumpSettings, pump, read_relayed
 from edge_llm.generation.service import GenerationService, ServedModel, response_headers
 from edge_llm.generation.sessions import Sessions
 from edge_llm.models.pool import Lease, ModelPool
+from edge_llm.models.pulling import PullFlight
 from edge_llm.protocol.stream_events import Ending
 from edge_llm.protocol.stream_rules import PauseCause
 from edge_llm.protocol.tools import ToolSetup
@@ -42,98 +45,8 @@ from edge_llm.upstream.registry import Upstream
 from edge_llm.upstream.router import FALLBACK_ERRORS, LOCAL, UpstreamRouter
 from edge_llm.upstream.stream import UpstreamStream
 
-
-class Answer(ABC):
-    """One request's answer, from the local engine or relayed from an upstream."""
-
-    id: str
-    model: str  # as the client is told
-    n_prompt: int  # 0 when relayed: the upstream counts them at the end
-    headers: dict[str, str]
-
-    @property
-    @abstractmethod
-    def backend(self) -> str:
-        """``local`` or the upstream's name."""
-
-    @property
-    @abstractmethod
-    def outcome(self) -> Ending | None:
-        """How the stream ended; None while it runs (or while its cancel is under way)."""
-
-    @property
-    def finished(self) -> bool:
-        return self.outcome is not None
-
-    @abstractmethod
-    def events(self, new_id: Callable[[], str]) -> AsyncIterator[AnswerEvent]:
-        """The answer's events until (and including) Ended or Failed (see
-        :mod:`edge_llm.generation.events`); ``new_id`` names the calls that come
-        without an id. Read them once."""
-
-    @property
-    def text_only(self) -> bool:
-        """Known before it starts: the answer holds text alone, no tool call (an
-        upstream's answer may hold the calls it parsed)."""
-        return False
-
-    @property
-    def token_bytes(self) -> Callable[[int], bytes] | None:
-        """The model's token bytes, for logprobs (None: the upstream sends its own)."""
-        return None
-
-    @abstractmethod
-    def usage(self) -> dict[str, Any]:
-        """The backend's usage object (OpenAI's names; an upstream's as it sent it)."""
-
-    @abstractmethod
-    def stats(self) -> dict[str, Any]:
-        """ttft_ms, pauses, paused_ms (and what else the backend knows) for ``done``."""
-
-    @abstractmethod
-    def pause(self) -> None:
-        """The client asked to pause (cause ``client``)."""
-
-    @abstractmethod
-    def resume(self) -> None:
-        """The client asked to resume."""
-
-    @abstractmethod
-    def cancel(self, reason: str) -> None:
-        """End the stream now with ``reason`` (``client``, ``disconnect``, ...)."""
-
-    @abstractmethod
-    def detach(self) -> None:
-        """A resumable stream's connection dropped: nothing more is generated (pause
-        cause ``disconnected``) until :meth:`reattach`; its KV is kept."""
-
-    @abstractmethod
-    def reattach(self, **detail: Any) -> None:
-        """A new connection resumed the stream (``detail``: the resume's gap, for the
-        ``resumed`` event)."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """The connection is done with the answer; a stream still running ends
-        (reason ``disconnect``). Closing again does nothing."""
-
-    handed_over = False  # a resumable stream owns it now: the route must not close it
-
-    def hand_over(self) -> None:
-        """From now on the resumable stream that carries the answer closes it, not the
-        connection that started it (:func:`~edge_llm.server.context.answer_to`)."""
-        self.handed_over = True
-
-    def __enter__(self) -> Answer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
+# Answer is defined apart (the pending answer needs it too); the routes import it here.
+__all__ = ["Answer", "Dispatcher", "LocalAnswer", "RelayedAnswer"]
 
 
 class LocalAnswer(Answer):
@@ -277,11 +190,29 @@ class Dispatcher:
 
     async def start(self, job: GenerationJob) -> Answer:
         """The answer to ``job``, started where the router sends it; raises the
-        error the client must get (a refusal no upstream takes, a bad request)."""
+        error the client must get (a refusal no upstream takes, a bad request). A
+        streamed job whose model is pulled on first use gets its answer at once,
+        waiting in the stream (:mod:`edge_llm.generation.pending`)."""
         model = job.model
         if model is not None and not self.router.registry.serving(model):
             # pulled since the start, or now; any spelling of it is its served name
-            model = await self.pool.discover_or_pull(model) or model
+            served = self.pool.served_name(model)
+            if served is None and job.streamed and (flight := self.pool.pulling(model)):
+                return self._pending(job, flight)
+            model = served or await self.pool.discover_or_pull(model) or model
+        return await self._start_on(job, model)
+
+    def _pending(self, job: GenerationJob, flight: PullFlight) -> Answer:
+        request_id = "chatcmpl-" + uuid.uuid4().hex[:24]  # the engine's form: no engine yet
+        job = replace(job, request_id=request_id)
+        return PendingAnswer(
+            flight, self.pool.pulled, lambda model: self._start_on(job, model),
+            request_id=request_id, progress=job.progress,
+            heartbeat_interval_s=self.settings.heartbeat_interval_s,
+        )  # fmt: skip
+
+    async def _start_on(self, job: GenerationJob, model: str | None) -> Answer:
+        """``job``'s answer on ``model`` (a served name, an upstream's, or None)."""
         upstreams = self.router.upstreams_for(model, any_model_local=job.any_model_runs_locally)
         if upstreams is not None:
             return self._relay(job, job.relayed(), upstreams, route="model")
@@ -291,7 +222,7 @@ class Dispatcher:
             handle, tools = await self._submit(job, lease.model.service)
         except FALLBACK_ERRORS as refused:
             lease.release()
-            return self._fall_back(job, refused)
+            return self._fall_back(job, refused, name)
         except BaseException:
             lease.release()
             raise
@@ -316,7 +247,9 @@ class Dispatcher:
             return self.pool.default
         return self.pool.resolve(job.model)
 
-    def _fall_back(self, job: GenerationJob, refused: EdgeLLMError) -> Answer:
+    def _fall_back(self, job: GenerationJob, refused: EdgeLLMError, served: str) -> Answer:
+        """An upstream takes what the device's model ``served`` refused; the answer
+        names that model, as a local one would (not the name the request spelt)."""
         candidates = self.router.fallback_for(refused)
         if not candidates:
             raise refused
@@ -324,6 +257,7 @@ class Dispatcher:
             relay = job.relayed()
         except InvalidRequest:
             raise refused from None  # it cannot be relayed: the device's refusal stands
+        relay = replace(relay, body={**relay.body, "model": served})
         return self._relay(job, relay, candidates, route=f"fallback_{refused.code}")
 
     def _relay(

@@ -122,6 +122,11 @@ class GenerationJob:
     progress: bool = False
     # llama-server's cache_prompt: False computes the whole prompt (no cached cells).
     cache_prompt: bool = True
+    # Streamed: a model pulled for it on first use is waited for in the stream (its
+    # progress says downloading), not before the answer starts.
+    streamed: bool = False
+    # The stream's id, when the answer had to have one before the stream existed.
+    request_id: str | None = None
 
     def traced(self, trace_headers: Callable[[], dict[str, str]]) -> GenerationJob:
         """The job whose upstream calls carry ``trace_headers``' trace context."""

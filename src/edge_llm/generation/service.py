@@ -184,7 +184,7 @@ class GenerationService:
             max_tokens=budget.granted,
             sampling=sampling,
             session=job.session,
-            request_id=self.engine.new_request_id(),
+            request_id=job.request_id or self.engine.new_request_id(),
             priority=job.priority.value,
             max_tokens_limited_by=budget.limit,
             reuse_cache=job.cache_prompt,

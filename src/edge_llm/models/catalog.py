@@ -74,16 +74,35 @@ class Catalog:
                 entries[name] = entry.model_copy(update={"path": stored.blob})
         return config.model_copy(update={**update, "models": entries})
 
-    async def pull_on_use(self, config: EngineConfig, name: str) -> ModelSpec | None:
-        """A request's ``model`` that names a Hub source not pulled yet, pulled now when
-        ``pull = "missing"`` (the request waits; the server log shows the progress);
-        None when it may not be pulled. A failed pull is 404 ``model_not_found`` saying
-        why."""
+    def pull_key(self, name: str) -> str | None:
+        """The source a request's ``model`` names, one name for all its spellings
+        (``o/r:q4_k_m`` is ``hf.co/o/r:Q4_K_M``), when it may be pulled on first use;
+        else None."""
         if not self.pull_missing or not looks_pullable(name):
             return None
-        _log.info("pulling %s for a request (pull = missing)", name)
         try:
-            stored = await self.ensure(name, _Logged(name))
+            return parse_hub(name).name
+        except SourceError:
+            return name  # pulled to say why it cannot be (404 model_not_found)
+
+    async def pull_on_use(
+        self, config: EngineConfig, name: str, report: Report
+    ) -> ModelSpec | None:
+        """A request's ``model`` that names a Hub source not pulled yet, pulled now when
+        ``pull = "missing"`` (its requests wait, told each step through ``report``;
+        the server log shows a line per tenth); None when it may not be pulled. A
+        failed pull is 404 ``model_not_found`` saying why."""
+        if self.pull_key(name) is None:
+            return None
+        _log.info("pulling %s for a request (pull = missing)", name)
+        logged = _Logged(name)
+
+        def both(event: PullStatus) -> None:
+            logged(event)
+            report(event)
+
+        try:
+            stored = await self.ensure(name, both)
         except (RemoteError, OSError, SourceError, NotPulled) as exc:  # OSError: the store
             raise ModelNotFound(f"model {name!r} could not be pulled: {exc}",
                                 param="model") from exc  # fmt: skip

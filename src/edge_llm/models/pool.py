@@ -26,7 +26,7 @@ import ctypes
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -42,6 +42,7 @@ from edge_llm.errors import (
 )
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
+from edge_llm.models.pulling import PullFlight, PullFlights
 from edge_llm.models.spec import MIB, ModelSpec
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.observability.metrics import EngineMetrics
@@ -174,13 +175,13 @@ class ModelPool(Generic[M]):
         clock: Callable[[], float] = time.monotonic,
         kv: KvGate | None = None,
         find: Callable[[str], ModelSpec | None] | None = None,
-        pull: Callable[[str], Coroutine[Any, Any, ModelSpec | None]] | None = None,
+        pulls: PullFlights | None = None,
     ) -> None:
         """``specs[0]`` is the default model (a request that names none gets it);
         ``slot_metrics``: registries already made for some models (the default's);
         ``kv``: the memory ledger a load reserves its KV context in (None: none);
         ``find``: a model by a name not served yet (a pulled one), or None;
-        ``pull``: pull a model by such a name now (``pull = "missing"``), or None."""
+        ``pulls``: pulls a model by such a name on first use (``pull = "missing"``)."""
         given = slot_metrics or {}
         self._slots: dict[str, _Slot[M]] = {
             s.name: _Slot(s, given.get(s.name) or EngineMetrics(), keep_alive_s=s.keep_alive_s)
@@ -193,8 +194,7 @@ class ModelPool(Generic[M]):
         # pulled name of a file served under its model_id): one slot, one load.
         self._aliases: dict[str, str] = {}
         self._find = find
-        self._pull = pull
-        self._pulling: dict[str, asyncio.Task[ModelSpec | None]] = {}
+        self._pulls = pulls
         self.default = specs[0].name
         self.budget_bytes = budget_bytes
         self._loader = loader
@@ -234,13 +234,19 @@ class ModelPool(Generic[M]):
         """As :meth:`served_name`, and a model that may be pulled on first use is
         pulled now (once, however many requests ask for it meanwhile)."""
         served = self.served_name(model)
-        if served is not None or model is None or self._pull is None:
+        if served is not None or model is None:
             return served
-        task = self._pulling.get(model)
-        if task is None:
-            task = self._pulling[model] = asyncio.create_task(self._pull(model))
-            task.add_done_callback(lambda _: self._pulling.pop(model, None))
-        spec = await asyncio.shield(task)
+        flight = self.pulling(model)
+        return None if flight is None else await self.pulled(flight)
+
+    def pulling(self, model: str) -> PullFlight | None:
+        """The pull of ``model`` (not served) under way, started now if needed; None
+        when it may not be pulled (not a Hub source, or pulling on use is off)."""
+        return None if self._pulls is None else self._pulls.start(model)
+
+    async def pulled(self, flight: PullFlight) -> str | None:
+        """The served name of the model ``flight`` pulls, once pulled (raises why not)."""
+        spec = await flight.result()
         return None if spec is None else self.add(spec)
 
     def add(self, spec: ModelSpec) -> str:

@@ -72,9 +72,10 @@ def openai_job(
     prompt: Callable[[], Prompt],
     *,
     progress: bool | None = None,
+    streamed: bool | None = None,
 ) -> GenerationJob:
-    """The job of a chat or text completion request (also the WebSocket's), its
-    progress heartbeats on when it streams and asked for them."""
+    """The job of a chat or text completion request (also the WebSocket's, which
+    streams), its progress heartbeats on when it streams and asked for them."""
     wants = JsonOutput(req.output_schema, "response_format") if req.wants_json else None
     return GenerationJob(
         req.model,
@@ -86,6 +87,7 @@ def openai_job(
         relay=relay,
         progress=req.stream and req.include_progress if progress is None else progress,
         cache_prompt=req.cache_prompt,
+        streamed=req.stream if streamed is None else streamed,
     )
 
 

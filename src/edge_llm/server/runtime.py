@@ -48,6 +48,7 @@ from edge_llm.models.embeddings import EmbeddingLimits, Embeddings
 from edge_llm.models.gguf import GgufError, read_metadata
 from edge_llm.models.metrics import PoolMetrics
 from edge_llm.models.pool import KvGate, Loader, ModelPool
+from edge_llm.models.pulling import PullFlights
 from edge_llm.models.sizing import Fit, fit_config, fit_ttft
 from edge_llm.models.spec import (
     MIB,
@@ -431,7 +432,9 @@ def build_pool(
             lambda spec: kv_allocated_bytes(config, spec),
         ),
         find=lambda name: pulled_spec(config, m.name, m.blob) if (m := store.find(name)) else None,
-        pull=lambda name: catalog.pull_on_use(config, name),
+        pulls=PullFlights(
+            lambda name, report: catalog.pull_on_use(config, name, report), catalog.pull_key
+        ),
     )
     # Every pulled model is served (unloaded until asked for), as Ollama lists them; a
     # file served already (under a configured name, or another pulled one) keeps its slot.

@@ -238,6 +238,7 @@ class _Connection:
             Relay(CHAT_PATH, body),
             lambda: ChatPrompt(req.chat_messages()),
             progress=req.include_progress,
+            streamed=True,
         )
 
     async def _pump(self, answer: Answer) -> None:
