@@ -339,6 +339,13 @@ def test_list_and_rm(fresh: HubStandIn, tmp_path: Path) -> None:
     assert not list((store / "blobs").iterdir())
     again = edge_llm(fresh, store, "rm", TINY)
     assert again.returncode == 1 and "not pulled" in again.stderr
+    fresh.cut_after = 1 << 20  # a pull given up after a cut leaves its bytes in partial/
+    fresh.down_after_cut = True
+    assert edge_llm(fresh, store, "pull", TINY).returncode == 1
+    assert "1 file(s) no name holds, 1 MiB" in edge_llm(fresh, store, "list").stderr
+    swept = edge_llm(fresh, store, "rm", "--orphans")
+    assert swept.stdout.strip() == "deleted 1 file(s) no name held, 1 MiB"
+    assert not list((store / "partial").glob("*.part"))
 
 
 def test_a_file_in_huggingface_hubs_cache_is_not_downloaded_again(

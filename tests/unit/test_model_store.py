@@ -3,7 +3,9 @@ free disk is checked before a download."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -68,3 +70,25 @@ def test_a_name_too_long_for_a_file_is_not_found_and_cannot_be_stored(tmp_path: 
     assert store.find("a" * 300) is None and store.find("a/" * 90 + "a") is None
     with pytest.raises(SourceError, match="too long"):
         check_name("a/" * 90 + "a")
+
+
+def test_the_files_no_name_holds_are_swept_but_not_a_running_pulls(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    kept = stored(store, "kept", b"GGUF kept")
+    old = store.blob_path(hashlib.sha256(b"GGUF old").hexdigest())
+    old.write_bytes(b"GGUF old")  # a name's old bytes a server kept: no name holds them
+    given_up = store.partial_path("a" * 64)
+    given_up.write_bytes(b"GG")
+    running = store.partial_path("b" * 64)
+    running.write_bytes(b"GGU")
+    lock = os.open(running.with_suffix(".lock"), os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # a pull in another process holds its download
+    try:
+        assert store.orphans() == [given_up]  # the old blob may still be a pull's, unnamed
+        assert store.orphans(naming_s=-1) == [old, given_up]
+        assert store.sweep(naming_s=-1) == [(old, 8), (given_up, 2)]
+        assert running.exists() and Path(kept.blob).is_file() and not old.exists()
+    finally:
+        os.close(lock)
+    assert store.sweep(naming_s=-1) == [(running, 3)]  # that pull was given up too
+    assert [m.name for m in store.list()] == ["kept"]

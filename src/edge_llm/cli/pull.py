@@ -3,6 +3,8 @@
 ``pull`` shows its progress on a terminal (bytes, rate, time left) and stays quiet
 otherwise; its last line names what was stored. A cut is resumed by itself a few
 times, and the next ``pull`` of the same source resumes from the bytes kept.
+``rm --orphans`` deletes the files no name holds (downloads given up, a name's old
+bytes a server kept); ``list`` says on stderr when there are some.
 """
 
 from __future__ import annotations
@@ -40,8 +42,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     listing = subparsers.add_parser("list", help="the pulled models")
     _store_flags(listing)
     listing.set_defaults(func=run_list)
-    remove = subparsers.add_parser("rm", help="remove a pulled model")
-    remove.add_argument("name", metavar="NAME")
+    remove = subparsers.add_parser(
+        "rm",
+        help="remove a pulled model",
+        description="Remove a pulled model (its file too unless another name holds it); "
+        "--orphans: delete the files no name holds (partial downloads no pull is "
+        "running, a name's old bytes).",
+    )
+    which = remove.add_mutually_exclusive_group(required=True)
+    which.add_argument("name", metavar="NAME", nargs="?")
+    which.add_argument(
+        "--orphans", action="store_true", help="delete the files no name holds instead"
+    )
     _store_flags(remove)
     remove.set_defaults(func=run_rm)
 
@@ -86,18 +98,29 @@ def run_pull(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    models = store_of(args).list()
+    store = store_of(args)
+    models = store.list()
     rows = [("NAME", "SIZE", "QUANT", "ARCH", "SOURCE")]
     rows += [(m.name, f"{m.size / MIB:.0f} MiB", m.quant, m.architecture, m.source) for m in models]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
               + "  " + row[4])  # fmt: skip
+    if orphans := store.orphans():
+        size = sum(p.stat().st_size for p in orphans if p.exists())
+        print(f"{len(orphans)} file(s) no name holds, {size / MIB:.0f} MiB "
+              "(edge-llm rm --orphans deletes them)", file=sys.stderr)  # fmt: skip
     return 0
 
 
 def run_rm(args: argparse.Namespace) -> int:
-    removed = store_of(args).remove(args.name)
+    store = store_of(args)
+    if args.orphans:
+        swept = store.sweep()
+        size = sum(n for _, n in swept)
+        print(f"deleted {len(swept)} file(s) no name held, {size / MIB:.0f} MiB")
+        return 0
+    removed = store.remove(args.name)
     if removed is None:
         print(f"edge-llm rm: {args.name!r} is not pulled (see edge-llm list)", file=sys.stderr)
         return 1

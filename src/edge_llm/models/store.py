@@ -17,10 +17,13 @@ outside the root.
 
 from __future__ import annotations
 
+import builtins  # ModelStore.list shadows list in its body
 import contextlib
+import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from urllib.parse import quote, unquote
 from edge_llm.models.sources import SourceError, check_name, looks_pullable, parse_hub
 
 MANIFEST_VERSION = 1
+_NAMING_S = 600.0  # a blob younger than this may be a pull's not named yet
 
 
 @dataclass(frozen=True)
@@ -177,8 +181,70 @@ class ModelStore:
             with contextlib.suppress(ValueError):  # not a digest: not a blob of ours
                 self.release(blob.name.removeprefix("sha256-"))
 
+    def orphans(self, naming_s: float = _NAMING_S) -> builtins.list[Path]:
+        """Files no name holds: downloads abandoned for good (``partial/*.part`` whose
+        pull is not running: its lock is free) and blobs no manifest names (a name
+        given other bytes while a server still served the old ones). A blob moved in
+        within ``naming_s`` is not one: its pull may be writing its name."""
+        named = {Path(m.blob).name for m in self.list()}
+        blobs = sorted(self.blobs.glob("sha256-*")) if self.blobs.is_dir() else []
+        parts = sorted(self.partial.glob("*.part")) if self.partial.is_dir() else []
+        settled = time.time() - naming_s
+        unnamed = [b for b in blobs if b.name not in named and _changed_at(b) < settled]
+        return unnamed + [p for p in parts if not _pulling(p)]
+
+    def sweep(self, naming_s: float = _NAMING_S) -> builtins.list[tuple[Path, int]]:
+        """Delete :meth:`orphans` (a download that starts meanwhile keeps its file);
+        the files deleted and their sizes."""
+        swept = []
+        for path in self.orphans(naming_s):
+            with contextlib.suppress(OSError), _unless_pulling(path) as free:
+                if free:
+                    size = path.stat().st_size
+                    path.unlink()
+                    swept.append((path, size))
+        return swept
+
     def _manifest_path(self, name: str) -> Path:
         return self.manifests / (quote(name, safe="") + ".json")
+
+
+def _changed_at(path: Path) -> float:
+    """When ``path`` was last written or renamed (a blob's move into place)."""
+    try:
+        return path.stat().st_ctime
+    except FileNotFoundError:
+        return time.time()
+
+
+def _pulling(part: Path) -> bool:
+    with _unless_pulling(part) as free:
+        return not free
+
+
+@contextlib.contextmanager
+def _unless_pulling(path: Path) -> Iterator[bool]:
+    """Whether ``path`` is free to delete (held for the block): a blob always; a
+    partial download while its lock is ours (a pull in any process holds it)."""
+    if path.suffix != ".part":
+        yield True
+        return
+    try:
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _fsync(path: Path) -> None:
