@@ -19,6 +19,7 @@ from edge_llm.models.pulling import PullFlight, PullFlights
 from edge_llm.models.spec import ModelSpec
 from edge_llm.protocol import openai
 from edge_llm.protocol.stream_events import Ending, Heartbeat
+from edge_llm.protocol.ws import StreamProtocol
 
 SOURCE = "hf.co/o/r:Q4_K_M"
 SIZE = 10 << 20
@@ -167,6 +168,11 @@ async def test_a_streamed_request_hears_downloading_then_loading_then_its_stream
     progress = openai.progress_chunk("chatcmpl-pending", SOURCE, 0, first.progress(), chat=True)
     assert progress["progress"]["download_done"] == 0 and progress["choices"] == []
     assert "download_done" not in Heartbeat("queued", 0, 3).progress()  # only while downloading
+    socket = StreamProtocol()  # the WebSocket's heartbeat frame carries the same fields
+    socket.on_heartbeat(beat)
+    frame = socket.frames_to_send()[-1]
+    assert frame["type"] == "heartbeat" and frame["state"] == "downloading"
+    assert (frame["download_done"], frame["download_total"]) == (6 << 20, SIZE)
     answer.pause()  # the client pauses before the stream exists: it is told once it runs
     await hub.steps.put(None)
     loading = await _next(events)
