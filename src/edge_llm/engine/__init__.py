@@ -14,6 +14,7 @@ from edge_llm.engine.kv.ledger import (
 )
 from edge_llm.engine.runtime.backend import Backend, BatchItem, context_tokens
 from edge_llm.engine.runtime.heap import unmap_large_blocks_when_freed
+from edge_llm.engine.runtime.threads import in_passing_thread
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.settings import EngineSettings, scheduler_limits
 from edge_llm.engine.streams.handle import StreamHandle
@@ -32,6 +33,7 @@ __all__ = [
     "context_cells",
     "context_tokens",
     "device_share_bytes",
+    "in_passing_thread",
     "kv_bytes_per_token",
     "ledger_summary",
     "scheduler_limits",

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from edge_llm.engine import Account, MemoryLedger, context_cells
+from edge_llm.engine import Account, MemoryLedger, context_cells, in_passing_thread
 from edge_llm.errors import InvalidRequest, KvBudgetExceeded, QueueFull
 
 EmbeddingInput = str | list[int]
@@ -70,7 +70,8 @@ class Embeddings:
         self._source = backend if isinstance(backend, EmbedderSource) else None
         self._n_vocab = n_vocab
         self.limits = limits
-        self._executor: ThreadPoolExecutor | None = None
+        self._one_at_a_time = asyncio.Lock()  # one embeddings context: one run at a time
+        self._running = threading.Lock()  # held by the run in flight; close() waits on it
         self._embedder: Embedder | None = None
         self._waiting = 0
         self._ledger = ledger or MemoryLedger(None)
@@ -111,9 +112,8 @@ class Embeddings:
         self._charge_context()
         self._waiting += 1
         try:
-            loop = asyncio.get_running_loop()
-            executor = self._executor_started()
-            return await loop.run_in_executor(executor, self._run, list(inputs), truncate)
+            async with self._one_at_a_time:
+                return await in_passing_thread(self._run, list(inputs), truncate)
         finally:
             self._waiting -= 1
 
@@ -128,17 +128,14 @@ class Embeddings:
                 limit="max_embedding_inputs",
             )
 
-    def _executor_started(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="edge-llm-embeddings")
-        return self._executor
-
     def _run(self, inputs: list[EmbeddingInput], truncate: bool) -> EmbeddingResult:
-        """On the embeddings thread: tokenize and check all inputs, then embed them."""
-        token_lists = [self._tokens(i, value, truncate) for i, value in enumerate(inputs)]
-        embedder = self._embedder_made()
-        vectors = [_normalized(embedder.embed(tokens)) for tokens in token_lists]
-        return EmbeddingResult(vectors, sum(len(tokens) for tokens in token_lists))
+        """In a thread of its own (``in_passing_thread``): tokenize and check all inputs,
+        then embed them."""
+        with self._running:
+            token_lists = [self._tokens(i, value, truncate) for i, value in enumerate(inputs)]
+            embedder = self._embedder_made()
+            vectors = [_normalized(embedder.embed(tokens)) for tokens in token_lists]
+            return EmbeddingResult(vectors, sum(len(tokens) for tokens in token_lists))
 
     def _source_of(self) -> EmbedderSource:
         if self._source is None:
@@ -184,8 +181,10 @@ class Embeddings:
 
     def close(self) -> None:
         """Blocking: wait for the batch in flight, free the context (before the model)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        with self._running:
+            self._close_context()
+
+    def _close_context(self) -> None:
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None

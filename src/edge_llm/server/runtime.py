@@ -12,11 +12,9 @@ import ipaddress
 import logging
 import os
 import socket
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from aiohttp import web
@@ -33,6 +31,7 @@ from edge_llm.engine import (
     context_cells,
     context_tokens,
     device_share_bytes,
+    in_passing_thread,
     kv_bytes_per_token,
     scheduler_limits,
 )
@@ -77,7 +76,6 @@ if TYPE_CHECKING:  # imported only when OpenTelemetry is on
     from edge_llm.observability.otel.sdk import Telemetry
 
 _log = logging.getLogger("edge_llm.server")
-T = TypeVar("T")
 
 
 def engine_settings(config: EngineConfig) -> EngineSettings:
@@ -106,39 +104,6 @@ def engine_settings(config: EngineConfig) -> EngineSettings:
         min_available_bytes=config.model.min_available_mb * 1024 * 1024,
         adaptive_threads=config.model.adaptive_threads,
     )
-
-
-async def in_passing_thread(fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` in a thread of its own that ends with it (not asyncio's executor,
-    whose threads live on). llama.cpp's CPU backend runs on OpenMP (libgomp), which
-    keeps a pool of workers for each thread that decoded, as long as that thread lives:
-    with the prefill probe's pool left in an executor thread, the engine thread decoded
-    Qwen2.5-Coder-1.5B at 11-13 tok/s against 17-19 (2 cores, 2026-12-08)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[T] = loop.create_future()
-
-    def settle(result: T | None, error: BaseException | None) -> None:
-        if done.cancelled():
-            return
-        if error is not None:
-            done.set_exception(error)
-        else:
-            done.set_result(cast(T, result))
-
-    def run() -> None:
-        try:
-            result = fn(*args)
-        except BaseException as error:  # handed to the awaiting task
-            loop.call_soon_threadsafe(settle, None, error)
-        else:
-            loop.call_soon_threadsafe(settle, result, None)
-
-    thread = threading.Thread(target=run, name="edge-llm-probe", daemon=True)
-    thread.start()
-    try:
-        return await done
-    finally:
-        await asyncio.to_thread(thread.join)
 
 
 def load_backend(config: EngineConfig, spec: ModelSpec | None = None) -> Backend:

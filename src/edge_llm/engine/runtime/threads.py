@@ -29,13 +29,14 @@ Every change is an event (``decode_threads``) with the reading that caused it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from edge_llm.observability.events import Event, EventSink, null_sink
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from edge_llm.engine.runtime.backend import Backend
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 WINDOW_S = 0.5  # seconds of decode between two readings
 DROP_AT = 0.3  # threads' worth of waiting per second of decode: contended
@@ -324,3 +326,38 @@ def thread_governor(
     return ThreadGovernor(
         backend.n_threads, backend.set_threads, cores, clock, usable_cpus(), events=events
     )
+
+
+async def in_passing_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread of its own that ends with it: llama.cpp work outside the
+    engine thread (the prefill probe at start, embeddings) runs here, never in asyncio's
+    executor, whose threads live on. llama.cpp's CPU backend runs on OpenMP (libgomp),
+    which keeps a pool of workers for each thread that computed, as long as that thread
+    lives, and an idle pool slows every other thread's graphs: with the prefill probe's
+    pool left in an executor thread, the engine thread decoded Qwen2.5-Coder-1.5B at
+    8.5-12.5 tok/s against 15.2-17.2 (2 cores, 2026-12-08)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(cast(T, result))
+
+    def run() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as error:  # handed to the awaiting task
+            loop.call_soon_threadsafe(settle, None, error)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    thread = threading.Thread(target=run, name="edge-llm-probe", daemon=True)
+    thread.start()
+    try:
+        return await done
+    finally:
+        await asyncio.to_thread(thread.join)
