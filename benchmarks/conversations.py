@@ -143,27 +143,30 @@ def user_turn(ctx: Context, user_index: int, turn: int) -> str:
     return f"Here are my notes from today:\n\n{notes}\n\n{MULTITURN_QUESTIONS[turn]}"
 
 
-async def _one_user(ctx: Context, user_index: int) -> list[RequestRecord]:
+async def _one_user(ctx: Context, user_index: int) -> list[Reply]:
     """One user's MULTITURN_TURNS turns, each answer sent back with the next turn."""
     messages = [{"role": "system", "content": system_prompt(ctx)}]
-    records: list[RequestRecord] = []
+    replies: list[Reply] = []
     for turn in range(MULTITURN_TURNS):
         messages.append(user(user_turn(ctx, user_index, turn)))
         prompt = Prompt(f"multiturn-{ctx.variant}-{user_index}-{turn}", tuple(messages))
         reply = await chat(ctx, prompt, MULTITURN_ANSWER_TOKENS, user_index * 10 + turn)
-        records.append(reply.record)
+        replies.append(reply)
         if not reply.record.ok:
             break
         messages.append(assistant(reply.text))
-    return records
+    return replies
 
 
 async def multiturn(ctx: Context) -> Figures:
     """MULTITURN_USERS users at once, each a MULTITURN_TURNS-turn chat (a ~100-token
     system prompt shared by all, ~200-token user turns, ~100-token greedy answers).
     Value: output tok/s over the whole exchange (every request's completion tokens over
-    first start to last token); details: TTFT p50 and p95 per turn over the users."""
-    per_user = await asyncio.gather(*(_one_user(ctx, u) for u in range(MULTITURN_USERS)))
+    first start to last token); details: TTFT p50 and p95 per turn over the users, and
+    each user's prompt and ``cached_tokens`` per turn (a server that kept the earlier
+    turns and answers caches all but the new user turn and the template around it)."""
+    replies = await asyncio.gather(*(_one_user(ctx, u) for u in range(MULTITURN_USERS)))
+    per_user = [[reply.record for reply in one] for one in replies]
     records = [r for one in per_user for r in one]
     details: dict[str, object] = {}
     for turn in range(MULTITURN_TURNS):
@@ -177,6 +180,9 @@ async def multiturn(ctx: Context) -> Figures:
         details[f"ttft_p95_turn{turn + 1}"] = percentile(ttfts, 95) if complete else None
         details[f"prompt_tokens_turn{turn + 1}"] = [
             one[turn].prompt_tokens for one in per_user if len(one) > turn
+        ]
+        details[f"cached_tokens_turn{turn + 1}"] = [
+            one[turn].cached_tokens for one in replies if len(one) > turn
         ]
     complete = len(records) == MULTITURN_USERS * MULTITURN_TURNS and all(r.ok for r in records)
     value = throughput(records) if complete else None

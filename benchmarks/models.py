@@ -10,6 +10,9 @@
 
 Every run names the model it measured: its title, its benchmark name (so each model
 has its own headline) and the setup note with the GGUF's path.
+
+Each model has the decode scenarios' prompt it answers at length: the story for the
+chat models, a Python module for the coder (``scenarios.CODE_TASK``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from scenarios import CODE_TASK, STORY
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -31,6 +36,7 @@ class BenchModel:
     name: str
     label: str  # for titles: the model and its weight type
     locate: Callable[[], Path]
+    decode_prompt: str = STORY  # the decode scenarios' ({variant}: the run's tag)
 
 
 def _smollm2() -> Path:
@@ -60,7 +66,9 @@ MODELS = {
     for m in (
         BenchModel("smollm2-135m", "SmolLM2-135M-Instruct Q4_1", _smollm2),
         BenchModel("gemma3-270m", "Gemma-3-270M Q4_K_M", _gemma3),
-        BenchModel("qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M", _qwen_coder),
+        BenchModel(
+            "qwen2.5-coder-1.5b", "Qwen2.5-Coder-1.5B-Instruct Q4_K_M", _qwen_coder, CODE_TASK
+        ),
     )
 }
 
@@ -83,6 +91,13 @@ def resolve(model: str | None) -> tuple[str, str, Path]:
         except ModelMissing:
             continue
     return path.stem.lower(), path.name, path
+
+
+def decode_prompt(slug: str) -> str:
+    """The decode scenarios' prompt for a slug from :func:`resolve` (a GGUF outside
+    the matrix: the story)."""
+    entry = MODELS.get(slug or DEFAULT_MODEL)
+    return entry.decode_prompt if entry is not None else STORY
 
 
 def _entry(entry: BenchModel, path: Path) -> tuple[str, str, Path]:

@@ -4,6 +4,11 @@ Built on edge-llm's bench library (``edge_llm.bench``): every request is a
 :class:`ChatStream` whose content chunks are timestamped on arrival. Each repeat uses
 prompts no earlier request used (``variant``), tagged at the start, so no server gets
 prompt-cache hits beyond the chat template's fixed system prompt.
+
+The decode scenarios (decode1, decode4, stalled, itl_prefill) ask for something the
+model writes at length, past ``decode_tokens``: a story (STORY) on the chat models, a
+Python module (CODE_TASK) on a coder model (``models.py``; since 2026-12-08: the
+2026-12-07 run of Qwen2.5-Coder-1.5B used the story, which it answered in 14 tokens).
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ from edge_llm.bench.targets import Target
 STORY = (
     "(Draft {variant}.) Write a very long story about a lighthouse keeper during a "
     "storm. Make it at least 1000 words long."
+)
+# The decode prompt of a coder model (``models.py`` picks it per model): on 2026-12-07
+# Qwen2.5-Coder-1.5B answered STORY in 14 tokens, so its four decode4 streams were
+# never all decoding at once and the scenario's rate was undefined. Asked for code, it
+# writes past ``decode_tokens``.
+CODE_TASK = (
+    "(Draft {variant}.) Write a complete Python module for a command-line to-do list "
+    "manager: a Task dataclass, a TaskList class with add, remove, complete, search and "
+    "sort methods, saving to and loading from a JSON file, an argparse main function, "
+    "and a docstring for every class and function."
 )
 SHORT = "(Question {variant}.) In one sentence, what is a lighthouse for?"
 FLOOD_PROMPT = "(Visitor {variant}.) Say hello."
@@ -58,6 +73,9 @@ class Settings:
     flood_connections: int = 200
     flood_seconds: float = 3.0
     timeout_s: float = 300.0
+    # The decode scenarios' prompt ({variant}: the run's tag): one the model answers at
+    # length (STORY, or CODE_TASK for a coder model).
+    decode_prompt: str = STORY
 
 
 @dataclass
@@ -95,9 +113,9 @@ Scenario = Callable[[Context], Awaitable[Figures]]
 
 
 def story(ctx: Context, index: int = 0) -> Prompt:
-    return Prompt.user(
-        f"story-{ctx.variant}-{index}", STORY.format(variant=f"{ctx.variant}.{index}")
-    )
+    """The decode scenarios' prompt (``Settings.decode_prompt``), tagged for the run."""
+    text = ctx.settings.decode_prompt.format(variant=f"{ctx.variant}.{index}")
+    return Prompt.user(f"story-{ctx.variant}-{index}", text)
 
 
 def aggregate_decode_rate(records: list[RequestRecord]) -> float | None:
@@ -166,11 +184,15 @@ def failures(records: list[RequestRecord]) -> dict[str, object]:
 
 
 async def single_decode(ctx: Context) -> Figures:
+    """Decode tok/s of one stream writing ``decode_tokens`` (the decode prompt)."""
     record = await ctx.request(story(ctx), ctx.settings.decode_tokens)
     return Figures(record.decode_rate, {"tokens": record.n_output_tokens, **failures([record])})
 
 
 async def concurrent_decode(ctx: Context) -> Figures:
+    """Four streams at once, each ``decode_tokens`` of its own decode prompt: their
+    rate while all four decode (:func:`aggregate_decode_rate`), undefined (None) when
+    one ends before the last starts; details: the span rate and the throughput."""
     records = await asyncio.gather(
         *(ctx.request(story(ctx, i), ctx.settings.decode_tokens, i) for i in range(4))
     )

@@ -84,7 +84,7 @@ from typing import Any
 
 from conversations import multiturn, next_turn
 from machine import noise, own_pids, snapshot
-from models import ModelMissing, resolve
+from models import ModelMissing, decode_prompt, resolve
 from output import add_output_flags, header, write_outputs
 from peer_servers import (
     PeerError,
@@ -97,6 +97,7 @@ from peer_servers import (
 )
 from rich.console import Console
 from scenarios import (
+    CODE_TASK,
     COLD_SENTENCES,
     Context,
     Figures,
@@ -622,7 +623,10 @@ class Comparison:
         self.several = several  # a matrix run: each model's --json gets its own file
         self.specs = [s for s in SCENARIOS if s.key in args.scenarios.split(",")]
         self.with_ngram = args.llama and args.ngram_peer and any(s.ngram for s in self.specs)
-        self.settings = Settings(args.decode_tokens, args.flood, args.flood_seconds)
+        self.settings = Settings(
+            args.decode_tokens, args.flood, args.flood_seconds,
+            decode_prompt=decode_prompt(self.model_slug),
+        )  # fmt: skip
         self.servers: list[ServerProcess] = []
 
     def stop(self) -> None:
@@ -733,7 +737,8 @@ class Comparison:
             f"each; llama-server -np {PARALLEL} -c {self.ctx_tokens}{ngram}; edge-llm KV budget "
             f"{self.kv_budget / (1 << 20):.0f} MiB, layout {self.args.edge_layout} "
             f"({' '.join(EDGE_LAYOUTS[self.args.edge_layout]) or 'make run defaults'}); "
-            f"extra edge-llm flags: {f'`{flags}`' if flags else 'none'}"
+            f"extra edge-llm flags: {f'`{flags}`' if flags else 'none'}; "
+            f"decode prompt: {self._decode_prompt_name()}"
             + (f"; a second edge-llm, `{variant}`, beside it" if variant else "")
             + "".join(
                 f"; {spec.key} ran {spec.rounds} times a repeat"
@@ -741,6 +746,9 @@ class Comparison:
                 if spec.rounds > 1
             )
         )
+
+    def _decode_prompt_name(self) -> str:
+        return "a Python module" if self.settings.decode_prompt == CODE_TASK else "a story"
 
     def _specs_of(self, state: str) -> list[ScenarioSpec]:
         return [s for s in self.specs if state == "fresh" or s.key in STEADY_KEYS]
