@@ -139,6 +139,13 @@ class StreamConfig(_Section):
         "2 MiB of events); the oldest ended one is forgotten first, and with every one "
         "running a new one gets 503 queue_full",
     )
+    background_ttft_timeout_ms: int = Field(
+        0,
+        ge=0,
+        description="A background response's own TTFT time-out, in place of ttft_timeout_ms: "
+        "in the lowest class it waits its turn behind foreground work this long for its "
+        "first token, then ttft_timeout (0: as long as it takes; cancel ends it)",
+    )
 
 
 class SchedulerConfig(_Section):

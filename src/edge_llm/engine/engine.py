@@ -153,8 +153,8 @@ class Engine(EngineParts):
 
     def _refuse_if_late(self, seq: Sequence) -> None:
         """Lock held: with ``deadline_admission``, a request predicted to miss its TTFT
-        time-out is refused at once (``admission.py``)."""
-        deadline = self.settings.ttft_timeout_s
+        time-out (its own, else the engine's) is refused at once (``admission.py``)."""
+        deadline = seq.request.ttft_timeout(self.settings.ttft_timeout_s)
         if self.settings.deadline_admission and deadline:
             costs = self.scheduler.prefill_budget.costs
             refuse_if_late(self.scheduler.queue_view(seq), costs, deadline)

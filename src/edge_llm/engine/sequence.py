@@ -27,6 +27,14 @@ class GenerationRequest:
     # False (llama-server's cache_prompt: false): the prompt attaches no cached cells
     # and is computed whole; the cells it computes are kept for later requests.
     reuse_cache: bool = True
+    # Its own TTFT time-out (a background response waits its turn behind foreground
+    # work): None: the engine's ttft_timeout_ms; 0: none.
+    ttft_timeout_s: float | None = None
+
+    def ttft_timeout(self, engine_s: float | None) -> float | None:
+        """The TTFT time-out it runs under: its own, else the engine's (None: none)."""
+        own = self.ttft_timeout_s
+        return engine_s if own is None else own or None
 
 
 @dataclass

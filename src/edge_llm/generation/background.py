@@ -16,7 +16,8 @@ answer (its KV is freed at the engine's next step) and the run.
 created them only (another key is told the id does not exist, as for resumable
 streams), each for ``retention_s`` after it ended, at most ``max_responses`` at
 once (the oldest ended one is forgotten first; with every one still running, a new
-request is refused).
+request is refused). A run waits for its first token ``ttft_timeout_s`` at most (0:
+as long as foreground work holds the engine), not the engine's ``ttft_timeout_ms``.
 """
 
 from __future__ import annotations
@@ -156,9 +157,10 @@ class BackgroundRun:
 class BackgroundResponses:
     """The background responses of a server, by id."""
 
-    def __init__(self, retention_s: float, max_responses: int) -> None:
+    def __init__(self, retention_s: float, max_responses: int, ttft_timeout_s: float = 0.0) -> None:
         self.retention_s = retention_s
         self.max_responses = max_responses
+        self.ttft_timeout_s = ttft_timeout_s
         self._runs: dict[str, BackgroundRun] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
 

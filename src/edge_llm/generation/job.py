@@ -127,6 +127,9 @@ class GenerationJob:
     streamed: bool = False
     # The stream's id, when the answer had to have one before the stream existed.
     request_id: str | None = None
+    # Its own TTFT time-out on a local model (a background response's): None: the
+    # engine's ttft_timeout_ms; 0: none.
+    ttft_timeout_s: float | None = None
 
     def traced(self, trace_headers: Callable[[], dict[str, str]]) -> GenerationJob:
         """The job whose upstream calls carry ``trace_headers``' trace context."""

@@ -188,6 +188,7 @@ class GenerationService:
             priority=job.priority.value,
             max_tokens_limited_by=budget.limit,
             reuse_cache=job.cache_prompt,
+            ttft_timeout_s=job.ttft_timeout_s,
         )
         return Prepared(request, prompt, budget, tools)
 

@@ -20,8 +20,10 @@ completion (:mod:`edge_llm.upstream.translate`) and its answer encoded here by
 the same builder, so the client sees the same events whoever answered.
 
 ``background: true`` (:mod:`edge_llm.generation.background`): the answer runs
-detached, in the lowest priority class unless the request names one, and the POST
-returns at once (``queued``), or streams the run's events as a follower does
+detached, in the lowest priority class unless the request names one, waiting its
+turn for its first token (``background_ttft_timeout_ms``, none by default, in place
+of ``ttft_timeout_ms``), and the POST returns at once (``queued``), or streams the
+run's events as a follower does
 (``response.created``, ``response.queued``, ``response.in_progress`` when it
 leaves the queue, ...) without a drop ending it. ``GET /v1/responses/{id}``
 returns the object now; with ``stream=true`` the events after ``starting_after``
@@ -79,6 +81,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         max_tokens=req.max_output_tokens,
         relay=relay_of(CHAT_PATH, lambda: responses_chat_body(req, messages)),
         progress=bool(req.background),  # a heartbeat when it leaves the queue
+        # In the lowest class it waits its turn: not the engine's ttft_timeout_ms.
+        ttft_timeout_s=ctx.background.ttft_timeout_s if req.background else None,
     )
     if req.background:
         return await _start_background(request, ctx, req, job, history)

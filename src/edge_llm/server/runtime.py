@@ -441,7 +441,9 @@ def build_context(
             events,
         ),
         background=BackgroundResponses(
-            stream.background_retention_ms / 1000.0, stream.max_background_responses
+            stream.background_retention_ms / 1000.0,
+            stream.max_background_responses,
+            stream.background_ttft_timeout_ms / 1000.0,
         ),
         pump_settings=pump_settings,
         connection=ConnectionSettings(

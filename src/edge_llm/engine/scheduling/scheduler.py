@@ -434,11 +434,13 @@ class Scheduler:
         return seq.lookup.propose(seq.token_ids, limit, price.threshold, price.probe_every)
 
     def _urgent(self, prefilling: list[Sequence], now: float) -> list[Sequence]:
-        """Prompts past ``urgent_after_s`` without a first token, oldest first."""
+        """Prompts past ``urgent_after_s`` without a first token, oldest first; one with
+        a TTFT time-out of its own (a background response's) waits its turn instead."""
         after = self.limits.urgent_after_s
         if after is None:
             return []
-        late = [seq for seq in prefilling if now - seq.created_at >= after]
+        engines = [seq for seq in prefilling if seq.request.ttft_timeout_s is None]
+        late = [seq for seq in engines if now - seq.created_at >= after]
         return sorted(late, key=lambda seq: seq.created_at)
 
     def _prefill_chunks(
