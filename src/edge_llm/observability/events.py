@@ -4,8 +4,9 @@ Every line is one JSON object with at least ``ts`` (wall clock, Unix seconds),
 ``mono`` (monotonic seconds, for intervals), ``event`` and ``request_id``.
 Writing happens on a background thread behind a bounded queue, so the engine's
 inference thread never waits on the disk; lines that do not fit in the queue or
-on the disk are counted in ``dropped`` (and by ``on_drop``: the engine's
-``edge_llm_event_log_dropped_total``) and reported in the final ``log_closed`` line.
+on the disk, or come after ``close``, are counted in ``dropped`` (and by ``on_drop``:
+the engine's ``edge_llm_event_log_dropped_total``); the final ``log_closed`` line
+reports those before it. Every line emitted before ``close`` is written.
 
 Every event name is a member of :class:`Event`; its comments say who writes each.
 """
@@ -91,7 +92,8 @@ class EventSink(Protocol):
         """Write one event line (never blocks the caller)."""
 
 
-DropCounter = Callable[[str, int], None]  # (reason, lines): "queue_full" or "write_failed"
+# (reason, lines): "queue_full", "write_failed" or "closed" (emitted after close)
+DropCounter = Callable[[str, int], None]
 
 _CLOSE = object()
 _MAX_BATCH = 256
@@ -102,7 +104,9 @@ class EventLog:
 
     A line that cannot be written (the queue is full, or the disk: ENOSPC, EFBIG,
     EIO) is counted in ``dropped`` and reported to ``on_drop``; the writer keeps
-    going and later lines are written again as soon as the file takes them.
+    going and later lines are written again as soon as the file takes them. The
+    writer closes the file after the last line: ``close`` waits ``close_timeout_s``
+    for it, and a slower disk still gets every line.
     """
 
     def __init__(
@@ -112,11 +116,16 @@ class EventLog:
         source: str,
         max_pending: int = 10000,
         on_drop: DropCounter | None = None,
+        close_timeout_s: float = 5.0,
     ) -> None:
         self.path = Path(path)
         self.source = source
         self.dropped = 0
+        self.close_timeout_s = close_timeout_s
         self._on_drop = on_drop
+        # Held for one put_nowait: no line enters the queue after the closing one.
+        self._lock = threading.Lock()
+        self._closed = False
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         # Unbuffered: each batch is one write() whose outcome is known at once.
         self._file: IO[bytes] = open(self.path, "ab", buffering=0)  # noqa: SIM115
@@ -125,10 +134,15 @@ class EventLog:
         self._thread.start()
 
     def emit(self, event: Event, request_id: str | None = None, /, **fields: Any) -> None:
-        try:
-            self._queue.put_nowait(self._record(event, request_id, fields))
-        except queue.Full:
-            self._drop("queue_full", 1)
+        record = self._record(event, request_id, fields)
+        with self._lock:
+            if self._closed:
+                self._drop("closed", 1)
+                return
+            try:
+                self._queue.put_nowait(record)
+            except queue.Full:
+                self._drop("queue_full", 1)
 
     def _record(self, event: str, request_id: str | None, fields: dict[str, Any]) -> object:
         return {
@@ -141,13 +155,18 @@ class EventLog:
         }
 
     def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            closing = self._record(Event.LOG_CLOSED, None, {"dropped": self.dropped})
         if not self._thread.is_alive():
-            return
-        # Waits for room: the closing line says how many lines were lost.
-        self._queue.put(self._record(Event.LOG_CLOSED, None, {"dropped": self.dropped}))
+            return  # its file is closed
+        # Waits for room (nothing else enters now): the closing line says how many
+        # lines were lost.
+        self._queue.put(closing)
         self._queue.put(_CLOSE)
-        self._thread.join(timeout=5)
-        self._file.close()
+        self._thread.join(timeout=self.close_timeout_s)
 
     def _drop(self, reason: str, lines: int) -> None:
         self.dropped += lines
@@ -155,13 +174,16 @@ class EventLog:
             self._on_drop(reason, lines)
 
     def _drain(self) -> None:
-        while True:
-            batch = self._next_batch()
-            records = [record for record in batch if record is not _CLOSE]
-            if records:
-                self._write(records)
-            if len(records) < len(batch):
-                return
+        try:
+            while True:
+                batch = self._next_batch()
+                records = [record for record in batch if record is not _CLOSE]
+                if records:
+                    self._write(records)
+                if len(records) < len(batch):
+                    return
+        finally:
+            self._file.close()
 
     def _next_batch(self) -> list[object]:
         batch = [self._queue.get()]
@@ -196,8 +218,21 @@ class EventLog:
 
 def _encode_line(record: object) -> bytes:
     # backslashreplace: a field that is not valid Unicode must not stop the writer.
-    text = json.dumps(record, ensure_ascii=False, default=str) + "\n"
-    return text.encode("utf-8", "backslashreplace")
+    try:
+        text = json.dumps(record, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):  # a dict keyed by non-strings, a cycle: those as str
+        plain = {k: _plain(v) for k, v in record.items()} if isinstance(record, dict) else None
+        text = json.dumps(plain or str(record), ensure_ascii=False, default=str)
+    return (text + "\n").encode("utf-8", "backslashreplace")
+
+
+def _plain(value: object) -> object:
+    """``value`` if json takes it, else its str."""
+    try:
+        json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
 
 
 def null_sink(event: Event, request_id: str | None = None, /, **fields: Any) -> None:

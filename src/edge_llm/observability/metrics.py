@@ -173,7 +173,8 @@ class EngineMetrics:
         )
         self.event_log_dropped = Counter(
             PREFIX + "event_log_dropped",
-            "Event log lines lost: queue full, or the file refused them (disk full)",
+            "Event log lines lost: queue full, the file refused them (disk full), or "
+            "emitted after the log closed",
             ["reason"],
             registry=r,
         )
@@ -210,7 +211,7 @@ class EngineMetrics:
             self.cancellations.labels(reason)
         for reason in ("queue_full", "kv_budget_exceeded", "prompt_too_long", "shutting_down"):
             self.rejections.labels(reason)
-        for reason in ("queue_full", "write_failed"):
+        for reason in ("queue_full", "write_failed", "closed"):
             self.event_log_dropped.labels(reason)
         for tier in ("device", "host", "disk"):
             self.prompt_cache_hits.labels(tier)
