@@ -424,13 +424,16 @@ async def test_a_relayed_request_shows_the_upstream_call_as_a_client_span(traced
     assert attributes["server.address"] == "127.0.0.1"
     assert url.endswith(f":{attributes['server.port']}")
     assert attributes["gen_ai.usage.output_tokens"] == 3
+    assert attributes["gen_ai.usage.input_tokens"] == 5  # the upstream's usage
+    assert (span.attributes or {})["gen_ai.usage.input_tokens"] == 5
     assert (span.attributes or {})["edge_llm.backend"] == "up"
     # The upstream's own span would be the child of the CLIENT span, in the caller's trace.
     assert client.context is not None
     context = f"00-{client.context.trace_id:032x}-{client.context.span_id:016x}-01"
     assert sent == [context] and context[3:35] == APP_TRACE
     usage = t.histograms()["gen_ai.client.token.usage"]
-    assert [p.attributes["gen_ai.token.type"] for p in usage] == ["output"]
+    assert sorted(p.attributes["gen_ai.token.type"] for p in usage) == ["input", "output"]
+    assert sorted(p.sum for p in usage) == [3, 5]
 
 
 def test_grpc_is_a_protocol_that_works(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from edge_llm.observability.events import Event, EventSink
 from edge_llm.upstream.metrics import BackendMetrics
 from edge_llm.upstream.relay_state import RelayState
+from edge_llm.upstream.translate import usage_counts
 
 
 class RelayLog:
@@ -52,8 +53,10 @@ class RelayLog:
                 Event.CANCEL, relay.id, reason=outcome.reason, backend=relay.backend,
                 state="upstream",
             )  # fmt: skip
+        usage = relay.progress.usage  # the upstream's, when it sent one
         self.events(
             Event.END, relay.id, finish_reason=outcome.finish_reason,
             error=outcome.error.code if outcome.error else None,
+            n_prompt_tokens=usage_counts(usage)["prompt_tokens"] if usage else None,
             n_generated=relay.progress.n_content, **relay.stats(now),
         )  # fmt: skip

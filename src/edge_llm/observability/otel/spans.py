@@ -153,16 +153,20 @@ class RequestSpan:
             "edge_llm.paused_ms": fields.get("paused_ms"),
         }
         self.span.set_attributes({k: v for k, v in attributes.items() if v is not None})
-        self._finish_upstream(now_ns, error, outputs)
+        self._finish_upstream(now_ns, error, inputs, outputs)
         self._close(now_ns, str(error) if error else None)
         self._record(now_ns, fields, outputs, str(error) if error else None)
 
-    def _finish_upstream(self, now_ns: int, error: object, outputs: int | None) -> None:
+    def _finish_upstream(
+        self, now_ns: int, error: object, inputs: int | None, outputs: int | None
+    ) -> None:
+        """``inputs``: the prompt tokens the upstream's usage reported (None: none came)."""
         upstream = self._upstream
         if upstream is None:
             return
-        if outputs is not None:
-            upstream.set_attribute("gen_ai.usage.output_tokens", outputs)
+        for name, count in (("input", inputs), ("output", outputs)):
+            if count is not None:
+                upstream.set_attribute(f"gen_ai.usage.{name}_tokens", count)
         if error:
             upstream.set_attribute("error.type", str(error))
             upstream.set_status(Status(StatusCode.ERROR, str(error)))
@@ -173,7 +177,7 @@ class RequestSpan:
             metrics.record_client(
                 attributes,
                 duration_s=(now_ns - self._upstream_ns) / 1e9,
-                input_tokens=None,  # the upstream's usage is not in the relay's lines
+                input_tokens=inputs,
                 output_tokens=outputs,
                 error_type=str(error) if error else None,
             )
