@@ -1,13 +1,16 @@
 """Background responses with the real model, through the official openai SDK unchanged:
 poll, a stream dropped and resumed with ``starting_after``, cancel, another key, and
-the 404 after the retention period (one server, two keys, a short retention)."""
+the 404 after the retention period (one server, two keys, a short retention); one
+queued behind foreground work past ttft_timeout_ms still answers (a server of one slot)."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -19,6 +22,7 @@ from support import STORY
 pytestmark = pytest.mark.e2e
 
 RETENTION_MS = 3000
+TTFT_MS = 1500
 KEY, OTHER_KEY = "key-one", "key-two"
 DEADLINE_S = 120.0
 
@@ -130,3 +134,46 @@ def test_background_404_after_retention(server: EngineProcess) -> None:
                 time.sleep(0.1)
     assert time.monotonic() - ended >= RETENTION_MS / 1000 * 0.9
     assert "background_retention_ms" in str(missing.value)
+
+
+def test_background_waits_its_turn_past_the_ttft_time_out(tmp_path: Path) -> None:
+    """One slot, held by a foreground stream: a foreground request queued behind it
+    fails at ttft_timeout_ms (504); a background one waits (background_ttft_timeout_ms
+    is 0: none) and completes once the slot is free."""
+    engine = start_engine(tmp_path, "--max-sequences", "1", "--ttft-timeout-ms", str(TTFT_MS))
+    try:
+        with sdk(engine) as client:
+            holding, stop = threading.Event(), threading.Event()
+            reader = threading.Thread(target=_hold_the_slot, args=(client, holding, stop))
+            reader.start()
+            try:
+                assert holding.wait(DEADLINE_S)
+                created = client.responses.create(
+                    input="Name the capital of France.", background=True, temperature=0,
+                    max_output_tokens=24,
+                )  # fmt: skip
+                with pytest.raises(openai.APIStatusError) as timed_out:
+                    client.responses.create(input="Name the capital of Italy.", max_output_tokens=8)
+                assert timed_out.value.status_code == 504 and "ttft_timeout" in str(timed_out.value)
+                waiting = client.responses.retrieve(created.id)
+                assert waiting.status == "queued"  # past ttft_timeout_ms, still waiting its turn
+            finally:
+                stop.set()
+                reader.join(DEADLINE_S)
+            done = until_ended(client, created.id)
+        assert done.status == "completed" and "Paris" in done.output_text
+    finally:
+        engine.stop()
+
+
+def _hold_the_slot(client: openai.OpenAI, holding: threading.Event, stop: threading.Event) -> None:
+    """A long foreground stream, read as fast as it comes (never paused) until ``stop``."""
+    stream = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=[{"role": "user", "content": STORY}],
+        stream=True, max_tokens=2000, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    with stream:
+        for _ in stream:
+            holding.set()
+            if stop.is_set():
+                break
