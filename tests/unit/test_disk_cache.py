@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from edge_llm.engine import build_engine
-from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
+from edge_llm.engine.kv.disk_cache import DiskCache, DiskTier
 from edge_llm.engine.kv.host_cache import HostCache
+from edge_llm.engine.kv.tier import SavedKv, prompt_key
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.engine.settings import EngineSettings
 
@@ -21,23 +22,26 @@ import fakes
 from fakes import FakeBackend, drain
 
 
-def entry(first: int, n: int = 200, state: bytes = b"s" * 1000) -> DiskEntry:
+def entry(first: int, n: int = 200, state: bytes = b"s" * 1000) -> SavedKv:
     logits = np.arange(8, dtype=np.float32)
-    return DiskEntry(tuple(range(first, first + n)), n - 10, state, logits)
+    return SavedKv(state, tuple(range(first, first + n)), n - 10, logits)
 
 
-def written(directory: Path, *entries: DiskEntry, capacity: int = 1 << 20) -> DiskCache:
+def written(directory: Path, *entries: SavedKv, capacity: int = 1 << 20) -> DiskCache:
     disk = DiskCache(directory, capacity, "model-a")
+    tier = DiskTier(disk)
     for e in entries:
-        disk.write(e)
+        key = prompt_key(e.tokens)
+        assert tier.reserve(key, len(e.state)) and tier.store(key, e)
     disk.close()
     return disk
 
 
-def load_all(disk: DiskCache, budget: int = 1 << 20) -> list[DiskEntry]:
-    loaded: list[DiskEntry] = []
-    disk.load(budget, lambda e, size: loaded.append(e) is None)
-    return loaded
+def load_all(disk: DiskCache) -> list[SavedKv]:
+    """Every valid entry, newest first, through the tier's load."""
+    tier = DiskTier(disk)
+    loaded = [tier.load(key) for key, _ in disk.newest()]
+    return [saved for saved in loaded if saved is not None]
 
 
 def test_entries_come_back_after_a_restart_into_the_host_tier(tmp_path: Path) -> None:
@@ -49,9 +53,10 @@ def test_entries_come_back_after_a_restart_into_the_host_tier(tmp_path: Path) ->
     assert list(loaded[0].first_logits) == list(range(8))
     host = HostCache(1 << 20, 1)
     for e in loaded:
-        assert host.add_saved(e.tokens, e.n_prompt, e.first_logits, e.state, "disk")
+        assert host.adopt(e, "disk")
     assert {e.origin for e in host.entries()} == {"disk"}
-    assert not host.add_saved(loaded[0].tokens, 190, None, b"x", "disk")  # held already
+    assert {e.key for e in host.entries()} == {p.stem for p in tmp_path.glob("*.kvc")}
+    assert not host.adopt(SavedKv(b"x", loaded[0].tokens, 190), "disk")  # held already
     again.close()
 
 

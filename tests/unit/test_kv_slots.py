@@ -21,6 +21,7 @@ from edge_llm.engine.kv.book import (
 )
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.slots import SWITCH_SLOT_TOKENS, KvSlots, usable_prefix
+from edge_llm.engine.kv.tier import SavedKv
 from edge_llm.engine.runtime.backend import BatchItem
 from edge_llm.protocol.sampling import SamplingParams
 
@@ -54,7 +55,7 @@ class Driver:
             elif isinstance(op, LoadState):
                 self.backend.load_state(op.seq_id, self.states.pop(op.key))
             elif isinstance(op, SaveCache):
-                self.host.put(op.key, self.backend.save_state(op.seq_id))
+                self.host.store(op.key, SavedKv(self.backend.save_state(op.seq_id)))
             elif isinstance(op, LoadCache):
                 state = self.host.state(op.key)
                 assert state is not None
@@ -237,20 +238,20 @@ def test_the_host_tier_evicts_the_least_recently_used_entry() -> None:
     cache = HostCache(3 * HostCache(0, 1).estimate(10), bytes_per_token=1)
     keys = []
     for k in range(3):
-        entry = cache.reserve(list(range(k * 10, k * 10 + 10)), 10, None)
+        entry = cache.reserve_prompt(list(range(k * 10, k * 10 + 10)), 10, None)
         assert entry is not None
-        cache.put(entry.key, b"x" * entry.num_bytes)
+        cache.store(entry.key, SavedKv(b"x" * entry.num_bytes))
         keys.append(entry.key)
     cache.touch(keys[0])  # a hit: the first is now the most recently used
-    fourth = cache.reserve(list(range(100, 110)), 10, None, keep=None)
+    fourth = cache.reserve_prompt(list(range(100, 110)), 10, None, keep=None)
     assert fourth is not None
     assert keys[1] not in cache and keys[0] in cache and keys[2] in cache
     assert cache.evictions == 1 and cache.num_bytes <= cache.capacity_bytes
     # An entry about to be loaded is never the one evicted to make room.
-    cache.put(fourth.key, b"x" * fourth.num_bytes)
-    assert cache.reserve(list(range(200, 210)), 10, None, keep=keys[2]) is not None
+    cache.store(fourth.key, SavedKv(b"x" * fourth.num_bytes))
+    assert cache.reserve_prompt(list(range(200, 210)), 10, None, keep=keys[2]) is not None
     assert keys[2] in cache and keys[0] not in cache
-    assert cache.reserve(list(range(1000)), 1000, None) is None  # larger than the tier
+    assert cache.reserve_prompt(list(range(1000)), 1000, None) is None  # larger than the tier
 
 
 def test_a_prefix_in_flight_is_copied_once_computed() -> None:

@@ -19,6 +19,7 @@ from edge_llm.engine.kv.ledger import (
     ledger_summary,
     try_giver,
 )
+from edge_llm.engine.kv.tier import SavedKv
 from edge_llm.engine.runtime.backend import context_tokens
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.errors import KvBudgetExceeded
@@ -72,11 +73,11 @@ def test_a_host_tier_takes_only_what_the_ledger_has_free() -> None:
     ledger = MemoryLedger(10_000)
     ledger.account("device", "device").charge(5_000)
     cache = HostCache(1 * MIB, 10, ledger)  # its own cap is far above the ledger's
-    first = cache.reserve(list(range(100)), 100, None)  # 100 * 26 + 4096 = 6,696: too big
+    first = cache.reserve_prompt(list(range(100)), 100, None)  # 100 * 26 + 4096 = 6,696: too big
     assert first is None
-    assert cache.reserve(list(range(-1, -3, -1)), 2, None) is not None  # 4,148 bytes fit
+    assert cache.reserve_prompt(list(range(-1, -3, -1)), 2, None) is not None  # 4,148 bytes fit
     assert ledger.used_bytes <= 10_000
-    assert cache.reserve(list(range(2, 4)), 2, None) is not None  # the older entry goes
+    assert cache.reserve_prompt(list(range(2, 4)), 2, None) is not None  # the older entry goes
     assert len(cache) == 1 and cache.evictions == 1
     assert ledger.used_bytes <= 10_000
 
@@ -86,43 +87,45 @@ def test_the_host_cache_gives_back_first_and_nothing_passes_the_cap() -> None:
     cache = HostCache(1 * MIB, 10, ledger)
     store = HostOffload(1 * MIB, ledger)
     for i in range(4):
-        assert cache.reserve([i] * 10, 10, None) is not None  # 4,356 bytes each
+        assert cache.reserve_prompt([i] * 10, 10, None) is not None  # 4,356 bytes each
     assert ledger.free_bytes == 20_000 - 4 * 4356
     assert store.reserve("stream", 9_000)  # the cache's two oldest entries go for it
     assert len(cache) == 2 and ledger.used_bytes <= 20_000
     assert not store.fits(20_000 - 9_000 + 1)  # past the cap even with the cache empty
     assert not store.reserve("another", 20_000 - 9_000 + 1)
     assert len(cache) == 2 and "another" not in store  # a refused one evicts nothing
-    store.put("stream", b"x" * 8_000)  # the save ran: its room shrinks to the state
+    store.store("stream", SavedKv(b"x" * 8_000))  # the save ran: its room shrinks to the state
     assert store.num_bytes == 8_000 and ledger.used_bytes <= 20_000
 
 
 def test_an_entry_a_pending_load_will_read_is_never_given_back() -> None:
     ledger = MemoryLedger(10_000)
     cache = HostCache(1 * MIB, 10, ledger)
-    entry = cache.reserve([1] * 10, 10, None)
+    entry = cache.reserve_prompt([1] * 10, 10, None)
     assert entry is not None
-    cache.put(entry.key, b"x" * 100)
+    cache.store(entry.key, SavedKv(b"x" * 100))
     cache.touch(entry.key, loading=True)  # an admission decided to load it
     assert cache.give_back() == 0
-    assert cache.loaded(entry.key) == b"x" * 100  # the load ran
+    assert cache.load(entry.key) == SavedKv(b"x" * 100, (1,) * 10, 10)  # the load ran
     assert cache.give_back() == 100
 
 
 def test_an_offload_store_alone_keeps_its_own_cap() -> None:
     store = HostOffload(1_000)  # a ledger of its own, no common cap: as before
     assert store.fits(1_000) and not store.fits(1_001)
-    store.put("a", b"x" * 600)
+    store.store("a", SavedKv(b"x" * 600))
     assert not store.fits(401) and store.could_ever_hold(1_000)
 
 
 def test_the_summary_line_names_every_line_against_the_cap() -> None:
     fields = {
         "cap_bytes": 256 * MIB, "total_bytes": 200 * MIB, "weights_bytes": 94 * MIB,
-        "device_bytes": 180 * MIB, "device_live_bytes": 0, "device_cached_bytes": MIB,
-        "host_cache_bytes": 8 * MIB, "host_cache_cap_bytes": 256 * MIB,
-        "offload_bytes": 0, "offload_cap_bytes": 512 * MIB,
         "embeddings_bytes": 12 * MIB, "reserve_bytes": 0,
+        "tiers": [
+            {"label": "KV context", "bytes": 180 * MIB, "detail": {"live": 0, "cached": MIB}},
+            {"label": "host cache", "bytes": 8 * MIB, "detail": {"cap": 256 * MIB}},
+            {"label": "offload", "bytes": 0, "detail": {"cap": 512 * MIB}},
+        ],
     }  # fmt: skip
     line = ledger_summary(fields)
     assert "KV context 180.0 (live 0.0, cached 1.0)" in line
@@ -163,7 +166,7 @@ async def test_every_tier_filled_stays_under_the_cap(engine_of) -> None:
     )
     peaks: list[int] = []
     engine = capped_engine(engine_of, backend, peaks)
-    assert engine.device.num_bytes == DEVICE
+    assert engine.device.account.num_bytes == DEVICE
     for i in range(8):  # distinct prompts one after another: slot 0 is vacated each time
         await drain(engine, engine.submit(prompt_request(i)))
     cache = engine.host_cache
@@ -278,7 +281,7 @@ def test_every_models_lines_count_against_one_cap() -> None:
     smol.account("device", "device").charge(10_000)
     cache = HostCache(1 * MIB, 10, smol)  # smol's host tier: whatever is free
     for i in range(4):
-        assert cache.reserve([i] * 10, 10, None) is not None  # 4,356 bytes each
+        assert cache.reserve_prompt([i] * 10, 10, None) is not None  # 4,356 bytes each
     assert ledger.used_bytes == smol.used_bytes == gemma.used_bytes == 10_000 + 4 * 4356
     assert smol.own_bytes == 10_000 + 4 * 4356 and gemma.own_bytes == 0
     device = gemma.account("device", "device")
@@ -327,7 +330,7 @@ async def test_a_second_models_kv_context_is_carved_from_the_same_cap() -> None:
         assert first.host_cache.num_bytes > cap - 2 * DEVICE  # more than the second leaves
         second = build_engine(named_backend("second"), settings, ledger=ledger)
         assert ledger.used_bytes <= cap and first.host_cache.evictions > 0
-        assert second.device.num_bytes == DEVICE and second.device.model == "second"
+        assert second.device.account.num_bytes == DEVICE and second.device.account.model == "second"
         fields = second.snapshot()["memory_ledger"]
         assert fields["other_models_bytes"] == first.ledger.own_bytes > DEVICE
         assert fields["total_bytes"] == ledger.used_bytes <= fields["cap_bytes"] == cap

@@ -13,12 +13,12 @@ from collections.abc import Callable
 from edge_llm.engine.engine import Engine
 from edge_llm.engine.kv.apply import KvApplier
 from edge_llm.engine.kv.book import KvBook
-from edge_llm.engine.kv.device import DeviceTier
+from edge_llm.engine.kv.device import reserve_context
 from edge_llm.engine.kv.disk_cache import DiskTier, disk_cache
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.host_offload import HostOffload
 from edge_llm.engine.kv.layout import kv_book
-from edge_llm.engine.kv.ledger import Account, MemoryLedger, try_giver
+from edge_llm.engine.kv.ledger import MemoryLedger, try_giver
 from edge_llm.engine.parts import EngineParts
 from edge_llm.engine.pressure.memory import (
     MemoryGuard,
@@ -36,7 +36,6 @@ from edge_llm.engine.step.output import Output
 from edge_llm.engine.step.runner import ModelRunner
 from edge_llm.engine.streams.deadlines import Deadlines
 from edge_llm.engine.streams.live import Streams
-from edge_llm.errors import BackendError
 from edge_llm.observability.events import EventSink, null_sink
 from edge_llm.observability.metrics import EngineMetrics
 
@@ -78,13 +77,15 @@ def build_parts(
     lock = threading.RLock()
     # Every KV tier's bytes; this model's lines are tagged with its name.
     own = (ledger or MemoryLedger(settings.memory_cap_bytes)).for_model(backend.info.model_id)
+    disk = DiskTier(disk_cache(settings.cache_dir, settings.cache_dir_bytes, backend))
     host_cache = HostCache(
         settings.host_cache_bytes, backend.info.kv_bytes_per_token, own,
-        lambda give: try_giver(lock, give),
+        lambda give: try_giver(lock, give), below=disk,
     )  # fmt: skip
     kv = kv_book(backend, settings.prefix_cache, host_cache)
-    device = _device(own, kv)
+    device = reserve_context(own, kv)
     host_offload = HostOffload(settings.host_offload_bytes, own)
+    tiers = (device, host_cache, host_offload, disk)  # every KV tier: the one list
     scheduler = Scheduler(scheduler_limits(backend.max_sequences, settings), kv)
     streams = Streams(
         scheduler, host_offload, settings, metrics=metrics, events=events, clock=clock
@@ -92,18 +93,15 @@ def build_parts(
     offload = OffloadPolicy(
         host_offload, settings.offload_paused_after_s, streams, backend.state_size
     )
-    disk = disk_cache(settings.cache_dir, settings.cache_dir_bytes, backend)
     applier = KvApplier(
-        backend, host_offload, host_cache, disk=disk, metrics=metrics, events=events,
-        used_bytes=_live_bytes(lock, kv),
-    )  # fmt: skip
+        backend, tiers, metrics=metrics, events=events, used_bytes=_live_bytes(lock, kv)
+    )
     guard = MemoryGuard(settings.min_available_bytes, memory or ProcMemory(), clock)
     return EngineParts(
         backend=backend, settings=settings, metrics=metrics, events=events, clock=clock,
         _lock=lock, ledger=own, device=device, host_cache=host_cache,
         host_offload=host_offload, disk=disk, kv=kv, scheduler=scheduler, streams=streams,
-        tiers=(DeviceTier(device, kv), host_cache, host_offload, DiskTier(disk)),
-        deadlines=Deadlines(settings, streams), offload=offload,
+        tiers=tiers, deadlines=Deadlines(settings, streams), offload=offload,
         preemption=PreemptionPolicy(offload, settings.max_preemptions),
         runner=ModelRunner(backend, applier, prefill_apart=kv.per_slot),
         output=Output(streams, backend, settings, clock),
@@ -111,19 +109,6 @@ def build_parts(
         threads=thread_governor(backend, settings.adaptive_threads, clock, cores, events),
         machine_bytes=machine_memory_bytes(),
     )  # fmt: skip
-
-
-def _device(ledger: MemoryLedger, kv: KvBook) -> Account:
-    """The KV context's line, allocated whole; a model the pool loads reserved it
-    before loading."""
-    device = ledger.line("device") or ledger.account("device", "device")
-    if not device.resize(kv.capacity_bytes):
-        ledger.close_model()  # no line of a model that does not start stays
-        raise BackendError(
-            f"the KV context ({kv.capacity_bytes >> 20} MiB: whole blocks of 256 "
-            f"cells) does not fit max_kv_cache_mb ({(ledger.cap_bytes or 0) >> 20})"
-        )
-    return device
 
 
 def _live_bytes(lock: threading.RLock, kv: KvBook) -> Callable[[], int]:

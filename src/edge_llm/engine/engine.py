@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from edge_llm.engine.kv.book import KvOp
-from edge_llm.engine.kv.disk_cache import read_back, save_kept
 from edge_llm.engine.parts import EngineParts
 from edge_llm.engine.scheduling.admission import refuse_if_late
 from edge_llm.engine.scheduling.scheduler import StepPlan
@@ -71,8 +70,8 @@ class Engine(EngineParts):
         self._waker = LoopWaker(loop, _signal_all)
         self._thread = threading.Thread(target=self._run, name="edge-llm-engine", daemon=True)
         self._thread.start()
-        if self.disk is not None and self.kv.per_slot:
-            read_back(self.disk, self.host_cache, self._lock)
+        if self.kv.per_slot:
+            self.disk.read_back(self.host_cache, self._lock)
 
     def stop(self) -> None:
         """Cancel everything, stop the thread, and close the backend."""
@@ -83,9 +82,8 @@ class Engine(EngineParts):
             self._thread.join(timeout=30)
         if self._waker is not None:
             self._waker.close()  # after the thread's last signal
-        if self.disk is not None:
-            # what the book kept (the per-slot layout: its slots): the next start has it
-            save_kept(self.disk, self.kv.kept(), self.backend.save_state)
+        # what the book kept (the per-slot layout: its slots): the next start has it
+        self.disk.save_kept(self.kv.kept(), self.backend.save_state)
         self.backend.close()
         for tier in self.tiers:
             tier.close()  # its memory is back: the other models' tiers may use it

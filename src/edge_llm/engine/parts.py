@@ -8,10 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_llm.engine.kv.book import KvBook
-from edge_llm.engine.kv.disk_cache import DiskCache
+from edge_llm.engine.kv.device import DeviceTier
+from edge_llm.engine.kv.disk_cache import DiskTier
 from edge_llm.engine.kv.host_cache import HostCache
 from edge_llm.engine.kv.host_offload import HostOffload
-from edge_llm.engine.kv.ledger import Account, MemoryLedger
+from edge_llm.engine.kv.ledger import MemoryLedger
 from edge_llm.engine.kv.tier import KvTier
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.pressure.offload import OffloadPolicy, PreemptionPolicy
@@ -40,10 +41,10 @@ class EngineParts:
     # Held briefly by every public method and by a step's planning, never by a decode.
     _lock: threading.RLock
     ledger: MemoryLedger  # this model's view of the process's ledger
-    device: Account  # the KV context, allocated whole
+    device: DeviceTier  # the KV context, allocated whole
     host_cache: HostCache
     host_offload: HostOffload
-    disk: DiskCache | None
+    disk: DiskTier  # holds nothing without cache_dir
     tiers: tuple[KvTier, ...]  # every KV tier, the device's first: the one list of them
     kv: KvBook
     scheduler: Scheduler

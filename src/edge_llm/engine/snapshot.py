@@ -8,7 +8,7 @@ from typing import Any, Protocol, Self
 
 from edge_llm.engine.kv.book import KvBook
 from edge_llm.engine.kv.ledger import MemoryLedger
-from edge_llm.engine.kv.tier import KvTier
+from edge_llm.engine.kv.tier import KvTier, SummaryPart
 from edge_llm.engine.pressure.memory import MemoryPolicy
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.engine.scheduling.admission import predict_ttft_s
@@ -123,7 +123,8 @@ def ledger_fields(engine: EngineView) -> dict[str, Any]:
     """Engine lock held: the memory ledger's lines (``ledger.py``), in bytes: each KV
     tier's (the KV context: live, cached and free cells; each host tier with its cap),
     the embeddings context, saves in flight, every other loaded model's lines, the
-    total against the cap, and the weights beside it (outside the cap)."""
+    total against the cap, the weights beside it (outside the cap), and each tier in
+    memory's part of the summary line, in the list's order."""
     ledger, readings = engine.ledger, [tier.read() for tier in engine.tiers]
     return {
         "cap_bytes": ledger.cap_bytes,
@@ -136,7 +137,13 @@ def ledger_fields(engine: EngineView) -> dict[str, Any]:
         "reserve_bytes": sum(r.reserved_bytes for r in readings),
         "other_models_bytes": ledger.used_bytes - ledger.own_bytes,  # their every line
         "machine_bytes": engine.machine_bytes,
+        "tiers": [_summary_part(r.summary) for r in readings if r.summary is not None],
     }
+
+
+def _summary_part(part: SummaryPart) -> dict[str, Any]:
+    """A tier's part of the serve banner's line (``ledger.ledger_summary``)."""
+    return {"label": part.label, "bytes": part.num_bytes, "detail": part.detail}
 
 
 def ledger_lines(engine: EngineView) -> dict[str, int | None]:

@@ -13,9 +13,7 @@ from edge_llm.engine.kv.book import (
     SaveState,
     Truncate,
 )
-from edge_llm.engine.kv.disk_cache import DiskCache, DiskEntry
-from edge_llm.engine.kv.host_cache import HostCache
-from edge_llm.engine.kv.host_offload import HostOffload
+from edge_llm.engine.kv.tier import KvTier, SavedKv, StateTier
 from edge_llm.engine.runtime.backend import Backend
 from edge_llm.errors import BackendError
 from edge_llm.observability.events import Event, EventSink
@@ -23,23 +21,22 @@ from edge_llm.observability.metrics import EngineMetrics
 
 
 class KvApplier:
-    """Runs :data:`KvOp` lists in order and reports them (events, metrics)."""
+    """Runs :data:`KvOp` lists in order and reports them (events, metrics). A save or
+    load goes to the state tier the operation names (``tier.StateTier``)."""
 
     def __init__(
         self,
         backend: Backend,
-        store: HostOffload,
-        cache: HostCache,
+        tiers: Iterable[KvTier],
         *,
-        disk: DiskCache | None = None,
         metrics: EngineMetrics,
         events: EventSink,
         used_bytes: Callable[[], int],
     ) -> None:
+        """``tiers``: the engine's list (``EngineParts.tiers``); those holding states
+        are found by name."""
         self.backend = backend
-        self.store = store
-        self.cache = cache
-        self.disk = disk
+        self.tiers = {t.name: t for t in tiers if isinstance(t, StateTier)}
         self.metrics = metrics
         self.events = events
         self.used_bytes = used_bytes
@@ -63,30 +60,20 @@ class KvApplier:
         elif isinstance(op, Truncate):
             self.backend.truncate(op.seq_id, op.start)
             self._report_truncate(op)
-        elif isinstance(op, SaveState):
-            self.store.put(op.key, self.backend.save_state(op.seq_id))
-        elif isinstance(op, LoadState):
-            state = self._load(op.seq_id, op.key, self.store.pop(op.key))
-            self.metrics.kv_restores.inc()
-            self.events(Event.RESTORED, op.key, slot=op.seq_id, state_bytes=len(state))
-        elif isinstance(op, SaveCache):
-            self._save_cache(op)
+        elif isinstance(op, SaveState | SaveCache):
+            self.tiers[op.tier].store(op.key, SavedKv(self.backend.save_state(op.seq_id)))
         else:
-            self._load(op.seq_id, op.key, self.cache.loaded(op.key))
+            state = self._load(op)
+            if isinstance(op, LoadState):
+                self.metrics.kv_restores.inc()
+                self.events(Event.RESTORED, op.key, slot=op.seq_id, state_bytes=len(state))
 
-    def _save_cache(self, op: SaveCache) -> None:
-        """Into the host tier, and through to the disk tier when there is one."""
-        state = self.backend.save_state(op.seq_id)
-        self.cache.put(op.key, state)
-        entry = self.cache.entry(op.key)
-        if self.disk is not None and entry is not None and entry.state is not None:
-            self.disk.write(DiskEntry(entry.tokens, entry.n_prompt, state, entry.first_logits))
-
-    def _load(self, seq_id: int, key: str, state: bytes | None) -> bytes:
-        if state is None:
-            raise BackendError(f"no saved state for {key}")
-        self.backend.load_state(seq_id, state)
-        return state
+    def _load(self, op: LoadState | LoadCache) -> bytes:
+        saved = self.tiers[op.tier].load(op.key)
+        if saved is None:
+            raise BackendError(f"no saved state for {op.key}")
+        self.backend.load_state(op.seq_id, saved.state)
+        return saved.state
 
     def _report_truncate(self, op: Truncate) -> None:
         if op.reason in ("release", "offload"):

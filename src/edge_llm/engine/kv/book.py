@@ -38,34 +38,39 @@ class Truncate:
 
 @dataclass(frozen=True)
 class SaveState:
-    """Copy the cells of ``seq_id`` to host memory under ``key`` (before they are freed)."""
+    """Copy the cells of ``seq_id`` to host memory under ``key`` (before they are freed):
+    a stream offloaded."""
 
     seq_id: int
     key: str
+    tier: str = "offload"  # the state tier it saves to or loads from (tier.StateTier)
 
 
 @dataclass(frozen=True)
 class LoadState:
-    """Write the host copy saved under ``key`` into ``seq_id``."""
+    """Write the copy saved under ``key`` into ``seq_id``: an offloaded stream restored."""
 
     seq_id: int
     key: str
+    tier: str = "offload"  # the state tier it saves to or loads from (tier.StateTier)
 
 
 @dataclass(frozen=True)
 class SaveCache:
-    """Copy the cells of ``seq_id`` into the prefix cache's host tier entry ``key``."""
+    """Copy the cells of ``seq_id`` into the prefix cache's entry ``key`` (reserved)."""
 
     seq_id: int
     key: str
+    tier: str = "host_cache"  # the state tier it saves to or loads from (tier.StateTier)
 
 
 @dataclass(frozen=True)
 class LoadCache:
-    """Write the host tier entry ``key`` into the empty ``seq_id``."""
+    """Write the prefix cache's entry ``key`` into the empty ``seq_id``."""
 
     seq_id: int
     key: str
+    tier: str = "host_cache"  # the state tier it saves to or loads from (tier.StateTier)
 
 
 KvOp = CopyPrefix | Truncate | SaveState | LoadState | SaveCache | LoadCache

@@ -1,8 +1,9 @@
 """The prefix cache's disk tier (``[engine.cache] cache_dir``): host-tier entries
 written through to files, so that a restarted device answers a known prompt without
-prefilling it again.
+prefilling it again. A state tier (``tier.StateTier``): its keys are the prompts'
+(``tier.prompt_key``), the host tier's too, so a file is named for the tokens it holds.
 
-Each entry is one file: a JSON header line (format, the model's fingerprint, the
+Each entry is one file, ``<key>.kvc``: a JSON header line (format, the model's fingerprint, the
 tokens its cells hold, their prompt length, the payload's size and SHA-256) and the
 payload (the saved KV state, then the kept first-token logits as float32). Writes go
 through a bounded queue to a thread of their own (a full queue drops the write), to a
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_llm.engine.kv.tier import TierReading
+from edge_llm.engine.kv.tier import SavedKv, TierReading, prompt_key
 
 if TYPE_CHECKING:
     from edge_llm.engine.kv.host_cache import HostCache
@@ -39,15 +40,9 @@ MAX_PENDING_WRITES = 16  # beside the slots' entries written at stop
 _log = logging.getLogger("edge_llm.cache")
 
 
-@dataclass(frozen=True)
-class DiskEntry:
-    tokens: tuple[int, ...]
-    n_prompt: int
-    state: bytes
-    first_logits: Any  # a float32 vector, or None
-
-
 class DiskCache:
+    """The files: written by a thread of its own, read by whoever asks."""
+
     def __init__(self, directory: Path, capacity_bytes: int, fingerprint: str) -> None:
         self.directory = directory
         self.capacity_bytes = capacity_bytes
@@ -55,39 +50,72 @@ class DiskCache:
         self.written = 0
         self.skipped = 0
         self.num_bytes = 0  # the directory's entries, kept by the writer (read anywhere)
-        self._queue: queue.Queue[DiskEntry | None] = queue.Queue(MAX_PENDING_WRITES)
+        self._queue: queue.Queue[tuple[str, SavedKv] | None] = queue.Queue(MAX_PENDING_WRITES)
         directory.mkdir(parents=True, exist_ok=True)
         self._writer = threading.Thread(target=self._drain, name="kv-disk-writer", daemon=True)
         self._writer.start()
         self.num_bytes = sum(size for _, size in self._files())
 
-    def write(self, entry: DiskEntry) -> None:
-        """Queue an entry for writing; dropped when the writer is behind."""
+    def write(self, key: str, saved: SavedKv) -> bool:
+        """Queue a state for writing as ``key``; dropped (False) when the writer is behind."""
         try:
-            self._queue.put_nowait(entry)
+            self._queue.put_nowait((key, saved))
         except queue.Full:
             _log.warning("disk cache: writer behind, an entry was not written")
+            return False
+        return True
 
     def close(self) -> None:
         """Write what is queued, then stop the writer."""
         self._queue.put(None)
         self._writer.join(timeout=60)
 
-    def load(self, budget_bytes: int, accept: Callable[[DiskEntry, int], bool]) -> None:
-        """Hand the newest valid entries to ``accept(entry, size)`` until it refuses
-        one or ``budget_bytes`` is reached; skip and log the others."""
-        used = 0
-        for path, size in sorted(self._files(), key=lambda f: -f[0].stat().st_mtime):
-            if used + size > budget_bytes:
-                return
-            entry = self._read(path)
-            if entry is None:
-                continue
-            if not accept(entry, size):
-                return
-            used += size
+    def newest(self) -> list[tuple[str, int]]:
+        """(key, file size) of every entry, newest first."""
+        files = sorted(self._files(), key=lambda f: -f[0].stat().st_mtime)
+        return [(path.stem, size) for path, size in files]
+
+    def read(self, key: str) -> SavedKv | None:
+        """The entry ``key``, checked; None (and a log line) when missing, corrupt (then
+        removed) or foreign."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+            head, _, payload = data.partition(b"\n")
+            header = json.loads(head)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            self._skip(path, f"unreadable ({exc})", remove=True)
+            return None
+        why = self._refusal(header, payload)
+        if why is not None:
+            self._skip(path, why, remove=why == "checksum mismatch")
+            return None
+        state_bytes = int(header["state_bytes"])
+        logits = payload[state_bytes:]
+        return SavedKv(
+            payload[:state_bytes],
+            tuple(header["tokens"]),
+            int(header["n_prompt"]),
+            np.frombuffer(logits, dtype=np.float32).copy() if logits else None,
+        )
+
+    def remove(self, key: str) -> int:
+        """Delete the entry ``key``; its size (0: there was none)."""
+        path = self._path(key)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except OSError:
+            return 0
+        self.num_bytes = max(0, self.num_bytes - size)
+        return size
 
     # -- files ---------------------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        return self.directory / f"{key}{SUFFIX}"
 
     def _files(self) -> Iterator[tuple[Path, int]]:
         for path in self.directory.glob(f"*{SUFFIX}"):
@@ -97,30 +125,29 @@ class DiskCache:
                 continue
 
     def _drain(self) -> None:
-        while (entry := self._queue.get()) is not None:
+        while (item := self._queue.get()) is not None:
             try:
-                self._store(entry)
+                self._store(*item)
             except OSError as exc:
                 _log.warning("disk cache: cannot write an entry: %s", exc)
 
-    def _store(self, entry: DiskEntry) -> None:
+    def _store(self, key: str, saved: SavedKv) -> None:
         logits = (
             b""
-            if entry.first_logits is None
-            else np.asarray(entry.first_logits, dtype=np.float32).tobytes()
+            if saved.first_logits is None
+            else np.asarray(saved.first_logits, dtype=np.float32).tobytes()
         )
-        payload = entry.state + logits
+        payload = saved.state + logits
         header = {
             "format": FORMAT,
             "fingerprint": self.fingerprint,
-            "n_prompt": entry.n_prompt,
-            "tokens": list(entry.tokens),
-            "state_bytes": len(entry.state),
+            "n_prompt": saved.n_prompt,
+            "tokens": list(saved.tokens),
+            "state_bytes": len(saved.state),
             "logits_bytes": len(logits),
             "sha256": hashlib.sha256(payload).hexdigest(),
         }
-        name = hashlib.sha256(json.dumps(header["tokens"]).encode()).hexdigest()[:32]
-        path = self.directory / f"{name}{SUFFIX}"
+        path = self._path(key)
         temporary = path.with_suffix(".tmp")
         temporary.write_bytes(json.dumps(header).encode() + b"\n" + payload)
         os.replace(temporary, path)
@@ -136,27 +163,6 @@ class DiskCache:
             path.unlink(missing_ok=True)
             total -= size
         self.num_bytes = total
-
-    def _read(self, path: Path) -> DiskEntry | None:
-        try:
-            data = path.read_bytes()
-            head, _, payload = data.partition(b"\n")
-            header = json.loads(head)
-        except (OSError, ValueError) as exc:
-            self._skip(path, f"unreadable ({exc})", remove=True)
-            return None
-        why = self._refusal(header, payload)
-        if why is not None:
-            self._skip(path, why, remove=why == "checksum mismatch")
-            return None
-        state_bytes = int(header["state_bytes"])
-        logits = payload[state_bytes:]
-        return DiskEntry(
-            tuple(header["tokens"]),
-            int(header["n_prompt"]),
-            payload[:state_bytes],
-            np.frombuffer(logits, dtype=np.float32).copy() if logits else None,
-        )
 
     def _refusal(self, header: object, payload: bytes) -> str | None:
         """Why a file must not be loaded (None: it may)."""
@@ -177,10 +183,17 @@ class DiskCache:
 
 @dataclass
 class DiskTier:
-    """The disk tier as a KV tier (``tier.KvTier``): there is one whether or not
-    ``cache_dir`` is set (none: it holds nothing). Not in the memory ledger: files."""
+    """The disk tier as a state tier (``tier.StateTier``): there is one whether or not
+    ``cache_dir`` is set (none: it holds nothing, reserves nothing). Not in the memory
+    ledger: files. Its ``store`` queues the write (the engine never waits on a file),
+    its room is made by the writer (oldest files out, past ``cache_dir_mb``)."""
 
     disk: DiskCache | None
+    name = "disk"
+
+    @property
+    def enabled(self) -> bool:
+        return self.disk is not None
 
     def read(self) -> TierReading:
         disk = self.disk
@@ -190,10 +203,58 @@ class DiskTier:
             debug={"kv_disk_cache_bytes": held, "kv_disk_cache_skipped": skipped},
         )
 
+    def reserve(self, key: str, num_bytes: int) -> bool:
+        """Whether a state of ``num_bytes`` fits the directory at all (a larger one
+        would push every other entry out, then itself)."""
+        return self.disk is not None and num_bytes <= self.disk.capacity_bytes
+
+    def store(self, key: str, saved: SavedKv) -> bool:
+        return self.disk is not None and self.disk.write(key, saved)
+
+    def load(self, key: str) -> SavedKv | None:
+        return self.disk.read(key) if self.disk is not None else None
+
+    def evict(self, key: str) -> int:
+        return self.disk.remove(key) if self.disk is not None else 0
+
     def close(self) -> None:
-        """Write what is queued (the kept slots too: ``save_kept`` ran first)."""
+        """Write what is queued (the kept slots too: :meth:`save_kept` ran first)."""
         if self.disk is not None:
             self.disk.close()
+
+    def read_back(self, host: HostCache, lock: threading.RLock) -> None:
+        """Start a thread loading the newest valid entries into the host tier, as many
+        as its room takes."""
+        if self.disk is not None:
+            threading.Thread(target=self._read_back, args=(self.disk, host, lock),
+                             name="kv-disk-loader", daemon=True).start()  # fmt: skip
+
+    def _read_back(self, disk: DiskCache, host: HostCache, lock: threading.RLock) -> None:
+        used = 0
+        for key, size in disk.newest():
+            if used + size > host.capacity_bytes:
+                return
+            saved = self.load(key)
+            if saved is None:
+                continue  # skipped, with a log line
+            with lock:
+                if not host.adopt(saved, "disk"):
+                    return
+            used += size
+
+    def save_kept(
+        self,
+        kept: Iterable[tuple[int, tuple[int, ...], int, Any]],
+        save_state: Callable[[int], bytes],
+    ) -> None:
+        """Write kept slots (``KvBook.kept``): the engine has stopped."""
+        if self.disk is None:
+            return
+        for slot, tokens, n_prompt, logits in kept:
+            saved = SavedKv(save_state(slot), tokens, n_prompt, logits)
+            key = prompt_key(tokens)
+            if self.reserve(key, len(saved.state)):
+                self.store(key, saved)
 
 
 def disk_cache(directory: str | None, capacity_bytes: int, backend: Backend) -> DiskCache | None:
@@ -201,26 +262,3 @@ def disk_cache(directory: str | None, capacity_bytes: int, backend: Backend) -> 
     if not directory:
         return None
     return DiskCache(Path(directory), capacity_bytes, backend.state_fingerprint)
-
-
-def read_back(disk: DiskCache, host: HostCache, lock: threading.RLock) -> None:
-    """Start a thread reading the newest valid entries into the host tier."""
-
-    def accept(entry: DiskEntry, size: int) -> bool:
-        with lock:
-            return host.add_saved(entry.tokens, entry.n_prompt, entry.first_logits, entry.state,
-                                  "disk")  # fmt: skip
-
-    threading.Thread(
-        target=disk.load, args=(host.capacity_bytes, accept), name="kv-disk-loader", daemon=True
-    ).start()
-
-
-def save_kept(
-    disk: DiskCache,
-    kept: Iterable[tuple[int, tuple[int, ...], int, Any]],
-    save_state: Callable[[int], bytes],
-) -> None:
-    """Write kept slots (``KvSlots.kept``) to the disk tier: the engine has stopped."""
-    for slot, tokens, n_prompt, logits in kept:
-        disk.write(DiskEntry(tokens, n_prompt, save_state(slot), logits))

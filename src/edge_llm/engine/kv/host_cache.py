@@ -18,14 +18,13 @@ loaded, the engine thread copies the bytes (``kv/apply.py``).
 
 from __future__ import annotations
 
-import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from edge_llm.engine.kv.ledger import Giver, LedgerTier, MemoryLedger
-from edge_llm.engine.kv.tier import TierReading
+from edge_llm.engine.kv.tier import SavedKv, StateTier, SummaryPart, TierReading, prompt_key
 
 # A saved state holds, beside the K and V rows, each cell's position and sequence ids
 # and a small header: an upper bound used to reserve room before the save runs.
@@ -35,7 +34,7 @@ STATE_HEADER_BYTES = 4096
 
 @dataclass
 class HostEntry:
-    key: str
+    key: str  # tier.prompt_key of its tokens (a bare reserve: the caller's)
     tokens: tuple[int, ...]  # what its cells hold, in order
     n_prompt: int  # the prompt of the sequence they came from (its first n_prompt tokens)
     num_bytes: int  # reserved, then the saved state's size
@@ -47,21 +46,27 @@ class HostEntry:
 
 
 class HostCache(LedgerTier):
+    """A state tier (``tier.StateTier``) whose states are found by their prompt."""
+
+    name = "host_cache"
+
     def __init__(
         self,
         capacity_bytes: int,
         bytes_per_token: int,
         ledger: MemoryLedger | None = None,
         wrap_giver: Callable[[Giver], Giver] | None = None,
+        below: StateTier | None = None,
     ) -> None:
         """``ledger``: the memory ledger it is a line of (None: one of its own, no
         common cap); ``wrap_giver``: how another thread reaches :meth:`give_back`
-        (under the engine's lock)."""
+        (under the engine's lock); ``below``: the tier each saved state is written
+        through to (the disk's)."""
         self.bytes_per_token = bytes_per_token
+        self.below = below
         self.hits = 0
         self.evictions = 0
         self._entries: OrderedDict[str, HostEntry] = OrderedDict()  # least recently used first
-        self._keys = itertools.count()
         giver = wrap_giver(self.give_back) if wrap_giver else self.give_back
         ledger = ledger or MemoryLedger(None)
         self.account = ledger.account("host_cache", "host_cache", capacity_bytes, giver)
@@ -88,22 +93,30 @@ class HostCache(LedgerTier):
         n = len(tokens)
         return any(e.tokens[:n] == tuple(tokens) for e in self._entries.values())
 
-    def reserve(
+    def reserve_prompt(
         self, tokens: Sequence[int], n_prompt: int, first_logits: Any, keep: str | None = None
     ) -> HostEntry | None:
-        """Room for a state about to be saved, evicting the least recently used entries
-        (never ``keep``: one about to be loaded). None when it can never fit."""
-        size = self.estimate(len(tokens))
-        if size > self.capacity_bytes:
-            return None
-        while size > self.account.room():  # its own cap, or what the ledger has free
+        """:meth:`reserve` for the state of cells holding ``tokens`` (the first
+        ``n_prompt`` a prompt), under their key, never evicting ``keep`` (an entry about
+        to be loaded). None when it can never fit. Call :meth:`holds` first."""
+        entry = HostEntry(prompt_key(tokens), tuple(tokens), n_prompt,
+                          self.estimate(len(tokens)), first_logits)  # fmt: skip
+        return entry if self._reserve(entry, keep) else None
+
+    def reserve(self, key: str, num_bytes: int) -> bool:
+        """Room for a state whose prompt is not known (never found by a prompt)."""
+        return self._reserve(HostEntry(key, (), 0, num_bytes), None)
+
+    def _reserve(self, entry: HostEntry, keep: str | None) -> bool:
+        """Room for ``entry``, evicting the least recently used entries."""
+        if entry.num_bytes > self.capacity_bytes or entry.key in self._entries:
+            return False
+        while entry.num_bytes > self.account.room():  # its own cap, or the ledger's free
             if not self._evict_one(keep):
-                return None
-        key = f"prefix-{next(self._keys)}"
-        entry = HostEntry(key, tuple(tokens), n_prompt, size, first_logits)
-        self._entries[key] = entry
-        self.account.charge(size)
-        return entry
+                return False
+        self._entries[entry.key] = entry
+        self.account.charge(entry.num_bytes)
+        return True
 
     @property
     def reserved_bytes(self) -> int:
@@ -120,6 +133,7 @@ class HostCache(LedgerTier):
             debug={"kv_host_cache_bytes": held, "kv_host_cache_budget_bytes": cap,
                    "kv_host_cache_entries": len(self), "kv_host_cache_hits": self.hits},
             reserved_bytes=self.reserved_bytes,
+            summary=SummaryPart("host cache", held, {"cap": cap}),
         )  # fmt: skip
 
     def give_back(self) -> int:
@@ -135,38 +149,47 @@ class HostCache(LedgerTier):
         )
         if victim is None:
             return False
-        self.pop(victim)
+        self.evict(victim)
         self.evictions += 1
         return True
 
-    def put(self, key: str, state: bytes) -> None:
-        """The saved bytes of a reserved entry (a state larger than reserved is dropped)."""
+    def store(self, key: str, saved: SavedKv) -> bool:
+        """The saved bytes of a reserved entry (a state larger than reserved is
+        dropped), written through to the tier below. What its cells hold is the one
+        :meth:`reserve_prompt` gave unless ``saved`` says (the applier does not know)."""
         entry = self._entries.get(key)
+        state = saved.state
         if entry is None:
-            return
+            return False
         if len(state) > entry.num_bytes:
-            self.pop(key)
-            return
+            self.evict(key)
+            return False
         self.account.release(entry.num_bytes - len(state))
         entry.num_bytes, entry.state = len(state), state
+        if saved.tokens:
+            entry.tokens, entry.n_prompt = saved.tokens, saved.n_prompt
+            entry.first_logits = saved.first_logits
+        below = self.below
+        if below is not None and below.reserve(key, len(state)):
+            below.store(key, SavedKv(state, entry.tokens, entry.n_prompt, entry.first_logits))
+        return True
 
-    def add_saved(
-        self, tokens: Sequence[int], n_prompt: int, first_logits: Any, state: bytes, origin: str
-    ) -> bool:
-        """An entry whose state was saved elsewhere (the disk tier); False when full."""
-        if len(state) > self.account.room() or self.holds(tokens):
+    def adopt(self, saved: SavedKv, origin: str) -> bool:
+        """A state saved elsewhere (read back from the disk tier), only into free room:
+        it evicts nothing. False when full or held already."""
+        state = saved.state
+        if len(state) > self.account.room() or self.holds(saved.tokens):
             return False
-        key = f"prefix-{next(self._keys)}"
-        entry = HostEntry(key, tuple(tokens), n_prompt, len(state), first_logits, state,
-                          origin=origin)  # fmt: skip
-        self._entries[key] = entry
-        self._entries.move_to_end(key, last=False)  # older than anything saved since
+        entry = HostEntry(prompt_key(saved.tokens), saved.tokens, saved.n_prompt, len(state),
+                          saved.first_logits, state, origin=origin)  # fmt: skip
+        self._entries[entry.key] = entry
+        self._entries.move_to_end(entry.key, last=False)  # older than anything saved since
         self.account.charge(len(state))
         return True
 
     def touch(self, key: str, loading: bool = False) -> HostEntry:
         """A hit: the entry becomes the most recently used; ``loading``: a load of it
-        is decided, and it stays until that load ran (:meth:`loaded`)."""
+        is decided, and it stays until that load ran (:meth:`load`)."""
         entry = self._entries[key]
         self._entries.move_to_end(key)
         entry.hits += 1
@@ -174,13 +197,15 @@ class HostCache(LedgerTier):
         self.hits += 1
         return entry
 
-    def loaded(self, key: str) -> bytes | None:
-        """The state of an entry whose load runs now (see :meth:`touch`)."""
+    def load(self, key: str) -> SavedKv | None:
+        """The state of an entry whose load runs now (see :meth:`touch`); it stays."""
         entry = self._entries.get(key)
         if entry is None:
             return None
         entry.pending_loads = max(0, entry.pending_loads - 1)
-        return entry.state
+        if entry.state is None:
+            return None
+        return SavedKv(entry.state, entry.tokens, entry.n_prompt, entry.first_logits)
 
     def entry(self, key: str) -> HostEntry | None:
         return self._entries.get(key)
@@ -189,11 +214,13 @@ class HostCache(LedgerTier):
         entry = self._entries.get(key)
         return entry.state if entry is not None else None
 
-    def pop(self, key: str) -> None:
+    def evict(self, key: str) -> int:
         entry = self._entries.pop(key, None)
-        if entry is not None:
-            self.account.release(entry.num_bytes)
+        if entry is None:
+            return 0
+        self.account.release(entry.num_bytes)
+        return entry.num_bytes
 
     def clear(self) -> None:
         for key in list(self._entries):
-            self.pop(key)
+            self.evict(key)

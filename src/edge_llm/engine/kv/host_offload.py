@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from edge_llm.engine.kv.ledger import LedgerTier, MemoryLedger
-from edge_llm.engine.kv.tier import TierReading
+from edge_llm.engine.kv.tier import SavedKv, SummaryPart, TierReading
 
 
 class HostOffload(LedgerTier):
-    """Saved sequence states by key, oldest first. The engine decides what to drop
-    when a new state would not fit (:meth:`oldest`); :meth:`put` never goes over its
-    cap nor the ledger's."""
+    """Saved sequence states by key (a stream's id), oldest first: a state tier
+    (``tier.StateTier``). The engine decides what to drop when a new state would not
+    fit (:meth:`oldest`); :meth:`store` never goes over its cap nor the ledger's."""
+
+    name = "offload"
 
     def __init__(self, capacity_bytes: int, ledger: MemoryLedger | None = None) -> None:
         self.account = (ledger or MemoryLedger(None)).account("offload", "offload", capacity_bytes)
@@ -46,6 +48,7 @@ class HostOffload(LedgerTier):
             ledger={"offload_cap_bytes": self.capacity_bytes},
             debug={"kv_offloaded_bytes": self.num_bytes},
             reserved_bytes=self.reserved_bytes,
+            summary=SummaryPart("offload", self.num_bytes, {"cap": self.capacity_bytes}),
         )
 
     def fits(self, num_bytes: int) -> bool:
@@ -72,21 +75,31 @@ class HostOffload(LedgerTier):
         self._sizes[key] = num_bytes
         return True
 
-    def put(self, key: str, state: bytes) -> None:
-        """Store a state, in the room reserved for it if there was one (kept, not
+    def store(self, key: str, saved: SavedKv) -> bool:
+        """Keep a state, in the room reserved for it if there was one (kept, not
         given back and asked again: another thread could take it meanwhile)."""
+        state = saved.state
         reserved = self._sizes.get(key)
         if reserved is not None and len(state) <= reserved:
             self.account.release(reserved - len(state))
             self._states[key], self._sizes[key] = state, len(state)
-            return
-        self.pop(key)
+            return True
+        self.evict(key)
         if not self.account.reserve(len(state)):
             raise ValueError(f"{len(state)} bytes do not fit: {self.num_bytes} used")
         self._states[key] = state
         self._sizes[key] = len(state)
+        return True
 
-    def pop(self, key: str) -> bytes | None:
-        state = self._states.pop(key, None)
-        self.account.release(self._sizes.pop(key, 0))
-        return state
+    def load(self, key: str) -> SavedKv | None:
+        """A stream's state as it comes back: it leaves host memory (its cells are
+        back on the device)."""
+        state = self._states.get(key)
+        self.evict(key)
+        return SavedKv(state) if state is not None else None
+
+    def evict(self, key: str) -> int:
+        self._states.pop(key, None)
+        size = self._sizes.pop(key, 0)
+        self.account.release(size)
+        return size

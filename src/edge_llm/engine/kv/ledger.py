@@ -331,16 +331,21 @@ def try_giver(lock: threading.RLock, give: Giver) -> Giver:
 
 def ledger_summary(fields: dict[str, Any]) -> str:
     """One line of the ledger (``/debug/streams``' ``memory_ledger``), in MiB: what the
-    serve banner prints."""
+    serve banner prints. Its tiers are the document's ``tiers``: each tier in memory
+    names its own part (``tier.SummaryPart``)."""
     f = fields
     cap = f"{mib(f['cap_bytes'])} MiB cap" if f["cap_bytes"] is not None else "no common cap"
     other = f.get("other_models_bytes") or 0
     others = f" + other models {mib(other)}" if other else ""
+    tiers = "".join(f"{_part(part)} + " for part in f.get("tiers", ()))
     return (
-        f"memory ledger: KV context {mib(f['device_bytes'])} (live "
-        f"{mib(f['device_live_bytes'])}, cached {mib(f['device_cached_bytes'])}) + host cache "
-        f"{mib(f['host_cache_bytes'])} (cap {mib(f['host_cache_cap_bytes'])}) + offload "
-        f"{mib(f['offload_bytes'])} (cap {mib(f['offload_cap_bytes'])}) + embeddings "
-        f"{mib(f['embeddings_bytes'])} + reserve {mib(f['reserve_bytes'])}{others} = "
-        f"{mib(f['total_bytes'])} MiB of {cap}; weights {mib(f['weights_bytes'])} MiB beside it"
+        f"memory ledger: {tiers}embeddings {mib(f['embeddings_bytes'])} + reserve "
+        f"{mib(f['reserve_bytes'])}{others} = {mib(f['total_bytes'])} MiB of {cap}; "
+        f"weights {mib(f['weights_bytes'])} MiB beside it"
     )
+
+
+def _part(part: dict[str, Any]) -> str:
+    """``host cache 8.0 (cap 256.0)``."""
+    detail = ", ".join(f"{name} {mib(n)}" for name, n in part["detail"].items())
+    return f"{part['label']} {mib(part['bytes'])}" + (f" ({detail})" if detail else "")

@@ -314,7 +314,7 @@ class KvSlots:
         if self.host.holds(slot.cells):
             return []
         keep_key = keep.key if keep is not None else None
-        entry = self.host.reserve(slot.cells, slot.n_prompt, slot.first_logits, keep_key)
+        entry = self.host.reserve_prompt(slot.cells, slot.n_prompt, slot.first_logits, keep_key)
         return [SaveCache(slot.seq_id, entry.key)] if entry is not None else []
 
     def kept(self) -> list[tuple[int, tuple[int, ...], int, Any]]:

@@ -100,7 +100,7 @@ class OffloadPolicy:
             return False
         handle = self.streams.live.get(key)
         if handle is None:
-            self.host_offload.pop(key)
+            self.host_offload.evict(key)
             return True
         error = PauseTimeout("offloaded and host memory is full", reason="pause_timeout")
         self.streams.events(

@@ -24,10 +24,10 @@ _MAX_RECENT = 256
 
 
 class OffloadedStates(Protocol):
-    """Where an offloaded stream's KV waits (``kv/host_offload.py``): its state
-    is dropped when the stream ends."""
+    """Where an offloaded stream's KV waits (``kv/host_offload.py``, a state tier): its
+    state is dropped when the stream ends."""
 
-    def pop(self, key: str) -> bytes | None: ...
+    def evict(self, key: str) -> int: ...
 
 
 class Streams:
@@ -151,7 +151,7 @@ class Streams:
         seq.finish_reason = finish_reason
         seq.cancel_reason = _reason(error)
         self.scheduler.finish(seq, state, now, keep=self._keeps_cells(state))
-        self.host_offload.pop(seq.id)
+        self.host_offload.evict(seq.id)
         self._ended_samplers.append(seq.id)
         tail = "" if error else handle.detokenizer.flush() + handle.stop_matcher.flush()
         handle.outcome = Outcome(finish_reason, error, tail, handle.stop_matcher.matched)
