@@ -1,13 +1,14 @@
 """The KV tiers' interface: one list names every tier (``EngineParts.tiers``, built in
 ``engine/build.py``), and every reader (the ledger, ``/debug/streams``, the
 ``kv_cache_tier_bytes`` gauge, the serve banner) and mover (``kv/apply.py``, the
-policies of ``engine/pressure/``) goes through the protocols below.
+offload and preemption policies of ``engine/pressure/offload.py``, the end of a
+stream) goes through the protocols below.
 
 Every tier is a :class:`KvTier`: its name, what it holds (``read``: the account) and
 its close. The tiers that hold sequences' KV states as bytes (the prefix cache's host
 tier ``host_cache.py``, offloaded streams ``host_offload.py``, the disk
-``disk_cache.py``) are :class:`StateTier`\\ s as well: ``reserve`` room for a state
-about to be saved, ``store`` it, ``load`` it back, ``evict`` it. A KV operation names
+``disk_cache.py``) are state tiers as well (:class:`StateTier`): ``reserve`` room for
+a state about to be saved, ``store`` it, ``load`` it back, ``evict`` it. A KV operation names
 the tier it saves to or loads from (``kv/book.py``) and the applier finds it by name.
 
 The device's KV context (``device.py``) is a tier of the list but not a state tier.
