@@ -168,7 +168,8 @@ async def test_a_queued_request_overtaken_by_an_urgent_one_is_refused_before_its
         background = engine.submit(request(100, max_tokens=150))  # 2 s + 2 s: queued
         ahead = engine.submit(urgent(2, 100, max_tokens=400))  # 4 s, before it in the queue
         assert background.outcome is None and engine.scheduler.num_waiting == 2
-        backend.gate.release(1)  # the next step asks the queue again
+        # The next step asks the queue again; its end wakes the refused one's connection.
+        backend.gate.release(2)
         await asyncio.wait_for(drain(engine, background), 10)
         refused = background.outcome.error if background.outcome else None
         assert isinstance(refused, QueueFull), refused
