@@ -12,40 +12,27 @@ seeded random generator, one action after another:
 - ``cancel``: a WebSocket stream cancelled before or after its first token;
 - ``disconnect``: an SSE stream whose connection is closed before or after its first token;
 - ``regenerate``: 2-3 requests in one session (``X-Session-Id``), each superseding the last;
-- ``relay``: one of the above through the relay: its requests name the model of a second
-  ``edge-llm serve`` (the upstream, started the same way with ``--model-id up-model``)
-  that the first one relays to (``--upstream``); ``--no-relay``: no upstream, no action;
 
 every request with a random priority (-1, 0 or 1); the clients' first actions cover
-all eight. A refusal (a 503 with ``Retry-After``: nothing was spent on it) is retried
-as the client SDK retries it when its ``retry_on`` lists ``overloaded``
-(``RetryPolicy``: backoff, at least ``Retry-After``, up to ``--attempts`` in all); the
-run counts the refusals, and the final answers in the invariants. A 504 is not retried
-(the SDK's default would): a TTFT time-out is what deadline admission is there to
-prevent, so each one counts. Before the clients, the issue's goal for identical prompts
-is measured (a figure, not an invariant): for each ``--identical`` size, a lone
-streamed chat's TTFT, then that many identical ones sent at once, and the worst one's
-TTFT over the lone one's (goal: 2x; past ``max_sequences``, 4 by default, the rest
-wait for a slot).
+all seven. Before the clients, the issue's goal for identical prompts is measured (a
+figure, not an invariant): for each ``--identical`` size, a lone streamed chat's TTFT,
+then that many identical ones sent at once, and the worst one's TTFT over the lone
+one's (goal: 2x; past ``max_sequences``, 4 by default, the rest wait for a slot).
 Then it checks the contract's invariants and prints them with the figures and the
 seed (``--seed`` replays the choices; the timing is the machine's):
 
 - ``stalls``: ``/debug/streams`` shows no wait without a reason that can end for
   ``--stall-s`` seconds (``Watch`` says which);
-- ``5xx``: no final answer (status, error frame or error event) with a 5xx code (a
-  ``ttft_timeout`` is a 504: on a machine too busy for the load, the run says so here;
-  a refusal retried until it was served is not one);
+- ``5xx``: no response status, error frame or error event with a 5xx code (a
+  ``ttft_timeout`` is a 504: on a machine too busy for the load, the run says so here);
 - ``lost streams``: every request a client sent ends (a response, a ``done`` or error
   frame) within ``--request-timeout``, and every request the event log admits has one
   ``end`` line; a WebSocket stream's deltas carry as many tokens as its ``usage`` says;
-- ``drained``: KV in use, running and waiting requests at 0 within 1 s of the load's end
-  (on both servers);
+- ``drained``: KV in use, running and waiting requests at 0 within 1 s of the load's end;
 - ``pause bound``: after a ``paused`` frame a client receives at most one token before
   ``resumed``, and the event log has at most one ``token_while_paused`` per pause.
 
-The upstream's ``/debug/streams`` and event log are read the same way (the relayed
-requests' engine is there); the front's relayed streams count by their ``routed`` and
-``end`` lines. A failure names the invariant and exits 1.
+A failure names the invariant and exits 1.
 
     .venv/bin/python benchmarks/interleavings.py --duration 60 --clients 5 --busy 2
 """
@@ -66,8 +53,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -79,10 +66,7 @@ from machine import noise, own_pids, snapshot
 from output import add_output_flags, header, write_outputs
 
 from edge_llm.bench.publish import table_data
-from edge_llm.client.config import RetryConfig
-from edge_llm.client.errors import OverloadedError
-from edge_llm.client.retry import RetryPolicy
-from edge_llm.errors import EdgeLLMError, Overloaded
+from edge_llm.errors import EdgeLLMError
 
 START_TIMEOUT_S = 180.0
 DRAIN_BOUND_S = 1.0
@@ -100,25 +84,22 @@ PREFIX_TAILS = (
     " the keeper climbed the steps to the lamp room",
     " the keeper climbed the steps to the lamp room, trimmed the wick and wound the clock",
 )
-ACTIONS = ("identical", "prefix", "chat", "pause", "cancel", "disconnect", "regenerate", "relay")
+ACTIONS = ("identical", "prefix", "chat", "pause", "cancel", "disconnect", "regenerate")
 INVARIANTS = ("stalls", "5xx", "lost streams", "drained", "pause bound")
-UP_MODEL = "up-model"
 
 
-def error_codes(base: type[EdgeLLMError], least_status: int) -> frozenset[str]:
-    """The codes of ``base`` and its subclasses answered with ``least_status`` or
-    more (errors.py)."""
-    codes, todo = set(), [base]
+def server_error_codes() -> frozenset[str]:
+    """Every error code the engine answers with a 5xx status (errors.py)."""
+    codes, todo = set(), list(EdgeLLMError.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
-        if isinstance(cls.status, int) and cls.status >= least_status:
+        if isinstance(cls.status, int) and cls.status >= 500:
             codes.add(cls.code)
     return frozenset(codes)
 
 
-SERVER_ERRORS = error_codes(EdgeLLMError, 500)
-REFUSALS = error_codes(Overloaded, 503)  # 503 + Retry-After: retried, nothing was spent
+SERVER_ERRORS = server_error_codes()
 
 
 # -- what the clients saw ------------------------------------------------------------------
@@ -137,8 +118,6 @@ class Tally:
     pauses: int = 0
     pause_violations: list[str] = field(default_factory=list)
     first_tokens: int = 0
-    refused: Counter[str] = field(default_factory=Counter)  # refusals retried, by code
-    waits_s: list[float] = field(default_factory=list)  # first attempt to first token
 
     def ended(self, outcome: str, request_id: str | None, code: str | None = None) -> None:
         self.outcomes[outcome if code is None else f"{outcome} {code}"] += 1
@@ -152,38 +131,6 @@ class Run:
     tally: Tally
     request_timeout: float
     deadline: float
-    retry: RetryPolicy
-    relay: bool  # an upstream serves UP_MODEL
-    model: str | None = None  # the upstream's, for a relayed action
-
-
-class Refused(Exception):
-    """A 503 refusal (``REFUSALS``) before any content: the request may be sent again."""
-
-    def __init__(self, code: str, retry_after_s: float | None) -> None:
-        super().__init__(code)
-        self.code, self.retry_after_s = code, retry_after_s
-
-    def as_client_error(self) -> OverloadedError:
-        """What the SDK raises for it, for its ``RetryPolicy``."""
-        return OverloadedError(self.code, server_code=self.code, retry_after_s=self.retry_after_s)
-
-
-async def with_retries(
-    run: Run, request_id: Callable[[], str | None], attempt: Callable[[], Awaitable[None]]
-) -> None:
-    """``attempt`` until it is not refused, as the SDK retries a refusal; a refusal
-    left when the policy gives up is the request's answer (a 5xx)."""
-    for number in range(1, 1000):
-        try:
-            return await attempt()
-        except Refused as refused:
-            decision = run.retry.decide(refused.as_client_error(), number, delivered=False)
-            if decision is None:
-                run.tally.ended("status 503", request_id(), refused.code)
-                return
-            run.tally.refused[refused.code] += 1
-            await asyncio.sleep(decision.delay_ms / 1000.0)
 
 
 def chat_body(content: str, rng: random.Random, **extra: Any) -> dict[str, Any]:
@@ -211,45 +158,27 @@ async def sse_request(
     drop_after: int | None = None,
 ) -> None:
     """One streamed request read to its end (or closed after ``drop_after`` data events:
-    a disconnect), sent again while refused. Its outcome goes to the tally."""
+    a disconnect). Its outcome goes to the tally."""
     tally = run.tally
     tally.requests += 1
-    body = body if run.model is None else {**body, "model": run.model}
-    reply = SseReply(time.monotonic())
-
-    async def attempt() -> None:
-        async with session.post(run.url + path, json=body, headers=headers) as response:
-            reply.id = response.headers.get("X-Request-Id") or reply.id
-            if response.status != 200:
-                return await _refusal(tally, response, reply.id)
-            if reply.id:
-                tally.ids.add(reply.id)  # admitted or relayed: the event log has it
-            await _read_sse(tally, response, reply, drop_after)
-
+    request_id: str | None = None
     try:
         async with asyncio.timeout(run.request_timeout):
-            await with_retries(run, lambda: reply.id, attempt)
+            async with session.post(run.url + path, json=body, headers=headers) as response:
+                request_id = response.headers.get("X-Request-Id")
+                if request_id:
+                    tally.ids.add(request_id)
+                if response.status != 200:
+                    code = (await _error_of(response)) or str(response.status)
+                    tally.ended(f"status {response.status}", request_id, code)
+                    if response.status >= 500:
+                        tally.server_errors.append(f"{request_id}: status {response.status}")
+                    return
+                await _read_sse(tally, response, request_id, drop_after)
     except TimeoutError:
-        tally.lost.append(f"{reply.id or path}: no end within {run.request_timeout:.0f} s")
+        tally.lost.append(f"{request_id or path}: no end within {run.request_timeout:.0f} s")
     except aiohttp.ClientError as error:
-        tally.lost.append(f"{reply.id or path}: {error!r}")
-
-
-@dataclass
-class SseReply:
-    started: float  # the first attempt's
-    id: str | None = None
-
-
-async def _refusal(tally: Tally, response: aiohttp.ClientResponse, request_id: str | None) -> None:
-    """A status other than 200: a refusal to retry (raised), else the request's end."""
-    code = (await _error_of(response)) or str(response.status)
-    if response.status == 503 and code in REFUSALS:
-        header = response.headers.get("Retry-After")
-        raise Refused(code, float(header) if header and header.isdigit() else None)
-    tally.ended(f"status {response.status}", request_id, code)
-    if response.status >= 500 and code not in SERVER_ERRORS:
-        tally.server_errors.append(f"{request_id}: status {response.status}")
+        tally.lost.append(f"{request_id or path}: {error!r}")
 
 
 async def _error_of(response: aiohttp.ClientResponse) -> str | None:
@@ -262,43 +191,31 @@ async def _error_of(response: aiohttp.ClientResponse) -> str | None:
 
 
 async def _read_sse(
-    tally: Tally, response: aiohttp.ClientResponse, reply: SseReply, drop_after: int | None
+    tally: Tally, response: aiohttp.ClientResponse, request_id: str | None, drop_after: int | None
 ) -> None:
-    events, delivered = 0, False
+    events = 0
     if drop_after == 0:
-        tally.ended("disconnected", reply.id)
+        tally.ended("disconnected", request_id)
         response.close()
         return
     async for raw in response.content:
         line = raw.decode().strip()
         if line == "data: [DONE]":
-            tally.ended("completed", reply.id)
+            tally.ended("completed", request_id)
             return
         if not line.startswith("data: "):
             continue
         data = json.loads(line.removeprefix("data: "))
         if "error" in data:
-            code = str(data["error"].get("code"))
-            if not delivered and code in REFUSALS:
-                raise Refused(code, None)  # refused while queued: no text yet
-            tally.ended("error", reply.id, code)
+            tally.ended("error", request_id, str(data["error"].get("code")))
             return
         events += 1
-        if not delivered and _carries_text(data):
-            delivered = True
-            tally.first_tokens += 1
-            tally.waits_s.append(time.monotonic() - reply.started)
+        tally.first_tokens += events == 1
         if drop_after is not None and events >= drop_after:
-            tally.ended("disconnected", reply.id)
+            tally.ended("disconnected", request_id)
             response.close()
             return
-    tally.lost.append(f"{reply.id}: the SSE stream ended without [DONE] or an error")
-
-
-def _carries_text(data: dict[str, Any]) -> bool:
-    """A chat or completion chunk with text (not the opening role chunk)."""
-    choices = data.get("choices") or [{}]
-    return bool(choices[0].get("text") or (choices[0].get("delta") or {}).get("content"))
+    tally.lost.append(f"{request_id}: the SSE stream ended without [DONE] or an error")
 
 
 async def ws_request(
@@ -311,22 +228,16 @@ async def ws_request(
     cancel_after: int | None = None,
 ) -> None:
     """A WebSocket stream: paused and resumed ``pauses`` times after some deltas, or
-    cancelled after ``cancel_after`` deltas; read to its ``done`` or ``error`` frame,
-    started again while refused."""
+    cancelled after ``cancel_after`` deltas; read to its ``done`` or ``error`` frame."""
     tally = run.tally
     tally.requests += 1
-    body = body if run.model is None else {**body, "model": run.model}
-    stream = WsStream(tally, rng, pauses, cancel_after, time.monotonic())
+    stream = WsStream(tally, rng, pauses, cancel_after)
     url = run.url.replace("http", "ws") + "/v1/stream"
-
-    async def attempt() -> None:
-        async with session.ws_connect(url) as ws:
-            await ws.send_json({"type": "start", "request": body})
-            await stream.run(ws)
-
     try:
         async with asyncio.timeout(run.request_timeout):
-            await with_retries(run, lambda: stream.id, attempt)
+            async with session.ws_connect(url) as ws:
+                await ws.send_json({"type": "start", "request": body})
+                await stream.run(ws)
     except TimeoutError:
         tally.lost.append(f"{stream.id or 'ws'}: no end within {run.request_timeout:.0f} s")
     except aiohttp.ClientError as error:
@@ -341,7 +252,6 @@ class WsStream:
     rng: random.Random
     pauses: int
     cancel_after: int | None
-    started: float  # the first attempt's
     id: str | None = None
     tokens: int = 0
     paused_at: int | None = None  # tokens received when the client's paused frame came
@@ -358,9 +268,7 @@ class WsStream:
                 self.id = frame["id"]
                 self.tally.ids.add(frame["id"])
             elif kind == "delta":
-                if self.tokens == 0:
-                    self.tally.first_tokens += 1
-                    self.tally.waits_s.append(time.monotonic() - self.started)
+                self.tally.first_tokens += self.tokens == 0
                 self.tokens += int(frame["n_tokens"])
                 if self.cancel_after and self.tokens >= self.cancel_after:
                     self.cancel_after = None
@@ -378,10 +286,7 @@ class WsStream:
                 self._done(frame)
                 return
             elif kind == "error":
-                code = str(frame["code"])
-                if self.tokens == 0 and code in REFUSALS:
-                    raise Refused(code, None)
-                self.tally.ended("error", self.id, code)
+                self.tally.ended("error", self.id, str(frame["code"]))
                 return
         self.tally.lost.append(f"{self.id}: the socket closed without done or error")
 
@@ -471,17 +376,9 @@ async def regenerate(run: Run, session: aiohttp.ClientSession, rng: random.Rando
     await asyncio.gather(*clicks)
 
 
-async def relay(run: Run, session: aiohttp.ClientSession, rng: random.Random) -> None:
-    """Another action's requests, to the model the upstream serves (``--no-relay``:
-    without an upstream, to the local model)."""
-    name = rng.choice([a for a in ACTIONS if a != "relay"])
-    relayed = replace(run, model=UP_MODEL) if run.relay else run
-    await ACTION_OF[name](relayed, session, rng)
-
-
 ACTION_OF: dict[str, Action] = {
     "identical": identical, "prefix": prefix, "chat": chat, "pause": pause,
-    "cancel": cancel, "disconnect": disconnect, "regenerate": regenerate, "relay": relay,
+    "cancel": cancel, "disconnect": disconnect, "regenerate": regenerate,
 }  # fmt: skip
 
 
@@ -528,7 +425,7 @@ class Watch:
         self.peak_waiting = max(self.peak_waiting, document["requests_waiting"])
         self.peak_kv_bytes = max(self.peak_kv_bytes, document["kv_used_bytes"])
         steps = int(document["steps"])
-        waiting = [s for s in _local(document) if _waits_for_first_token(s)]
+        waiting = [s for s in document["streams"] if _waits_for_first_token(s)]
         for stream in waiting:
             self._prefilled(stream, now, steps)
         for key in set(self.prefilled) - {s["id"] for s in waiting}:
@@ -562,12 +459,6 @@ class Watch:
                 )
 
 
-def _local(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The streams of this server's engine (a front lists the ones it relays too: the
-    upstream's watch sees those)."""
-    return [s for s in document["streams"] if s.get("backend", "local") == "local"]
-
-
 def _waits_for_first_token(stream: dict[str, Any]) -> bool:
     return stream["state"] in ("queued", "prefill") and stream["n_generated"] == 0
 
@@ -586,49 +477,38 @@ async def watch(url: str, pid: int, into: Watch, stop: asyncio.Event) -> None:
                 continue
 
 
-async def drain_time(
-    urls: Sequence[str], bound_s: float
-) -> tuple[float | None, list[dict[str, Any]]]:
-    """Seconds until KV in use, running and waiting requests read 0 on every server
-    (None: not within ``bound_s`` plus a margin to say by how much), and the last
-    readings."""
+async def drain_time(url: str, bound_s: float) -> tuple[float | None, dict[str, Any]]:
+    """Seconds until KV in use, running and waiting requests read 0 (None: not within
+    ``bound_s`` plus a margin to say by how much), and the last reading."""
     start = time.monotonic()
     async with aiohttp.ClientSession() as session:
         while True:
-            documents = []
-            for url in urls:
-                async with session.get(url + "/debug/streams") as response:
-                    documents.append(await response.json())
+            async with session.get(url + "/debug/streams") as response:
+                document = await response.json()
             took = time.monotonic() - start
-            if all(_drained(d) for d in documents):
-                return took, documents
+            if (
+                document["kv_used_bytes"] == 0
+                and document["requests_running"] == 0
+                and document["requests_waiting"] == 0
+            ):
+                return took, document
             if took > bound_s * 5:
-                return None, documents
-            await asyncio.sleep(POLL_S)  # a reading of the servers' state, polled
-
-
-def _drained(document: dict[str, Any]) -> bool:
-    return (
-        document["kv_used_bytes"] == 0
-        and document["requests_running"] == 0
-        and document["requests_waiting"] == 0
-    )
+                return None, document
+            await asyncio.sleep(POLL_S)  # a reading of the server's state, polled
 
 
 def engine_checks(events: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """The invariants a server's event log shows: one end per admitted (or relayed:
-    ``routed``) request, no 5xx error (a ttft_timeout is a 504; a refusal is the
-    client's to retry, its final answer counted there), at most one token per pause."""
-    started = {e["request_id"] for e in events if e["event"] in ("admitted", "routed")}
+    """The invariants the event log shows: one end per admitted request, no 5xx
+    error (a ttft_timeout is a 504), at most one token per pause."""
+    admitted = {e["request_id"] for e in events if e["event"] == "admitted"}
     ends = Counter(e["request_id"] for e in events if e["event"] == "end")
     problems: dict[str, list[str]] = {name: [] for name in INVARIANTS}
-    for request_id in sorted(started):
+    for request_id in sorted(admitted):
         if ends[request_id] != 1:
             problems["lost streams"].append(f"{request_id}: {ends[request_id]} end lines")
     for e in events:
-        error = e.get("error")
-        if e["event"] == "end" and error in SERVER_ERRORS and error not in REFUSALS:
-            problems["5xx"].append(f"{e['request_id']}: ended {error} (event log)")
+        if e["event"] == "end" and e.get("error") in SERVER_ERRORS:
+            problems["5xx"].append(f"{e['request_id']}: ended {e['error']} (event log)")
     problems["pause bound"] = tokens_while_paused(events)
     return problems
 
@@ -696,47 +576,6 @@ def server(directory: Path, extra: Sequence[str]) -> Iterator[Server]:
         yield started
     finally:
         started.stop()
-
-
-@contextmanager
-def servers(directory: Path, extra: Sequence[str], relay: bool) -> Iterator[Servers]:
-    """The front (as ``make run`` starts it) and, with ``relay``, the upstream it
-    relays ``UP_MODEL`` to: a second server started the same way."""
-    with ExitStack() as stack:
-        upstream = None
-        front_extra = list(extra)
-        if relay:
-            (directory / "upstream").mkdir()
-            up_args = [*extra, "--model-id", UP_MODEL]
-            upstream = stack.enter_context(server(directory / "upstream", up_args))
-            front_extra += ["--upstream", f"up={upstream.url}"]
-        (directory / "front").mkdir()
-        front = stack.enter_context(server(directory / "front", front_extra))
-        if upstream is not None:
-            asyncio.run(_wait_for_model(front.url, UP_MODEL))
-        yield Servers(front, upstream)
-
-
-@dataclass
-class Servers:
-    front: Server
-    upstream: Server | None
-
-    @property
-    def all(self) -> list[Server]:
-        return [self.front] if self.upstream is None else [self.front, self.upstream]
-
-
-async def _wait_for_model(url: str, model: str) -> None:
-    """Until the front has learnt the upstream's model (its first health check)."""
-    async with aiohttp.ClientSession() as session:
-        async with asyncio.timeout(START_TIMEOUT_S):
-            while True:
-                async with session.get(url + "/v1/models") as response:
-                    listed = (await response.json()).get("data", [])
-                if any(m.get("id") == model for m in listed):
-                    return
-                await asyncio.sleep(POLL_S)  # the front's health check, polled
 
 
 def _read_lines(proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
@@ -828,84 +667,69 @@ async def identical_groups(url: str, sizes: Sequence[int], rng: random.Random) -
 @dataclass
 class Result:
     tally: Tally
-    watches: list[Watch]  # the front's, then the upstream's
+    watch: Watch
     drain_s: float | None
-    last_readings: list[dict[str, Any]]
-    events: list[list[dict[str, Any]]]  # each server's event log, in the same order
+    last_reading: dict[str, Any]
+    events: list[dict[str, Any]]
     load_s: float
     groups: list[Group] = field(default_factory=list)
     problems: dict[str, list[str]] = field(default_factory=dict)
 
 
-async def load(started: Servers, args: argparse.Namespace) -> tuple[Tally, list[Watch], float]:
+async def load(server: Server, args: argparse.Namespace) -> tuple[Tally, Watch, float]:
     tally = Tally()
-    policy = RetryPolicy(RetryConfig(retry_on=("overloaded",), max_attempts=args.attempts))
-    deadline = time.monotonic() + args.duration
-    run = Run(started.front.url, tally, args.request_timeout, deadline, policy,
-              relay=started.upstream is not None)  # fmt: skip
-    watches, stop = [Watch(args.stall_s) for _ in started.all], asyncio.Event()
-    watchers = [
-        asyncio.create_task(watch(s.url, s.proc.pid, w, stop))
-        for s, w in zip(started.all, watches, strict=True)
-    ]
-    begun = time.monotonic()
+    run = Run(server.url, tally, args.request_timeout, time.monotonic() + args.duration)
+    seen, stop = Watch(args.stall_s), asyncio.Event()
+    watcher = asyncio.create_task(watch(server.url, server.proc.pid, seen, stop))
+    started = time.monotonic()
     rngs = [random.Random(f"{args.seed}-{n}") for n in range(args.clients)]
     n = args.clients
     await asyncio.gather(*(client(run, rng, ACTIONS[i::n]) for i, rng in enumerate(rngs)))
-    load_s = time.monotonic() - begun
+    load_s = time.monotonic() - started
     stop.set()
-    await asyncio.gather(*watchers)
-    return tally, watches, load_s
+    await watcher
+    return tally, seen, load_s
 
 
 def run_once(args: argparse.Namespace) -> Result:
     with (
         tempfile.TemporaryDirectory(prefix="interleavings-") as tmp,
         busy_loops(args.busy),
-        servers(Path(tmp), args.serve_args, args.relay) as started,
+        server(Path(tmp), args.serve_args) as started,
     ):
         rng = random.Random(f"{args.seed}-groups")
-        groups = asyncio.run(identical_groups(started.front.url, args.identical, rng))
-        tally, watches, load_s = asyncio.run(load(started, args))
-        urls = [s.url for s in started.all]
-        drain_s, readings = asyncio.run(drain_time(urls, DRAIN_BOUND_S))
-        for each in started.all:
-            each.stop()
-        events = [each.events() for each in started.all]
+        groups = asyncio.run(identical_groups(started.url, args.identical, rng))
+        tally, seen, load_s = asyncio.run(load(started, args))
+        drain_s, reading = asyncio.run(drain_time(started.url, DRAIN_BOUND_S))
+        started.stop()
+        events = started.events()
         if args.event_log:
-            for each, suffix in zip(started.all, ("", ".upstream"), strict=False):
-                shutil.copyfile(each.event_log, args.event_log + suffix)
-    result = Result(tally, watches, drain_s, readings, events, load_s, groups)
+            shutil.copyfile(started.event_log, args.event_log)
+    result = Result(tally, seen, drain_s, reading, events, load_s, groups)
     result.problems = check(result)
     return result
 
 
 def check(result: Result) -> dict[str, list[str]]:
-    tally = result.tally
-    problems: dict[str, list[str]] = {name: [] for name in INVARIANTS}
-    for where, events, watched in zip(("", "upstream "), result.events, result.watches,
-                                      strict=False):  # fmt: skip
-        for name, found in engine_checks(events).items():
-            problems[name] += [where + line for line in found]
-        problems["stalls"] += [where + line for line in sorted(watched.stalled.values())]
+    tally, seen = result.tally, result.watch
+    problems = engine_checks(result.events)
+    problems["stalls"] += sorted(seen.stalled.values())
     logged = {line.split(":")[0] for line in problems["5xx"]}
     problems["5xx"] += [e for e in tally.server_errors if e.split(":")[0] not in logged]
     problems["lost streams"] += tally.lost
     problems["pause bound"] += tally.pause_violations
-    front = result.events[0]
-    started = {e["request_id"] for e in front if e["event"] in ("admitted", "routed")}
-    problems["lost streams"] += [f"{i}: not in the event log" for i in sorted(tally.ids - started)]
+    admitted = {e["request_id"] for e in result.events if e["event"] == "admitted"}
+    problems["lost streams"] += [f"{i}: not in the event log" for i in sorted(tally.ids - admitted)]
     if result.drain_s is None or result.drain_s > DRAIN_BOUND_S:
-        keys = ("kv_used_bytes", "requests_running", "requests_waiting")
-        readings = [{k: r.get(k) for k in keys} for r in result.last_readings]
-        problems["drained"].append(f"not within {DRAIN_BOUND_S:g} s of the load's end: {readings}")
+        reading = {k: result.last_reading.get(k) for k in
+                   ("kv_used_bytes", "requests_running", "requests_waiting")}  # fmt: skip
+        problems["drained"].append(f"not within {DRAIN_BOUND_S:g} s of the load's end: {reading}")
     return problems
 
 
 def figures(result: Result, args: argparse.Namespace) -> list[list[str]]:
-    tally = result.tally
-    events = [e for log in result.events for e in log]  # both servers'
-    front = result.events[0]
+    tally, events = result.tally, result.events
+    pauses = count_pauses(events)
     client_pauses = tally.pauses
     held = client_pauses - len(tally.pause_violations)
     rows = [
@@ -914,18 +738,14 @@ def figures(result: Result, args: argparse.Namespace) -> list[list[str]]:
         ["load", f"{result.load_s:.1f} s, {args.clients} clients, {args.busy} busy loops"],
         ["actions", _counts(tally.actions)],
         ["requests", f"{tally.requests} sent, {len(tally.ids)} ids seen, "
-                     f"{tally.first_tokens} with a first token, "
-                     f"{sum(e['event'] == 'routed' for e in front)} relayed"],
+                     f"{tally.first_tokens} with a first token"],
         ["outcomes", _counts(tally.outcomes)],
-        ["refusals", f"{_counts(tally.refused)} (503, retried)" if tally.refused else "—"],
-        ["client wait", _spread(tally.waits_s) + " (first attempt to first token)"],
-        ["engine pauses", _counts(Counter(str(e.get("cause")) for e in events
-                                          if e["event"] == "paused"))],
+        ["engine pauses", _counts(pauses)],
         ["cache hits", str(sum(e["event"] == "cache_hit" for e in events))],
         ["TTFT", _ttft(events)],
-        ["504s", _timeouts(events)],
-        *(_peaks(name, w) for name, w in zip(("peaks", "upstream peaks"), result.watches,
-                                             strict=False)),
+        ["peaks", f"running {result.watch.peak_running}, waiting {result.watch.peak_waiting}, "
+                  f"KV {result.watch.peak_kv_bytes / 2**20:.1f} MiB "
+                  f"({result.watch.samples} readings)"],
         ["drained in", "—" if result.drain_s is None else f"{result.drain_s * 1000:.0f} ms"],
         ["client pauses", f"{held} of {client_pauses} within one token"
                         + (f" ({held / client_pauses:.0%})" if client_pauses else "")],
@@ -936,48 +756,12 @@ def figures(result: Result, args: argparse.Namespace) -> list[list[str]]:
     return rows
 
 
-def _peaks(name: str, watched: Watch) -> list[str]:
-    kv_mib = watched.peak_kv_bytes / 2**20
-    return [
-        name,
-        f"running {watched.peak_running}, waiting {watched.peak_waiting}, "
-        f"KV {kv_mib:.1f} MiB ({watched.samples} readings)",
-    ]
-
-
 def _ttft(events: list[dict[str, Any]]) -> str:
-    """Median and largest time to first token the engines logged (a relayed request's
-    twice: the front's and the upstream's)."""
-    return _spread([e["ttft_ms"] / 1000 for e in events if e["event"] == "first_token"])
-
-
-def _spread(values: list[float]) -> str:
+    """Median and largest time to first token the engine logged."""
+    values = sorted(e["ttft_ms"] for e in events if e["event"] == "first_token")
     if not values:
         return "—"
-    values = sorted(values)
-    return f"median {values[len(values) // 2]:.2f} s, max {values[-1]:.2f} s"
-
-
-def _timeouts(events: list[dict[str, Any]]) -> str:
-    """The requests that ended ``ttft_timeout``, with what admission predicted for them
-    (the ``admitted`` line's ``predicted_ttft_ms``) and where they waited: a prediction
-    under the time-out is a miss of the model, one over it a request deadline admission
-    (when on) would have refused."""
-    admitted = {e["request_id"]: e for e in events if e["event"] == "admitted"}
-    timed_out = [e for e in events if e["event"] == "end" and e.get("error") == "ttft_timeout"]
-    if not timed_out:
-        return "none"
-    lines = []
-    for end in timed_out:
-        start = admitted.get(end["request_id"], {})
-        predicted = start.get("predicted_ttft_ms")
-        lines.append(
-            f"{end['request_id']} predicted "
-            + ("—" if predicted is None else f"{predicted / 1000:.1f} s")
-            + f" (queue position {start.get('queue_position')}, "
-            f"prompt {start.get('n_prompt_tokens')})"
-        )
-    return f"{len(lines)}: " + "; ".join(lines)
+    return f"median {values[len(values) // 2] / 1000:.2f} s, max {values[-1] / 1000:.2f} s"
 
 
 def _sizes(text: str) -> tuple[int, ...]:
@@ -1000,13 +784,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="seconds a request may take before it counts as lost")  # fmt: skip
     parser.add_argument("--stall-s", type=float, default=5.0,
                         help="a wait without a reason this long is a stall")  # fmt: skip
-    parser.add_argument("--event-log", help="keep the front's event log here (the "
-                        "upstream's: the same name + .upstream)")  # fmt: skip
-    parser.add_argument("--no-relay", dest="relay", action="store_false",
-                        help="no upstream: the relay action uses the local model")  # fmt: skip
-    parser.add_argument("--attempts", type=int, default=3,
-                        help="attempts per request while refused (503), the first "
-                             "included")  # fmt: skip
+    parser.add_argument("--event-log", help="keep the server's event log here")
     parser.add_argument("--identical", type=_sizes, default=(2, 4, 8),
                         help="sizes of the identical groups measured first (e.g. 2,4,8; "
                              "'' for none)")  # fmt: skip
@@ -1037,13 +815,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {line}")
     table = table_data("Random interleavings on the real model", ("figure", "value"), rows)
     run = header("interleavings", "Random interleavings", started, machine,
-                 [f"seed {args.seed}; {args.clients} clients; {args.busy} busy loops; "
-                  f"relay {'on' if args.relay else 'off'}; {args.attempts} attempts; "
-                  f"serve {' '.join(args.serve_args) or 'as make run'}"])  # fmt: skip
+                 [f"seed {args.seed}; {args.clients} clients; {args.busy} busy loops"])  # fmt: skip
     raw = {"seed": args.seed, "problems": result.problems, "failed": failed,
            "requests": result.tally.requests, "pauses": result.tally.pauses,
            "actions": dict(result.tally.actions), "outcomes": dict(result.tally.outcomes),
-           "drain_s": result.drain_s, "refused": dict(result.tally.refused),
+           "drain_s": result.drain_s,
            "identical": [{"n": g.n, "lone_s": g.lone_s, "worst_s": g.worst_s, "ratio": g.ratio}
                          for g in result.groups]}  # fmt: skip
     write_outputs(args, run, [table], raw)

@@ -19,7 +19,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "interleavings.py"
-ACTIONS = {"identical", "prefix", "chat", "pause", "cancel", "disconnect", "regenerate", "relay"}
+ACTIONS = {"identical", "prefix", "chat", "pause", "cancel", "disconnect", "regenerate"}
 
 
 def test_random_interleavings_keep_the_contract(tmp_path: Path) -> None:

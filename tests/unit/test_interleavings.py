@@ -119,9 +119,7 @@ class CheckedBackend(FakeBackend):
         return super().decode_runs(items, drafting)
 
 
-def machine(
-    per_slot: bool, speculative: bool, admission: bool = False
-) -> type[RuleBasedStateMachine]:
+def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
     class Interleavings(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
@@ -141,7 +139,6 @@ def machine(
                         max_draft_tokens=3,
                         outbound_buffer_tokens=6,
                         ttft_timeout_s=5.0,
-                        deadline_admission=admission,
                         max_pause_s=30.0,
                         offload_paused_after_s=1.0,
                         host_offload_bytes=2_000,
@@ -355,22 +352,18 @@ def machine(
 
 
 @pytest.mark.parametrize(
-    ("per_slot", "speculative", "admission"),
+    ("per_slot", "speculative"),
     [
-        (True, False, False),
-        (True, True, False),
-        (False, False, False),
-        (False, True, False),
-        (False, False, True),  # queued requests refused when time passes them by
+        (True, False),
+        (True, True),
+        (False, False),
+        (False, True),
     ],
-    ids=["per-slot", "per-slot-spec", "pool", "pool-spec", "pool-admission"],
+    ids=["per-slot", "per-slot-spec", "pool", "pool-spec"],
 )
-def test_the_contract_holds_under_random_interleavings(
-    per_slot: bool, speculative: bool, admission: bool
-) -> None:
-    state_machine = machine(per_slot, speculative, admission)
+def test_the_contract_holds_under_random_interleavings(per_slot: bool, speculative: bool) -> None:
     try:
-        run_state_machine_as_test(seed(SEED)(state_machine), settings=SETTINGS)
+        run_state_machine_as_test(seed(SEED)(machine(per_slot, speculative)), settings=SETTINGS)
     except BaseException as exc:
         exc.add_note(f"interleavings: run again with EDGE_LLM_INTERLEAVING_SEED={SEED}")
         raise

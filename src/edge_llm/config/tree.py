@@ -200,8 +200,7 @@ class SchedulerConfig(_Section):
     deadline_admission: bool = Field(
         False,
         description="Predict a new request's TTFT from the prompts ahead of it and answer 503 "
-        "queue_full with Retry-After at once when it would miss ttft_timeout_ms; a queued "
-        "one is refused so, before its prefill, once more urgent work pushes it past",
+        "queue_full with Retry-After at once when it would miss ttft_timeout_ms",
     )
     deterministic: bool = Field(
         False,

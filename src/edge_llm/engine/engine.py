@@ -22,11 +22,7 @@ from typing import Any
 
 from edge_llm.engine.kv.book import KvOp
 from edge_llm.engine.parts import EngineParts
-from edge_llm.engine.scheduling.admission import (
-    predict_ttft_s,
-    refuse_if_late,
-    refuse_if_late_in_queue,
-)
+from edge_llm.engine.scheduling.admission import refuse_if_late
 from edge_llm.engine.scheduling.scheduler import StepPlan
 from edge_llm.engine.sequence import GenerationRequest, Sequence
 from edge_llm.engine.snapshot import (
@@ -41,22 +37,13 @@ from edge_llm.engine.step.runner import ChunkResult
 from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.engine.streams.live import RunGuard
 from edge_llm.engine.streams.waker import LoopWaker
-from edge_llm.errors import (
-    BackendFailure,
-    Cancelled,
-    EdgeLLMError,
-    EngineUnavailable,
-    QueueFull,
-)
+from edge_llm.errors import BackendFailure, Cancelled, EdgeLLMError, EngineUnavailable
 from edge_llm.observability.events import Event
 from edge_llm.protocol.stream_rules import PauseCause, StreamState
 
 __all__ = ["Engine"]
 
 _IDLE_WAIT_S = 5.0
-# The queue is asked again at most this often whether each request in it can still meet
-# its TTFT time-out (deadline admission): a prediction is a walk over the queue.
-RECHECK_S = 0.25
 
 
 class Engine(EngineParts):
@@ -75,7 +62,6 @@ class Engine(EngineParts):
         self._draining = False
         self._crash: BaseException | None = None
         self.steps = 0
-        self._recheck_at = 0.0  # the queue's next re-check (_refuse_queued_if_late)
         bind_gauges(self)
 
     # -- life cycle -----------------------------------------------------------------
@@ -147,7 +133,7 @@ class Engine(EngineParts):
         with self._lock:
             try:
                 self.memory.refuse_if_short()
-                predicted_s = self._refuse_if_late(seq)
+                self._refuse_if_late(seq)
                 self.scheduler.add(seq, now)
             except EdgeLLMError as exc:
                 self.metrics.rejections.labels(exc.code).inc()
@@ -159,46 +145,17 @@ class Engine(EngineParts):
                 max_tokens=request.max_tokens,
                 kv_reserved_bytes=self.scheduler.reservation(seq) * self.kv.bytes_per_token,
                 queue_position=self.scheduler.num_waiting,
-                predicted_ttft_ms=None if predicted_s is None else round(predicted_s * 1000.0),
             )  # fmt: skip
         self._wake.set()
         return handle
 
-    def _refuse_if_late(self, seq: Sequence) -> float | None:
-        """Lock held: the request's predicted TTFT, in seconds (None without a TTFT
-        time-out), for the event log, which then tells a 504 that admission could
-        have prevented from one it could not foresee; with ``deadline_admission``, a
-        request predicted to miss its time-out is refused at once (``admission.py``)."""
-        deadline = seq.request.ttft_timeout(self.settings.ttft_timeout_s)  # its own, or ours
-        if not deadline:
-            return None
-        view = self.scheduler.queue_view(seq)
-        predicted = predict_ttft_s(view, self.scheduler.prefill_budget.costs)
-        if self.settings.deadline_admission:
-            refuse_if_late(view, predicted, deadline)
-        return predicted
-
-    def _refuse_queued_if_late(self, now: float) -> None:
-        """Lock held: with ``deadline_admission``, a request still queued whose predicted
-        TTFT no longer fits what its time-out leaves it is refused now (503
-        ``queue_full``, ``Retry-After``), before a prefill is spent on it, instead of
-        ending 504 ``ttft_timeout`` later. At most every ``RECHECK_S``."""
-        if not self.settings.deadline_admission or now < self._recheck_at:
-            return
-        self._recheck_at = now + RECHECK_S
-        costs = self.scheduler.prefill_budget.costs
-        for seq in list(self.scheduler.waiting):
-            handle = self.streams.live.get(seq.id)
-            due = None if handle is None else self.deadlines.ttft_due(handle)
-            deadline = seq.request.ttft_timeout(self.settings.ttft_timeout_s)
-            if handle is None or due is None or not deadline:
-                continue  # none, or its client holds it: no deadline runs
-            view = self.scheduler.queue_view(seq)
-            try:
-                refuse_if_late_in_queue(view, predict_ttft_s(view, costs), due - now, deadline)
-            except QueueFull as refused:
-                self.metrics.rejections.labels(refused.code).inc()
-                self.streams.finish(handle, refused, StreamState.CANCELLED)
+    def _refuse_if_late(self, seq: Sequence) -> None:
+        """Lock held: with ``deadline_admission``, a request predicted to miss its TTFT
+        time-out (its own, else the engine's) is refused at once (``admission.py``)."""
+        deadline = seq.request.ttft_timeout(self.settings.ttft_timeout_s)
+        if self.settings.deadline_admission and deadline:
+            costs = self.scheduler.prefill_budget.costs
+            refuse_if_late(self.scheduler.queue_view(seq), costs, deadline)
 
     def cancel(self, handle: StreamHandle, reason: str) -> None:
         """End a stream now; its KV cells are freed before the next decode."""
@@ -280,7 +237,6 @@ class Engine(EngineParts):
     def _plan(self, now: float) -> StepPlan:
         """Lock held: time-outs and offloads first, then the scheduler's plan, with the
         KV operations and sampler frees due before its decode."""
-        self._refuse_queued_if_late(now)
         self.deadlines.expire(now)
         self.memory.relieve()
         self.preemption.run(now)

@@ -61,12 +61,6 @@ class _AwaitedPrefix:
     n_tokens: int  # how much of it they share
 
 
-def _decode_left(seq: Sequence) -> int:
-    """Tokens ``seq`` may still decode before it frees its slot; 0 while its client
-    holds it (paused, detached): that slot frees at no time the engine can predict."""
-    return seq.request.max_tokens - seq.n_generated if seq.runnable else 0
-
-
 def _prefilling(seq: Sequence, n_tokens: int) -> bool:
     """Whether ``seq`` is computing its first ``n_tokens`` prompt tokens right now."""
     return seq.runnable and seq.state is StreamState.PREFILL and seq.num_computed < n_tokens
@@ -215,24 +209,21 @@ class Scheduler:
 
     def queue_view(self, seq: Sequence) -> QueueView:
         """What is ahead of ``seq``, waiting or about to be added (``admission.py``)."""
-        running = [(s.prefill_remaining, _decode_left(s)) for s in self.running if s is not seq]
-        if seq in self.running:
-            return queue_view(seq.prefill_remaining, True, running)
-        waiting = [w for w in self.waiting if w is not seq]
-        admitted_now = not waiting and self._may_start(seq)
-        key = queue_key(self.running, self._now)
-        returning = [
-            (0, s.request.max_tokens - s.n_generated) for s in self.offloaded
-            if s is not seq and (not s.paused or (s.preempted and s.priority <= seq.priority))
+        running = [
+            (s.prefill_remaining, s.request.max_tokens - s.n_generated if s.runnable else 0)
+            for s in self.running if s is not seq
         ]  # fmt: skip
-        queued = [(w.n_prompt, w.request.max_tokens) for w in sorted(waiting, key=key)
-                  if key(w) < key(seq)]  # fmt: skip
+        if seq in self.running:
+            return queue_view(seq.prefill_remaining, True, running, [])
+        waiting = [w for w in self.waiting if w is not seq]
+        admitted_now = not waiting and self._has_slot and self.fits(seq)
+        key = queue_key(self.running, self._now)
+        ahead_prompts = [w.n_prompt for w in waiting if key(w) < key(seq)]
         request = seq.request
         to_prefill = seq.n_prompt - self.kv.cached_length(
             request.prompt_tokens, reuse=request.reuse_cache
         )
-        free = self.limits.max_sequences - len(self.running)
-        return queue_view(to_prefill, admitted_now, running, returning + queued, free)
+        return queue_view(to_prefill, admitted_now, running, ahead_prompts)
 
     def queue_position(self, seq: Sequence) -> int | None:
         """Where a waiting sequence stands (1: next), None when not waiting."""

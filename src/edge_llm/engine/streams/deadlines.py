@@ -28,12 +28,6 @@ class Deadlines:
             if expired is not None and not handle.finished:
                 self._end(handle, expired)
 
-    def ttft_due(self, handle: StreamHandle) -> float | None:
-        """When ``handle``'s TTFT time-out falls due (None: none pending)."""
-        seq = handle.seq
-        due = self.limits_of(seq).deadlines(seq.created_at, seq.first_token_at, seq.pauses)
-        return next((when for when, kind in due if kind is TimeOut.TTFT), None)
-
     def next_due(self) -> float | None:
         """When the next time-out falls due (None: none pending)."""
         due = (
