@@ -302,3 +302,24 @@ async def drain(engine: Engine, handle: StreamHandle) -> str:
         if handle.outcome is not None:
             return "".join(parts) + handle.outcome.tail
         assert await handle.wait_changed(10.0), "engine made no progress"
+
+
+class ManualClock:
+    """A clock the test moves (``now``): time-outs without waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class SteppedEngine(Engine):
+    """The engine without its thread: the test takes each step (``_step``)."""
+
+    @property
+    def alive(self) -> bool:
+        return True
+
+    def _idle(self) -> None:
+        self._signal_touched()  # nothing to decode: back to the test, no wait

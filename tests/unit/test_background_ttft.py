@@ -22,31 +22,19 @@ from edge_llm.errors import TtftTimeout
 from edge_llm.protocol.priority import MAX_PRIORITY
 
 from conftest import app_engine
-from fakes import FakeBackend, text_script
+from fakes import FakeBackend, ManualClock, SteppedEngine, text_script
 
 TTFT_S = 5.0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _SteppedEngine(Engine):
-    """The engine without its thread: the test takes each step."""
-
-    @property
-    def alive(self) -> bool:
-        return True
-
-    def _idle(self) -> None:
-        self._signal_touched()
+def _one_slot_engine(clock: ManualClock) -> SteppedEngine:
+    """One slot, the engine's TTFT time-out ``TTFT_S``, stepped by the test."""
+    settings = EngineSettings(ttft_timeout_s=TTFT_S, max_pause_s=None, adaptive_threads=False)
+    backend = FakeBackend(tuple(range(10, 60)), max_sequences=1, kv_capacity_tokens=1000)
+    return SteppedEngine(build_parts(backend, settings, clock=clock))  # type: ignore[arg-type]
 
 
-def _step_until_ended(engine: Engine, clock: _Clock, handles: list[StreamHandle]) -> None:
+def _step_until_ended(engine: Engine, clock: ManualClock, handles: list[StreamHandle]) -> None:
     """A step a second, each stream's ring read after it, until every stream ended."""
     for _ in range(200):
         if all(h.finished for h in handles):
@@ -65,10 +53,8 @@ def test_a_background_request_waits_its_turn_past_the_engines_ttft_time_out(
     """One slot, held 30 s by a foreground stream: a foreground request queued behind
     it times out at the engine's 5 s, the background one (own time-out none or 60 s)
     answers once the slot is free."""
-    clock = _Clock()
-    settings = EngineSettings(ttft_timeout_s=TTFT_S, max_pause_s=None, adaptive_threads=False)
-    backend = FakeBackend(tuple(range(10, 60)), max_sequences=1, kv_capacity_tokens=1000)
-    engine = _SteppedEngine(build_parts(backend, settings, clock=clock))  # type: ignore[arg-type]
+    clock = ManualClock()
+    engine = _one_slot_engine(clock)
     running = engine.submit(GenerationRequest(list(range(500, 520)), 30))
     background = engine.submit(
         GenerationRequest(list(range(600, 620)), 4, priority=MAX_PRIORITY, ttft_timeout_s=own_s)
@@ -85,10 +71,8 @@ def test_a_background_request_waits_its_turn_past_the_engines_ttft_time_out(
 
 
 def test_a_background_request_times_out_at_its_own_time_out() -> None:
-    clock = _Clock()
-    settings = EngineSettings(ttft_timeout_s=TTFT_S, max_pause_s=None, adaptive_threads=False)
-    backend = FakeBackend(tuple(range(10, 60)), max_sequences=1, kv_capacity_tokens=1000)
-    engine = _SteppedEngine(build_parts(backend, settings, clock=clock))  # type: ignore[arg-type]
+    clock = ManualClock()
+    engine = _one_slot_engine(clock)
     running = engine.submit(GenerationRequest(list(range(500, 520)), 40))
     background = engine.submit(
         GenerationRequest(list(range(600, 620)), 4, priority=MAX_PRIORITY, ttft_timeout_s=12.0)

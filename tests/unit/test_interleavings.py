@@ -50,7 +50,7 @@ from edge_llm.engine.streams.handle import StreamHandle
 from edge_llm.errors import BackendFailure, EdgeLLMError
 from edge_llm.protocol.stream_rules import StreamState
 
-from fakes import FakeBackend
+from fakes import FakeBackend, ManualClock, SteppedEngine
 
 SEED = int(os.environ.get("EDGE_LLM_INTERLEAVING_SEED") or random.randrange(1 << 32))
 EXAMPLES = int(os.environ.get("EDGE_LLM_INTERLEAVING_EXAMPLES", "40"))
@@ -80,31 +80,12 @@ PROMPTS = {
 FLOOR = 1 << 30  # min_available_bytes: memory pressure below it
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Memory:
     def __init__(self) -> None:
         self.available = 4 * FLOOR
 
     def __call__(self) -> MemoryReading:
         return MemoryReading(self.available, "test")
-
-
-class SteppedEngine(Engine):
-    """The engine without its thread: the test takes each step (``_step``)."""
-
-    @property
-    def alive(self) -> bool:
-        return True
-
-    def _idle(self) -> None:
-        self._signal_touched()  # nothing to decode: back to the test, no wait
 
 
 class CheckedBackend(FakeBackend):
@@ -123,7 +104,7 @@ def machine(per_slot: bool, speculative: bool) -> type[RuleBasedStateMachine]:
     class Interleavings(RuleBasedStateMachine):
         def __init__(self) -> None:
             super().__init__()
-            self.clock = Clock()
+            self.clock = ManualClock()
             self.memory = Memory()
             self.backend = CheckedBackend(
                 kv_capacity_tokens=600, max_sequences=3, per_slot=per_slot

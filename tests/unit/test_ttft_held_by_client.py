@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from edge_llm.engine import Engine, EngineSettings
+from edge_llm.engine import EngineSettings
 from edge_llm.engine.build import build_parts
 from edge_llm.engine.sequence import GenerationRequest
 from edge_llm.protocol.stream_rules import PauseCause, Pauses, TimeLimits, TimeOut
 
-from fakes import FakeBackend
+from fakes import FakeBackend, ManualClock, SteppedEngine
 
 LIMITS = TimeLimits(ttft_timeout_s=10.0, max_pause_s=None)
 
@@ -54,34 +54,15 @@ def test_a_client_hold_after_the_first_token_changes_nothing() -> None:
     assert LIMITS.next_due(0.0, 2.0, pauses) is None
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class _SteppedEngine(Engine):
-    """The engine without its thread: the test takes each step."""
-
-    @property
-    def alive(self) -> bool:
-        return True
-
-    def _idle(self) -> None:
-        self._signal_touched()
-
-
 @pytest.mark.parametrize("cause", [PauseCause.CLIENT, PauseCause.DISCONNECTED])
 def test_a_stream_held_before_its_first_step_past_the_ttft_time_out_still_answers(
     cause: PauseCause,
 ) -> None:
     """The engine's side (deadlines.py asks the rules at every step): held by its
     client for 20 s before its first step, with a 5 s TTFT time-out, then resumed."""
-    clock = _Clock()
+    clock = ManualClock()
     settings = EngineSettings(ttft_timeout_s=5.0, max_pause_s=None, adaptive_threads=False)
-    engine = _SteppedEngine(build_parts(FakeBackend(), settings, clock=clock))  # type: ignore[arg-type]
+    engine = SteppedEngine(build_parts(FakeBackend(), settings, clock=clock))  # type: ignore[arg-type]
     handle = engine.submit(GenerationRequest(list(range(500, 540)), 4))
     assert engine.pause(handle, cause)
     for _ in range(4):  # held: steps go by, 20 s in all
