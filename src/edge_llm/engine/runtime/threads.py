@@ -355,7 +355,7 @@ async def in_passing_thread(fn: Callable[..., T], *args: Any) -> T:
         else:
             loop.call_soon_threadsafe(settle, result, None)
 
-    thread = threading.Thread(target=run, name="edge-llm-probe", daemon=True)
+    thread = threading.Thread(target=run, name="edge-llm-passing", daemon=True)
     thread.start()
     try:
         return await done
